@@ -1,0 +1,112 @@
+"""Which device to run on, how to time work on it, and what it is.
+
+Every measured number in the course carries the hardware it came from, so each
+notebook prints :func:`environment_report` first.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from contextlib import contextmanager
+
+import torch
+
+
+def get_device(prefer: str | None = None) -> torch.device:
+    """Return CUDA when available, else CPU.
+
+    ``prefer`` ("cpu" or "cuda") overrides the choice; the environment variable
+    ``LESSONLIB_DEVICE`` does the same without editing a notebook.
+    """
+    choice = prefer or os.environ.get("LESSONLIB_DEVICE")
+    if choice is not None:
+        choice = choice.lower()
+        if choice not in ("cpu", "cuda"):
+            raise ValueError(f"prefer must be 'cpu' or 'cuda', got {choice!r}")
+        if choice == "cuda" and not torch.cuda.is_available():
+            raise ValueError("prefer='cuda' but torch.cuda.is_available() is False")
+        return torch.device(choice)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait until all queued work on ``device`` has finished (no-op on CPU)."""
+    device = torch.device(device) if device is not None else get_device()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Timer:
+    """Elapsed time of a block of work, in seconds, on the given device.
+
+    On a GPU, work is queued asynchronously, so a wall clock read right after
+    a call measures only the launch. The timer records CUDA events around the
+    block and synchronises before reading them. On CPU it uses
+    :func:`time.perf_counter`.
+
+    >>> with Timer() as t:
+    ...     _ = sum(range(1000))
+    >>> t.seconds >= 0
+    True
+    """
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = torch.device(device) if device is not None else get_device()
+        self.seconds: float | None = None
+
+    def __enter__(self) -> "Timer":
+        if self.device.type == "cuda":
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            self._end.record()
+            self._end.synchronize()
+            self.seconds = self._start.elapsed_time(self._end) / 1000.0  # ms -> s
+        else:
+            self.seconds = time.perf_counter() - self._t0
+
+
+@contextmanager
+def threads(n: int):
+    """Run the block with ``torch.set_num_threads(n)``, then restore."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive integer number of threads, got {n!r}")
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def device_name(device: torch.device | str | None = None) -> str:
+    """A human-readable name for the device: the GPU model, or the CPU."""
+    device = torch.device(device) if device is not None else get_device()
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:  # Linux gives the marketing name here
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"CPU ({cpu}, {os.cpu_count()} cores)"
+
+
+def environment_report(device: torch.device | str | None = None) -> str:
+    """One line: torch version, device name and torch's thread count."""
+    device = torch.device(device) if device is not None else get_device()
+    return (
+        f"torch {torch.__version__} | device: {device.type} = {device_name(device)}"
+        f" | torch threads: {torch.get_num_threads()} | Python {platform.python_version()}"
+    )

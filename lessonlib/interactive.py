@@ -1,0 +1,250 @@
+"""One Python object, two renderings: a live ipywidget and a static HTML page.
+
+Jupyter and Colab show ipywidgets, whose Python callbacks need a running
+kernel. The built book has no kernel, so a widget there would be an empty box.
+An :class:`Interactive` object's rich display therefore carries both:
+
+* ``application/vnd.jupyter.widget-view+json``: the live widget, which Jupyter
+  and Colab prefer;
+* ``text/html``: a self-contained HTML + inline-JS version, with no external
+  script and deterministic element ids, which the book's HTML builder selects
+  (``nb_mime_priority_overrides`` in ``_config.yml``).
+
+The static version never re-implements the Python logic in JavaScript: every
+answer it can show is computed in Python when the page is built and embedded
+as data, and the script only looks answers up.
+
+:class:`Explorer` applies this to calculators: a function of a few discrete
+inputs is evaluated on the whole grid of inputs at build time.
+"""
+from __future__ import annotations
+
+import hashlib
+import html
+import itertools
+import json
+from typing import Any, Callable, Mapping, Sequence
+
+#: The most input combinations an Explorer precomputes for the static page.
+MAX_COMBINATIONS = 2000
+
+_STYLE = """
+<style>
+.wtc-box{border:1px solid #c9d3df;border-radius:6px;padding:.8em 1em;margin:.8em 0;background:#f8fafc;color:#1b2733}
+.wtc-box .wtc-title{font-weight:600;margin-bottom:.4em}
+.wtc-box label{display:block;margin:.15em 0;cursor:pointer}
+.wtc-box button{margin:.4em .4em .2em 0;padding:.25em .9em;border:1px solid #4a6a8a;border-radius:4px;background:#e6eef6;cursor:pointer}
+.wtc-box .wtc-feedback{margin-top:.4em;min-height:1.2em}
+.wtc-box .wtc-right{color:#17612f;font-weight:600}
+.wtc-box .wtc-wrong{color:#9b1c1c;font-weight:600}
+.wtc-box .wtc-explanation{margin-top:.4em;border-left:3px solid #8aa4bf;padding-left:.6em}
+.wtc-box .wtc-control{display:flex;align-items:center;gap:.6em;margin:.2em 0}
+.wtc-box .wtc-control span.wtc-name{min-width:12em}
+.wtc-box .wtc-output{margin-top:.5em}
+.wtc-box table{border-collapse:collapse}
+.wtc-box td,.wtc-box th{padding:.1em .6em;border-bottom:1px solid #dde3ea;text-align:left}
+</style>
+"""
+
+
+def stable_id(*parts: Any) -> str:
+    """A deterministic HTML element id built from the object's content."""
+    digest = hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return "wtc-" + digest[:12]
+
+
+def script_json(data: Any) -> str:
+    """JSON that is safe to embed inside a ``<script>`` element."""
+    return json.dumps(data).replace("</", "<\\/")
+
+
+class Interactive:
+    """Base class: subclasses give :meth:`widget` (live) and :meth:`static_html`."""
+
+    def widget(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def static_html(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = {}
+        try:
+            live = self.widget()
+            bundle.update(live._repr_mimebundle_() or {})
+        except ImportError:  # no ipywidgets: the static version still works
+            pass
+        bundle["text/html"] = _STYLE + self.static_html()
+        bundle["text/plain"] = repr(self)
+        return bundle
+
+
+class Explorer(Interactive):
+    """A calculator over a small grid of inputs, live and static.
+
+    Parameters
+    ----------
+    fn:
+        Called as ``fn(**inputs)``; returns an HTML string (plain text is fine).
+    controls:
+        Maps each keyword argument of ``fn`` to the list of values a reader can
+        choose. Numbers get a slider, anything else a drop-down.
+    title, description:
+        Shown above the controls.
+    labels:
+        Optional display names for the controls (defaults to the keyword).
+    max_combinations:
+        The static page precomputes every combination; more than this raises
+        ``ValueError`` so a page cannot silently grow to megabytes.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., str],
+        controls: Mapping[str, Sequence[Any]],
+        title: str = "",
+        description: str = "",
+        labels: Mapping[str, str] | None = None,
+        initial: Mapping[str, Any] | None = None,
+        max_combinations: int = MAX_COMBINATIONS,
+    ):
+        if not callable(fn):
+            raise ValueError("fn must be callable")
+        if not controls:
+            raise ValueError("controls must name at least one input")
+        self.fn = fn
+        self.controls = {}
+        for name, values in controls.items():
+            values = list(values)
+            if not values:
+                raise ValueError(f"controls[{name!r}] has no values to choose from")
+            if len(set(map(repr, values))) != len(values):
+                raise ValueError(f"controls[{name!r}] lists a value twice")
+            self.controls[name] = values
+        n = 1
+        for values in self.controls.values():
+            n *= len(values)
+        if n > max_combinations:
+            raise ValueError(
+                f"controls give {n} combinations, more than max_combinations={max_combinations}; "
+                "offer fewer values per control"
+            )
+        self.title = title
+        self.description = description
+        self.labels = {k: (labels or {}).get(k, k) for k in self.controls}
+        self.initial = {}
+        for name, values in self.controls.items():
+            value = (initial or {}).get(name, values[0])
+            if value not in values:
+                raise ValueError(f"initial[{name!r}]={value!r} is not one of the offered values")
+            self.initial[name] = value
+
+    def __repr__(self) -> str:
+        return f"Explorer({self.title or self.fn.__name__!s}, controls={list(self.controls)})"
+
+    def __call__(self, **inputs) -> str:
+        """The output for one combination of inputs (the same text both versions show)."""
+        return str(self.fn(**inputs))
+
+    @staticmethod
+    def _is_number(values: Sequence[Any]) -> bool:
+        return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+    def _fmt(self, v: Any) -> str:
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+
+    # ----- live -----------------------------------------------------------
+    def widget(self):
+        import ipywidgets as w
+
+        inputs = {}
+        for name, values in self.controls.items():
+            options = [(self._fmt(v), v) for v in values]
+            cls = w.SelectionSlider if self._is_number(values) and len(values) > 2 else w.Dropdown
+            inputs[name] = cls(
+                options=options,
+                value=self.initial[name],
+                description=self.labels[name],
+                style={"description_width": "initial"},
+                layout=w.Layout(width="28em"),
+            )
+        out = w.HTML(self(**self.initial))
+
+        def update(_change=None):
+            out.value = self(**{k: c.value for k, c in inputs.items()})
+
+        for c in inputs.values():
+            c.observe(update, names="value")
+        head = []
+        if self.title:
+            head.append(w.HTML(f"<b>{self.title}</b>"))
+        if self.description:
+            head.append(w.HTML(self.description))
+        box = w.VBox(head + list(inputs.values()) + [out])
+        box.inputs, box.output = inputs, out  # handles for tests and readers
+        return box
+
+    # ----- static ---------------------------------------------------------
+    def table(self) -> tuple[list[str], list[int]]:
+        """Every output, de-duplicated, and the index of each combination's output.
+
+        Combinations are enumerated in row-major order of ``controls``.
+        """
+        outputs: list[str] = []
+        seen: dict[str, int] = {}
+        index: list[int] = []
+        names = list(self.controls)
+        for combo in itertools.product(*self.controls.values()):
+            text = self(**dict(zip(names, combo)))
+            if text not in seen:
+                seen[text] = len(outputs)
+                outputs.append(text)
+            index.append(seen[text])
+        return outputs, index
+
+    def static_html(self) -> str:
+        names = list(self.controls)
+        uid = stable_id("explorer", self.title, {k: list(map(repr, v)) for k, v in self.controls.items()})
+        outputs, index = self.table()
+        sizes = [len(self.controls[k]) for k in names]
+        rows = []
+        for i, name in enumerate(names):
+            values = self.controls[name]
+            start = values.index(self.initial[name])
+            cid = f"{uid}-c{i}"
+            if self._is_number(values) and len(values) > 2:
+                ctl = (
+                    f'<input type="range" id="{cid}" min="0" max="{len(values) - 1}" step="1" '
+                    f'value="{start}" aria-label="{html.escape(self.labels[name])}">'
+                    f'<output id="{cid}-v">{html.escape(self._fmt(values[start]))}</output>'
+                )
+            else:
+                opts = "".join(
+                    f'<option value="{j}"{" selected" if j == start else ""}>{html.escape(self._fmt(v))}</option>'
+                    for j, v in enumerate(values)
+                )
+                ctl = f'<select id="{cid}" aria-label="{html.escape(self.labels[name])}">{opts}</select>'
+            rows.append(
+                f'<div class="wtc-control"><span class="wtc-name">{html.escape(self.labels[name])}</span>{ctl}</div>'
+            )
+        start_idx = 0
+        for i, name in enumerate(names):
+            start_idx = start_idx * sizes[i] + self.controls[name].index(self.initial[name])
+        data = {
+            "sizes": sizes,
+            "labels": [[self._fmt(v) for v in self.controls[k]] for k in names],
+            "outputs": outputs,
+            "index": index,
+        }
+        title = f'<div class="wtc-title">{self.title}</div>' if self.title else ""
+        desc = f"<div>{self.description}</div>" if self.description else ""
+        return f"""<div class="wtc-box wtc-explorer" id="{uid}">{title}{desc}{''.join(rows)}
+<div class="wtc-output" id="{uid}-out" aria-live="polite">{outputs[index[start_idx]]}</div>
+<script type="application/json" id="{uid}-data">{script_json(data)}</script>
+<script>(function(){{
+var id="{uid}", d=JSON.parse(document.getElementById(id+"-data").textContent);
+function upd(){{var k=0;for(var i=0;i<d.sizes.length;i++){{var c=document.getElementById(id+"-c"+i);
+var j=parseInt(c.value,10);k=k*d.sizes[i]+j;var o=document.getElementById(id+"-c"+i+"-v");if(o){{o.textContent=d.labels[i][j];}}}}
+document.getElementById(id+"-out").innerHTML=d.outputs[d.index[k]];}}
+for(var i=0;i<d.sizes.length;i++){{var c=document.getElementById(id+"-c"+i);c.addEventListener("input",upd);c.addEventListener("change",upd);}}
+}})();</script></div>"""

@@ -1,0 +1,356 @@
+"""Quizzes defined once, answered everywhere.
+
+A quiz is data: a question, choices (or a numeric answer with a tolerance and
+units), feedback for each choice, and an explanation shown after any answer.
+Displayed as the last expression of a cell, a quiz shows standard ipywidgets
+in Jupyter and Colab, and a self-contained HTML + inline-JS version in the
+static book (see :mod:`lessonlib.interactive`).
+
+The grading logic lives only here, in :meth:`check`. The static page embeds
+the verdict and feedback that :meth:`check` gives for every possible choice
+(every subset, for a multiple-select quiz), so a click in the browser gives the
+same answer as Python. A numeric quiz embeds its answer, tolerance and the
+three messages; the one comparison ``|x - answer| <= tolerance`` is the only
+logic the script repeats.
+
+Kinds: :class:`SingleChoice`, :class:`MultipleSelect`, :class:`Numeric` and
+:class:`Prediction` (a "What do you think happens?" prompt whose answer is
+revealed on click). Question, choice, feedback and explanation strings may
+contain simple HTML.
+"""
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .interactive import Interactive, script_json, stable_id
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One option of a choice quiz; ``feedback`` explains why it is right or wrong."""
+
+    text: str
+    correct: bool = False
+    feedback: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The result of checking an answer: right or wrong, and what to tell the learner."""
+
+    correct: bool
+    feedback: str
+
+
+RIGHT, WRONG = "Correct.", "Not quite."
+
+
+def _check_text(name: str, value) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _normalise_choices(choices, answer) -> list[Choice]:
+    if choices is None or isinstance(choices, (str, bytes)) or len(list(choices)) == 0:
+        raise ValueError("choices must be a non-empty list of Choice objects or strings")
+    choices = list(choices)
+    if answer is not None:
+        wanted = [answer] if isinstance(answer, str) else list(answer)
+        texts = [c.text if isinstance(c, Choice) else c for c in choices]
+        for a in wanted:
+            if a not in texts:
+                raise ValueError(f"answer {a!r} is not among the choices {texts!r}")
+        choices = [
+            Choice(c.text, c.text in wanted, c.feedback) if isinstance(c, Choice) else Choice(c, c in wanted)
+            for c in choices
+        ]
+    out = []
+    for i, c in enumerate(choices):
+        if isinstance(c, str):
+            c = Choice(c)
+        if not isinstance(c, Choice):
+            raise ValueError(f"choices[{i}] must be a Choice or a string, got {type(c).__name__}")
+        _check_text(f"choices[{i}].text", c.text)
+        out.append(c)
+    texts = [c.text for c in out]
+    if len(set(texts)) != len(texts):
+        raise ValueError(f"choices repeat a text: {texts!r}")
+    return out
+
+
+class _ChoiceQuiz(Interactive):
+    kind = "choice"
+
+    def __init__(self, question: str, choices: Sequence[Choice | str], explanation: str = "", answer=None):
+        self.question = _check_text("question", question)
+        self.choices = _normalise_choices(choices, answer)
+        self.explanation = explanation or ""
+        n_correct = sum(c.correct for c in self.choices)
+        if n_correct == 0:
+            raise ValueError("no choice is marked correct: the correct answer must be among the choices")
+        self._validate_correct(n_correct)
+
+    def _validate_correct(self, n_correct: int) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}: {self.question}"]
+        lines += [f"  ({i + 1}) {c.text}" for i, c in enumerate(self.choices)]
+        return "\n".join(lines)
+
+    def _index(self, answer) -> int:
+        """A choice given as its 0-based index or its exact text."""
+        if isinstance(answer, bool):
+            raise ValueError(f"answer must be a choice index or text, got {answer!r}")
+        if isinstance(answer, int):
+            if not 0 <= answer < len(self.choices):
+                raise ValueError(f"answer index {answer} is out of range 0..{len(self.choices) - 1}")
+            return answer
+        for i, c in enumerate(self.choices):
+            if c.text == answer:
+                return i
+        raise ValueError(f"answer {answer!r} is not one of the choices")
+
+
+class SingleChoice(_ChoiceQuiz):
+    """Exactly one choice is correct."""
+
+    kind = "single"
+
+    def _validate_correct(self, n_correct: int) -> None:
+        if n_correct != 1:
+            raise ValueError(f"a SingleChoice quiz needs exactly one correct choice, got {n_correct}")
+
+    def check(self, answer: int | str) -> Verdict:
+        """Grade one answer (a 0-based index or the choice's text)."""
+        c = self.choices[self._index(answer)]
+        head = RIGHT if c.correct else WRONG
+        return Verdict(c.correct, f"{head} {c.feedback}".strip())
+
+    def widget(self):
+        import ipywidgets as w
+
+        sel = w.RadioButtons(options=[(c.text, i) for i, c in enumerate(self.choices)], value=None,
+                             layout=w.Layout(width="auto"))
+        return _live_box(self, sel, lambda: None if sel.value is None else self.check(sel.value),
+                         "Choose an answer first.")
+
+    def static_html(self) -> str:
+        uid = stable_id("single", self.question, [c.text for c in self.choices])
+        verdicts = [self.check(i) for i in range(len(self.choices))]
+        opts = "".join(
+            f'<label><input type="radio" name="{uid}" value="{i}"> {c.text}</label>'
+            for i, c in enumerate(self.choices)
+        )
+        data = {"kind": "single", "verdicts": [[v.correct, v.feedback] for v in verdicts]}
+        return _static_box(uid, self.question, opts, data, self.explanation)
+
+
+class MultipleSelect(_ChoiceQuiz):
+    """Select every correct choice; right only when the selection is exactly the correct set."""
+
+    kind = "multiple"
+
+    def check(self, answer: Iterable[int | str]) -> Verdict:
+        """Grade a selection: an iterable of 0-based indices or choice texts."""
+        if isinstance(answer, (str, int)):
+            answer = [answer]
+        picked = {self._index(a) for a in answer}
+        correct = {i for i, c in enumerate(self.choices) if c.correct}
+        if not picked:
+            return Verdict(False, "Select at least one choice.")
+        ok = picked == correct
+        parts = [RIGHT if ok else WRONG]
+        if not ok:
+            missed, extra = len(correct - picked), len(picked - correct)
+            if extra:
+                parts.append(f"{extra} of your selections {'is' if extra == 1 else 'are'} not right.")
+            if missed:
+                parts.append(f"You missed {missed} correct choice{'s' if missed != 1 else ''}.")
+        parts += [self.choices[i].feedback for i in sorted(picked) if self.choices[i].feedback]
+        return Verdict(ok, " ".join(parts))
+
+    def widget(self):
+        import ipywidgets as w
+
+        boxes = [w.Checkbox(value=False, description=c.text, indent=False, layout=w.Layout(width="auto"))
+                 for c in self.choices]
+        sel = w.VBox(boxes)
+        sel.boxes = boxes
+        return _live_box(self, sel, lambda: self.check([i for i, b in enumerate(boxes) if b.value]), None)
+
+    def static_html(self) -> str:
+        uid = stable_id("multiple", self.question, [c.text for c in self.choices])
+        n = len(self.choices)
+        if n > 10:
+            raise ValueError("a MultipleSelect quiz offers at most 10 choices")
+        # Every subset, indexed by its bitmask (bit i = choice i selected).
+        verdicts = []
+        for mask in range(2 ** n):
+            v = self.check([i for i in range(n) if mask >> i & 1])
+            verdicts.append([v.correct, v.feedback])
+        opts = "".join(
+            f'<label><input type="checkbox" name="{uid}" value="{i}"> {c.text}</label>'
+            for i, c in enumerate(self.choices)
+        )
+        return _static_box(uid, self.question, opts, {"kind": "multiple", "verdicts": verdicts}, self.explanation)
+
+
+class Numeric(Interactive):
+    """A number with a tolerance and units, e.g. a speedup of 2.5 (±0.01) ×.
+
+    ``tolerance`` is absolute, in the answer's units.
+    """
+
+    kind = "numeric"
+
+    def __init__(self, question: str, answer: float | None = None, tolerance: float = 0.0,
+                 units: str = "", explanation: str = ""):
+        self.question = _check_text("question", question)
+        if answer is None:
+            raise ValueError("a Numeric quiz needs an answer")
+        if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+            raise ValueError(f"answer must be a finite number, got {answer!r}")
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance):
+            raise ValueError(f"tolerance must be a finite number, got {tolerance!r}")
+        if tolerance < 0:
+            raise ValueError(f"tolerance must be zero or positive, got {tolerance!r}")
+        self.answer, self.tolerance = float(answer), float(tolerance)
+        self.units, self.explanation = units, explanation or ""
+
+    def __repr__(self) -> str:
+        return f"Numeric: {self.question} [answer in {self.units or 'units'}]"
+
+    def messages(self) -> dict[str, str]:
+        """The feedback texts; ``{x}`` stands for the learner's number."""
+        u = f" {self.units}" if self.units else ""
+        return {
+            "right": f"{RIGHT} {{x}}{u} is within {self.tolerance:g}{u} of the answer.",
+            "high": f"{WRONG} {{x}}{u} is too high.",
+            "low": f"{WRONG} {{x}}{u} is too low.",
+            "nan": "Enter a number.",
+        }
+
+    def check(self, answer: float | str) -> Verdict:
+        """Grade a number (or the text a learner typed)."""
+        m = self.messages()
+        try:
+            x = float(str(answer).strip().replace(",", "")) if isinstance(answer, str) else float(answer)
+        except (TypeError, ValueError):
+            return Verdict(False, m["nan"])
+        if not math.isfinite(x):
+            return Verdict(False, m["nan"])
+        # Echo what the learner typed (the static page does the same).
+        shown = html.escape(answer.strip() if isinstance(answer, str) else f"{x:g}")
+        if abs(x - self.answer) <= self.tolerance + 1e-12 * max(1.0, abs(self.answer)):
+            return Verdict(True, m["right"].format(x=shown))
+        return Verdict(False, m["high" if x > self.answer else "low"].format(x=shown))
+
+    def widget(self):
+        import ipywidgets as w
+
+        box = w.Text(placeholder=f"a number{' in ' + self.units if self.units else ''}", layout=w.Layout(width="14em"))
+        return _live_box(self, box, lambda: self.check(box.value), None)
+
+    def static_html(self) -> str:
+        uid = stable_id("numeric", self.question, self.answer, self.tolerance, self.units)
+        units = f" <span>{self.units}</span>" if self.units else ""
+        field = (f'<input type="text" inputmode="decimal" id="{uid}-x" aria-label="your answer" '
+                 f'placeholder="a number">{units}')
+        data = {"kind": "numeric", "answer": self.answer, "tolerance": self.tolerance, "messages": self.messages()}
+        return _static_box(uid, self.question, field, data, self.explanation)
+
+
+class Prediction(Interactive):
+    """A "What do you think happens?" prompt: think first, then reveal the answer."""
+
+    kind = "prediction"
+
+    def __init__(self, question: str, answer: str):
+        self.question = _check_text("question", question)
+        self.answer = _check_text("answer", answer)
+
+    def __repr__(self) -> str:
+        return f"Prediction: {self.question}"
+
+    def widget(self):
+        import ipywidgets as w
+
+        button = w.Button(description="Reveal answer", button_style="info")
+        answer = w.HTML("")
+
+        def reveal(_b):
+            answer.value = f'<div class="wtc-explanation">{self.answer}</div>'
+            button.disabled = True
+
+        button.on_click(reveal)
+        box = w.VBox([w.HTML(f"<b>What do you think happens?</b> {self.question}"), button, answer])
+        box.button, box.answer = button, answer
+        return box
+
+    def static_html(self) -> str:
+        uid = stable_id("prediction", self.question)
+        # <details> reveals without any script at all.
+        return (f'<div class="wtc-box wtc-prediction" id="{uid}"><div class="wtc-title">What do you think happens?</div>'
+                f"<div>{self.question}</div><details><summary>Reveal answer</summary>"
+                f'<div class="wtc-explanation">{self.answer}</div></details></div>')
+
+
+# ----- shared rendering ---------------------------------------------------
+
+def _live_box(quiz, selector, grade, empty_msg):
+    """Question, selector, a Check button and the feedback area, as ipywidgets."""
+    import ipywidgets as w
+
+    check = w.Button(description="Check", button_style="primary")
+    feedback = w.HTML("")
+
+    def on_check(_b):
+        verdict = grade()
+        if verdict is None:
+            feedback.value = empty_msg
+            return
+        cls, mark = ("wtc-right", "✔") if verdict.correct else ("wtc-wrong", "✘")
+        color = "#17612f" if verdict.correct else "#9b1c1c"
+        text = f'<span class="{cls}" style="color:{color};font-weight:600">{mark} {verdict.feedback}</span>'
+        if quiz.explanation:
+            text += f'<div style="margin-top:.4em;border-left:3px solid #8aa4bf;padding-left:.6em">{quiz.explanation}</div>'
+        feedback.value = text
+
+    check.on_click(on_check)
+    box = w.VBox([w.HTML(f"<b>{quiz.question}</b>"), selector, check, feedback])
+    box.selector, box.check_button, box.feedback = selector, check, feedback
+    return box
+
+
+_SCRIPT = """<script>(function(){
+var id="%(uid)s", box=document.getElementById(id), d=JSON.parse(document.getElementById(id+"-data").textContent);
+var fb=document.getElementById(id+"-fb"), ex=document.getElementById(id+"-ex");
+function esc(t){return t.replace(/&/g,"&amp;").replace(/</g,"&lt;").replace(/>/g,"&gt;").replace(/"/g,"&quot;").replace(/'/g,"&#x27;");}
+function show(ok, text){fb.innerHTML='<span class="'+(ok?'wtc-right':'wtc-wrong')+'">'+(ok?'\\u2714 ':'\\u2718 ')+text+'</span>';
+ fb.setAttribute("data-correct", ok?"true":"false"); if(ex){ex.hidden=false;}}
+box.querySelector("button.wtc-check").addEventListener("click", function(){
+ if(d.kind==="single"){var s=box.querySelector('input[type=radio]:checked');
+   if(!s){fb.textContent="Choose an answer first.";return;} var v=d.verdicts[parseInt(s.value,10)]; show(v[0],v[1]);}
+ else if(d.kind==="multiple"){var m=0; box.querySelectorAll('input[type=checkbox]').forEach(function(c){if(c.checked){m|=1<<parseInt(c.value,10);}});
+   var v=d.verdicts[m]; show(v[0],v[1]);}
+ else {var raw=document.getElementById(id+"-x").value.trim().replace(/,/g,""), x=Number(raw);
+   if(raw===""||!isFinite(x)){fb.textContent=d.messages.nan;fb.setAttribute("data-correct","false");return;}
+   var shown=esc(document.getElementById(id+"-x").value.trim()), slack=1e-12*Math.max(1,Math.abs(d.answer));
+   if(Math.abs(x-d.answer)<=d.tolerance+slack){show(true,d.messages.right.replace("{x}",shown));}
+   else{show(false,d.messages[x>d.answer?"high":"low"].replace("{x}",shown));}}
+});})();</script>"""
+
+
+def _static_box(uid: str, question: str, inputs_html: str, data: dict, explanation: str) -> str:
+    ex = (f'<div class="wtc-explanation" id="{uid}-ex" hidden>{explanation}</div>' if explanation else "")
+    return (f'<div class="wtc-box wtc-quiz" id="{uid}" data-kind="{data["kind"]}">'
+            f'<div class="wtc-title">{question}</div>{inputs_html}'
+            f'<div><button type="button" class="wtc-check">Check</button></div>'
+            f'<div class="wtc-feedback" id="{uid}-fb" aria-live="polite"></div>{ex}'
+            f'<script type="application/json" id="{uid}-data">{script_json(data)}</script>'
+            + _SCRIPT % {"uid": uid} + "</div>")

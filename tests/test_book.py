@@ -1,0 +1,23 @@
+"""The book builds with warnings as errors, and every page it should have exists."""
+import re
+
+from conftest import ROOT
+
+
+def test_book_builds_with_zero_warnings(built_book):
+    log = (built_book.parents[1] / "build.log").read_text() if (built_book.parents[1] / "build.log").exists() else ""
+    assert (built_book / "index.html").exists()
+    assert not re.search(r"\bWARNING\b(?!.*Kernel is running over TCP)", log), log[-3000:]
+
+
+def test_every_toc_entry_became_a_page(built_book):
+    toc = (ROOT / "_toc.yml").read_text()
+    for entry in re.findall(r"file:\s*(\S+)", toc):
+        assert (built_book / f"{entry}.html").exists(), entry
+
+
+def test_no_page_references_a_cdn(built_book):
+    for page in built_book.rglob("*.html"):
+        text = page.read_text(errors="replace")
+        for m in re.finditer(r"""<script[^>]+src=["'](https?:)?//""", text):
+            raise AssertionError(f"{page.name} loads a remote script: {text[m.start():m.start()+160]}")

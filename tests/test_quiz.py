@@ -1,0 +1,202 @@
+"""Quizzes: grading, malformed definitions, the live widget, and the static page."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from lessonlib.interactive import Explorer
+from lessonlib.quiz import Choice, MultipleSelect, Numeric, Prediction, SingleChoice
+
+from browser import browser, serve
+
+
+def single():
+    return SingleChoice(
+        "Which pass costs about twice the forward?",
+        [Choice("The loss", feedback="The loss is one small reduction."),
+         Choice("Backward", correct=True, feedback="It computes two products per layer."),
+         Choice("The update", feedback="The update is elementwise.")],
+        explanation="Backward needs gradients for inputs and for weights.",
+    )
+
+
+def multiple():
+    return MultipleSelect(
+        "What does training hold that serving does not?",
+        ["Gradients", "Optimizer state", "The weights", "Saved activations"],
+        answer=["Gradients", "Optimizer state", "Saved activations"],
+        explanation="Serving needs only the weights.",
+    )
+
+
+def numeric():
+    return Numeric("Speedup of 80 parallel + 20 serial units on 4 devices?", answer=2.5,
+                   tolerance=0.01, units="×", explanation="100 / (20 + 80/4) = 2.5")
+
+
+# ----- grading ------------------------------------------------------------
+
+def test_single_choice_grading_by_index_and_text():
+    q = single()
+    assert q.check(1).correct and q.check("Backward").correct
+    v = q.check(0)
+    assert not v.correct and "one small reduction" in v.feedback
+
+
+def test_multiple_select_needs_exactly_the_correct_set():
+    q = multiple()
+    assert q.check([0, 1, 3]).correct
+    assert not q.check([0, 1]).correct            # one missed
+    assert "missed 1" in q.check([0, 1]).feedback
+    assert not q.check([0, 1, 2, 3]).correct      # one extra
+    assert not q.check([]).correct
+
+
+@pytest.mark.parametrize("typed, ok", [
+    (2.5, True), ("2.5", True), ("2.509", True), (2.49, True),   # within ±0.01
+    ("2.52", False), (4, False), ("", False), ("four", False), ("nan", False),
+])
+def test_numeric_tolerance(typed, ok):
+    assert numeric().check(typed).correct is ok
+
+
+def test_numeric_boundary_is_inclusive_and_direction_is_reported():
+    q = Numeric("x?", answer=40, tolerance=0.5, units="units")
+    assert q.check(40.5).correct and q.check(39.5).correct
+    assert "too high" in q.check(41).feedback and "too low" in q.check(10).feedback
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: SingleChoice("q?", []), "choices must be a non-empty"),
+    (lambda: SingleChoice("q?", ["a", "b"], answer="c"), "not among the choices"),
+    (lambda: SingleChoice("q?", ["a", "b"]), "no choice is marked correct"),
+    (lambda: SingleChoice("q?", ["a", "b"], answer=["a", "b"]), "exactly one correct"),
+    (lambda: SingleChoice("", ["a"], answer="a"), "question"),
+    (lambda: SingleChoice("q?", ["a", "a"], answer="a"), "repeat"),
+    (lambda: MultipleSelect("q?", ["a", "b"], answer=["a", "z"]), "not among the choices"),
+    (lambda: Numeric("q?"), "needs an answer"),
+    (lambda: Numeric("q?", answer=1, tolerance=-0.1), "tolerance must be zero or positive"),
+    (lambda: Numeric("q?", answer=float("inf")), "finite"),
+    (lambda: Prediction("q?", ""), "answer"),
+])
+def test_malformed_quizzes_raise_when_defined(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_checking_a_choice_that_does_not_exist_is_an_error():
+    with pytest.raises(ValueError, match="out of range"):
+        single().check(7)
+
+
+# ----- live widget --------------------------------------------------------
+
+def test_live_single_choice_widget_select_check_read_feedback():
+    q = single()
+    w = q.widget()
+    w.check_button.click()
+    assert "Choose an answer first" in w.feedback.value
+    w.selector.value = 0
+    w.check_button.click()
+    assert "Not quite" in w.feedback.value and "one small reduction" in w.feedback.value
+    w.selector.value = 1
+    w.check_button.click()
+    assert "Correct" in w.feedback.value and q.explanation in w.feedback.value
+
+
+def test_live_multiple_and_numeric_widgets():
+    m = multiple().widget()
+    for i in (0, 1, 3):
+        m.selector.boxes[i].value = True
+    m.check_button.click()
+    assert "Correct" in m.feedback.value
+    n = numeric().widget()
+    n.selector.value = "4"
+    n.check_button.click()
+    assert "too high" in n.feedback.value
+
+
+def test_prediction_reveals_on_click():
+    p = Prediction("Does pure bf16 training learn?", "It stalls: updates round away.")
+    w = p.widget()
+    assert "stalls" not in w.answer.value
+    w.button.click()
+    assert "stalls" in w.answer.value
+    assert "<details>" in p.static_html()
+
+
+def test_display_bundle_has_live_widget_and_static_html():
+    bundle = single()._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    html = bundle["text/html"]
+    assert "<script" in html and "src=" not in html  # inline only, no external script
+    assert single().static_html() == single().static_html()  # deterministic ids
+
+
+def test_explorer_live_and_static_agree_on_outputs():
+    e = Explorer(lambda devices, serial: f"{100 / (serial + (100 - serial) / devices):.2f}×",
+                 {"devices": [1, 2, 4, 8], "serial": [0, 10, 20]}, title="Amdahl")
+    outputs, index = e.table()
+    assert len(index) == 12
+    w = e.widget()
+    w.inputs["devices"].value = 4
+    w.inputs["serial"].value = 20
+    assert w.output.value == "2.50×" == outputs[index[2 * 3 + 2]]
+    with pytest.raises(ValueError, match="combinations"):
+        Explorer(lambda a, b: "", {"a": list(range(100)), "b": list(range(100))})
+    with pytest.raises(ValueError, match="no values"):
+        Explorer(lambda a: "", {"a": []})
+
+
+# ----- the static page in a real browser ----------------------------------
+
+def test_static_verdicts_equal_python_verdicts_in_chromium(tmp_path):
+    from lessonlib.interactive import _STYLE
+
+    s, m, n = single(), multiple(), numeric()
+    e = Explorer(lambda a, b: f"<b>{a}-{b}</b>", {"a": [1, 2, 3], "b": ["x", "y"]}, title="t")
+    body = "".join(_STYLE + q.static_html() for q in (s, m, n, e))
+    (tmp_path / "quiz.html").write_text(f"<!doctype html><html><head><link rel=\"icon\" href=\"data:,\"></head><body>{body}</body></html>")
+    with serve(tmp_path) as base, browser() as b:
+        page = b.new_page()
+        errors = []
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(base + "quiz.html")
+
+        def verdict(box):
+            fb = box.locator(".wtc-feedback")
+            return fb.get_attribute("data-correct") == "true", fb.inner_text()
+
+        box = page.locator(".wtc-quiz[data-kind=single]")
+        for i in range(len(s.choices)):
+            box.locator("input[type=radio]").nth(i).check()
+            box.locator("button.wtc-check").click()
+            ok, text = verdict(box)
+            py = s.check(i)
+            assert ok == py.correct and text.endswith(py.feedback), (i, text, py)
+
+        box = page.locator(".wtc-quiz[data-kind=multiple]")
+        for subset in itertools.chain.from_iterable(itertools.combinations(range(4), k) for k in range(5)):
+            for i in range(4):
+                box.locator("input[type=checkbox]").nth(i).set_checked(i in subset)
+            box.locator("button.wtc-check").click()
+            ok, text = verdict(box)
+            py = m.check(list(subset))
+            assert ok == py.correct and text.endswith(py.feedback), (subset, text, py)
+
+        box = page.locator(".wtc-quiz[data-kind=numeric]")
+        for typed in ["4", "2.5", "2.509", "2.52", "1", "2,5", " 2.50 ", "abc", ""]:
+            box.locator("input[type=text]").fill(typed)
+            box.locator("button.wtc-check").click()
+            ok, text = verdict(box)
+            py = n.check(typed)
+            assert ok == py.correct and text.endswith(py.feedback), (typed, text, py)
+
+        box = page.locator(".wtc-explorer")
+        box.locator("input[type=range]").fill("2")
+        box.locator("select").select_option("1")
+        assert box.locator(".wtc-output").inner_text() == "3-y"
+        assert errors == []
