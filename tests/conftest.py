@@ -32,7 +32,8 @@ def built_book(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("book")
     cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "--all", "-W", "-n",
            "--keep-going", "--path-output", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    env = dict(os.environ, LESSONLIB_STATIC_BUILD="1")  # as scripts/book.sh does
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500, env=env)
     log = proc.stdout + proc.stderr
     (out / "build.log").write_text(log)
     if proc.returncode != 0:
