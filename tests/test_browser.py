@@ -19,7 +19,9 @@ from browser import browser, serve
 
 def book_pages() -> list[str]:
     toc = (ROOT / "_toc.yml").read_text()
-    return ["index.html"] + [f"{entry}.html" for entry in re.findall(r"file:\s*(\S+)", toc)]
+    # index.html only redirects to the root page (intro.html).
+    root = re.search(r"^root:\s*(\S+)", toc, re.M).group(1)
+    return [f"{root}.html"] + [f"{entry}.html" for entry in re.findall(r"file:\s*(\S+)", toc)]
 
 
 PAGES = book_pages()
