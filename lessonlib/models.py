@@ -1,0 +1,161 @@
+"""The course's two models, in plain PyTorch.
+
+* :class:`ForecastMLP` - the umbrella retailer's forecast model: recent daily
+  sales in, next day's demand out.
+* :class:`TinyGPT` - a small GPT built from plain blocks (LayerNorm, attention
+  written out as matrix products, a 4h MLP with GELU, dropout), so every tensor
+  it keeps for backward can be counted and compared with Korthikanti et al.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .memory import check_count
+
+
+def n_params(model: nn.Module) -> int:
+    """Number of parameters (elements) of ``model``."""
+    return sum(p.numel() for p in model.parameters())
+
+
+class ForecastMLP(nn.Module):
+    """Recent sales -> next-period demand.
+
+    ``window`` inputs (scaled daily sales), ``depth`` hidden layers of width
+    ``hidden`` with ReLU, one output (scaled demand).
+    """
+
+    def __init__(self, window: int = 28, hidden: int = 256, depth: int = 2):
+        super().__init__()
+        window, hidden, depth = check_count("window", window), check_count("hidden", hidden), check_count("depth", depth)
+        layers, width = [], window
+        for _ in range(depth):
+            layers += [nn.Linear(width, hidden), nn.ReLU()]
+            width = hidden
+        layers.append(nn.Linear(width, 1))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Dropout(nn.Module):
+    """Dropout that keeps a 1-byte boolean mask for backward.
+
+    ``torch.native_dropout`` returns the output and a bool mask, and its backward
+    needs only the mask: 1 byte per element, as Korthikanti et al. assume.
+    ``nn.Dropout`` on CPU instead keeps a scaled noise tensor in the input's
+    dtype (2 bytes per element in bf16).
+    """
+
+    def __init__(self, p: float = 0.1):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"p must be in [0, 1), got {p!r}")
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        out, _mask = torch.native_dropout(x, self.p, True)
+        return out
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention.
+
+    ``impl="math"`` writes it out (scores, mask, softmax, dropout, weighted sum),
+    which keeps the a x s x s scores for backward as the paper assumes;
+    ``impl="sdpa"`` calls ``F.scaled_dot_product_attention``, whose fused
+    kernels keep only small per-row statistics instead.
+    """
+
+    def __init__(self, hidden, heads, seq_len, dropout, dropout_cls, impl="math"):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
+        if impl not in ("math", "sdpa"):
+            raise ValueError(f"unknown impl {impl!r}; choose 'math' or 'sdpa'")
+        self.heads, self.impl, self.p = heads, impl, dropout
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.attn_drop = dropout_cls(dropout)
+        # an additive mask (0 on and below the diagonal, -inf above): adding it keeps
+        # nothing for backward, whereas masked_fill would keep an s x s bool mask
+        self.register_buffer("causal", torch.full((seq_len, seq_len), float("-inf")).triu(1), persistent=False)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        a = self.heads
+        q, k, v = self.qkv(x).view(b, s, 3, a, h // a).permute(2, 0, 3, 1, 4)
+        if self.impl == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=self.p if self.training else 0.0)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(h // a))
+            scores = scores + self.causal[:s, :s]
+            y = self.attn_drop(scores.softmax(dim=-1)) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, s, h))
+
+
+class Block(nn.Module):
+    """One transformer layer: x + drop(attn(ln(x))), then x + drop(mlp(ln(x))), MLP width 4h."""
+
+    def __init__(self, hidden, heads, seq_len, dropout=0.1, dropout_cls=Dropout, attention="math"):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = Attention(hidden, heads, seq_len, dropout, dropout_cls, attention)
+        self.drop1 = dropout_cls(dropout)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+        self.drop2 = dropout_cls(dropout)
+
+    def forward(self, x):
+        x = x + self.drop1(self.attn(self.ln1(x)))
+        return x + self.drop2(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+
+
+class TinyGPT(nn.Module):
+    """A small GPT: token + position embeddings, ``layers`` blocks, final LayerNorm, output layer.
+
+    ``dropout_impl="native"`` (default) uses :class:`Dropout` (1-byte masks);
+    ``"module"`` uses ``nn.Dropout``. ``attention`` is ``"math"`` or ``"sdpa"``.
+    Input: token ids ``(batch, seq)``; output: logits ``(batch, seq, vocab)``.
+    ``self.blocks`` is an ``nn.Sequential`` that maps ``(batch, seq, hidden)`` to
+    the same shape, for measuring the layers alone.
+    """
+
+    def __init__(self, vocab: int = 256, seq_len: int = 64, hidden: int = 128, heads: int = 4,
+                 layers: int = 2, dropout: float = 0.1, dropout_impl: str = "native",
+                 attention: str = "math"):
+        super().__init__()
+        vocab, seq_len = check_count("vocab", vocab), check_count("seq_len", seq_len)
+        hidden, heads, layers = check_count("hidden", hidden), check_count("heads", heads), check_count("layers", layers)
+        if dropout_impl not in ("native", "module"):
+            raise ValueError(f"unknown dropout_impl {dropout_impl!r}; choose 'native' or 'module'")
+        dropout_cls = Dropout if dropout_impl == "native" else nn.Dropout
+        self.seq_len = seq_len
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq_len, hidden)
+        self.drop = dropout_cls(dropout)
+        self.blocks = nn.Sequential(*[Block(hidden, heads, seq_len, dropout, dropout_cls, attention)
+                                      for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, idx):
+        s = idx.shape[1]
+        if s > self.seq_len:
+            raise ValueError(f"sequence of {s} tokens is longer than seq_len={self.seq_len}")
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(s, device=idx.device)))
+        return self.head(self.ln_f(self.blocks(x)))
+
+
+def lm_loss(logits, targets):
+    """Next-token cross-entropy for ``(batch, seq, vocab)`` logits and ``(batch, seq)`` targets."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())

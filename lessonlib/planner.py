@@ -1,0 +1,146 @@
+"""Plan a training run on one kind of device: the two numbers and the three failures.
+
+Before choosing how to split a run, compute two numbers and compare them with
+what a device holds:
+
+1. the training state: weights, gradients, master copy and optimizer state
+   (16 bytes per parameter for Adam in mixed precision);
+2. the activations at the batch you want *per device*.
+
+Then one of three failures (or none) applies, each with its own answer:
+
+* ``"state"`` - the state alone does not fit. Data parallelism does not help
+  (every device keeps a full copy); split the state itself across devices.
+* ``"activations"`` - the state fits, state + activations do not. First a
+  smaller batch per device, then activation recomputation, then splitting the
+  layers across devices.
+* ``"time"`` - everything fits but one device would take too long. Use more
+  devices doing the same work on different data (data parallelism).
+
+Pure Python: no torch needed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .memory import (activation_bytes, check_choice, check_count, check_positive,
+                     training_state_bytes, RECOMPUTE_CHOICES)
+
+SECONDS_PER_DAY = 86_400
+
+#: Model shapes for the interactive planner: parameters, layers, width, heads.
+#: (Shapes of well-known GPT-style sizes, rounded.)
+PRESETS = {
+    "124M (GPT-2 small)": dict(n_params=124_000_000, layers=12, hidden=768, heads=12),
+    "1.3B": dict(n_params=1_300_000_000, layers=24, hidden=2048, heads=16),
+    "7.5B": dict(n_params=7_500_000_000, layers=32, hidden=4096, heads=32),
+    "70B": dict(n_params=70_000_000_000, layers=80, hidden=8192, heads=64),
+}
+
+
+def training_flops(n_params, tokens) -> float:
+    """Total training compute in FLOPs: 6 x parameters x tokens (forward 2, backward 4 per parameter per token)."""
+    return 6.0 * check_count("n_params", n_params) * check_count("tokens", tokens)
+
+
+def single_device_seconds(total_flops, device_flops_per_s) -> float:
+    """Seconds one device needs: total FLOPs / FLOP/s the device actually sustains."""
+    return check_positive("total_flops", total_flops) / check_positive("device_flops_per_s", device_flops_per_s)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The two numbers (bytes), the single-device time (days, or None), and the verdict.
+
+    failure: "state", "activations", "time" or "none"; answer: what to do about it.
+    """
+
+    state_bytes: int
+    activation_bytes: int
+    device_bytes: int
+    days: float | None
+    failure: str
+    answer: str
+    max_batch_that_fits: int  # largest batch per device whose activations fit (0: none)
+
+
+ANSWERS = {
+    "state": ("The training state alone does not fit. Data parallelism will not help: every device "
+              "would keep a full copy of the state. Split the state itself across devices."),
+    "activations": ("The state fits but the activations at this batch per device do not. Try, in order: "
+                    "a smaller batch per device; activation recomputation; splitting the layers across devices."),
+    "time": ("Everything fits, but one device would take too long. Nothing is broken: use more devices "
+             "doing the same work on different data (data parallelism)."),
+    "none": "Everything fits on one device and the run finishes within the time limit.",
+}
+
+
+def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_device=1, seq_len=2048,
+         layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9,
+         train_tokens=None, device_flops_per_s=None, max_days: float = 30.0) -> Plan:
+    """Compare the two numbers with ``device_bytes`` and name the failure that applies.
+
+    Sizes are counts; ``device_bytes`` is bytes; ``device_flops_per_s`` is the
+    FLOP/s one device sustains; ``max_days`` is how long one device may take.
+    The time check runs only when both ``train_tokens`` and ``device_flops_per_s`` are given.
+    """
+    state = training_state_bytes(n_params, optimizer, precision).total
+    act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute)
+    dev = check_count("device_bytes", device_bytes)
+    max_days = check_positive("max_days", max_days)
+    days = None
+    if train_tokens is not None and device_flops_per_s is not None:
+        days = single_device_seconds(training_flops(n_params, train_tokens), device_flops_per_s) / SECONDS_PER_DAY
+    per_sample = activation_bytes(seq_len, 1, hidden, heads, layers, recompute)
+    max_batch = max(0, (dev - state) // per_sample) if dev > state else 0
+    if state > dev:
+        failure = "state"
+    elif state + act > dev:
+        failure = "activations"
+    elif days is not None and days > max_days:
+        failure = "time"
+    else:
+        failure = "none"
+    return Plan(state, act, dev, days, failure, ANSWERS[failure], int(max_batch))
+
+
+def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int, seq_len: int,
+              recompute: str, device_GB: int, tokens_per_param: float = 20.0,
+              device_flops_per_s: float = 4e14, max_days: float = 30.0) -> str:
+    """The planner for one preset model, as a small HTML report (for ``lessonlib.interactive.Explorer``).
+
+    ``device_GB`` is device memory in 10^9 bytes; training tokens are
+    ``tokens_per_param`` x parameters; ``device_flops_per_s`` is the sustained rate.
+    """
+    check_choice("model", model, PRESETS)
+    check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    p = PRESETS[model]
+    tokens = int(tokens_per_param * p["n_params"])
+    r = plan(p["n_params"], optimizer, precision, batch_per_device, seq_len, p["layers"], p["hidden"],
+             p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days)
+    gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
+    color = {"none": "#2e7d32", "time": "#ef6c00", "activations": "#c62828", "state": "#c62828"}[r.failure]
+    label = {"none": "fits", "time": "fits, but too slow", "activations": "activations do not fit",
+             "state": "state does not fit"}[r.failure]
+    days = f"{r.days:,.1f} days" if r.days < 1000 else f"{r.days / 365:,.0f} years"
+    rows = [
+        ("state (weights, gradients, master, optimizer)", gb(r.state_bytes)),
+        (f"activations at batch {batch_per_device} x {seq_len} tokens", gb(r.activation_bytes)),
+        ("state + activations", gb(r.state_bytes + r.activation_bytes)),
+        ("device memory", gb(r.device_bytes)),
+        ("largest batch per device that fits", str(r.max_batch_that_fits)),
+        (f"one device, {tokens_per_param:g} tokens/param at {device_flops_per_s:.0e} FLOP/s", days),
+    ]
+    answer = r.answer
+    if r.failure == "activations":
+        if r.max_batch_that_fits >= 1:
+            answer += f" Here a batch per device of {r.max_batch_that_fits} already fits."
+        else:
+            fixes = [m for m in RECOMPUTE_CHOICES[RECOMPUTE_CHOICES.index(recompute) + 1:]
+                     if plan(p["n_params"], optimizer, precision, 1, seq_len, p["layers"], p["hidden"], p["heads"],
+                             m, int(device_GB * 1e9)).failure == "none"]
+            answer += (f" Even batch 1 does not fit; with '{fixes[0]}' recomputation it would." if fixes else
+                       " Even batch 1 with full recomputation does not fit: split the layers across devices.")
+    body = "".join(f"<tr><td>{k}</td><td align=right>{v}</td></tr>" for k, v in rows)
+    return (f"<table>{body}</table><p><b style='color:{color}'>{label}.</b> {answer}</p>")

@@ -1,0 +1,74 @@
+"""lessonlib.timing: FLOP ratios (deterministic) and the shape of the timing result (never absolute times)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lessonlib import data, models, timing
+
+
+def test_gpt_backward_is_twice_forward():
+    g = models.TinyGPT(vocab=64, seq_len=32, hidden=64, heads=4, layers=2)
+    x, y = data.make_tokens(2, 32, vocab=64)
+    fc = timing.count_flops(g, x, y, models.lm_loss)
+    # every matrix product in a GPT needs both its weight and its input gradient:
+    # exact, FlopCounterMode counts integers
+    assert fc.backward == 2 * fc.forward
+    assert fc.ratio == 3.0
+
+
+def test_gpt_forward_flops_formula():
+    s, b, h, L, V = 32, 2, 64, 2, 64
+    g = models.TinyGPT(vocab=V, seq_len=s, hidden=h, heads=4, layers=L)
+    x, y = data.make_tokens(b, s, vocab=V)
+    fc = timing.count_flops(g, x, y, models.lm_loss)
+    # per layer: 24 b s h^2 (qkv, proj, MLP) + 4 b s^2 h (scores, weighted sum); output layer 2 b s h V
+    assert fc.forward == L * (24 * b * s * h * h + 4 * b * s * s * h) + 2 * b * s * h * V
+
+
+def test_mlp_ratio_first_layer_needs_no_input_grad():
+    m = models.ForecastMLP(window=28, hidden=64, depth=2)
+    X, y = data.make_forecast_dataset(window=28, n_stores=2, n_days=100)
+    fc = timing.count_flops(m, X, y, F.mse_loss)
+    linears = [l for l in m.modules() if isinstance(l, torch.nn.Linear)]
+    per_layer = [2 * X.shape[0] * l.in_features * l.out_features for l in linears]
+    # backward = weight grads (= forward) + input grads for every layer but the first,
+    # whose input is data: ratio = 3 - first/forward, exactly
+    assert fc.forward == sum(per_layer)
+    assert fc.backward == 2 * fc.forward - per_layer[0]
+    assert fc.ratio == pytest.approx(3 - per_layer[0] / fc.forward, rel=1e-12)  # float division only
+    assert fc.ratio < 3
+
+
+def test_time_training_step_structure():
+    m = models.ForecastMLP(window=8, hidden=16)
+    X, y = data.make_forecast_dataset(window=8, n_stores=1, n_days=80)
+    opt = torch.optim.Adam(m.parameters())
+    t = timing.time_training_step(m, X, y, F.mse_loss, opt, rounds=5, warmup=1)
+    assert set(t.seconds) == {"prediction", "forward", "loss", "backward", "optimizer", "step"}
+    assert all(len(v) == 5 for v in t.rounds.values())
+    assert all(v > 0 for v in t.seconds.values())
+    assert t.ratios["prediction"] == 1.0
+    # shares are medians of per-round fractions, each in (0, 1); no claim on absolute time
+    assert all(0 < s < 1 for s in t.shares.values())
+    assert "step" in timing.timing_table(t)
+
+
+def test_time_training_step_bad_input():
+    m = models.ForecastMLP(window=8, hidden=16)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="rounds"):
+        timing.time_training_step(m, torch.zeros(2, 8), torch.zeros(2, 1), F.mse_loss, opt, rounds=0)
+    with pytest.raises(ValueError, match="warmup"):
+        timing.time_training_step(m, torch.zeros(2, 8), torch.zeros(2, 1), F.mse_loss, opt, warmup=-1)
+
+
+def test_plot_timing_has_title_and_units():
+    from lessonlib import plots
+
+    m = models.ForecastMLP(window=8, hidden=16)
+    X, y = data.make_forecast_dataset(window=8, n_stores=1, n_days=40)
+    t = timing.time_training_step(m, X, y, F.mse_loss, torch.optim.SGD(m.parameters(), lr=0.01), rounds=3, warmup=1)
+    fig = plots.plot_timing({"mlp": t})
+    ax = fig.axes[0]
+    assert ax.get_title() and "ms" in ax.get_ylabel() and ax.get_xlabel()
+    plots.show(fig, alt="timing bars")
