@@ -1,0 +1,151 @@
+"""Unit tests of lessonlib.recompute: activation checkpointing measured with PyTorch's own tools."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lessonlib import recompute
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def test_three_names_one_technique():
+    assert len(recompute.NAMES) == 3
+    assert "gradient checkpointing" in recompute.NAMES and "activation recomputation" in recompute.NAMES
+
+
+def test_predicted_flops_ratio():
+    assert recompute.predicted_flops_ratio() == pytest.approx(4 / 3)
+    assert recompute.predicted_flops_ratio(0.0) == 1.0
+    assert recompute.predicted_flops_ratio(0.5) == pytest.approx(3.5 / 3)
+    with pytest.raises(ValueError, match="recomputed_forward_fraction"):
+        recompute.predicted_flops_ratio(1.5)
+    with pytest.raises(ValueError, match="backward_to_forward"):
+        recompute.predicted_flops_ratio(1.0, backward_to_forward=0)
+
+
+def test_chain_memory_units_minimum_near_sqrt_n():
+    assert recompute.chain_memory_units(16, 1) == 16
+    assert recompute.chain_memory_units(16, 4) == 7
+    assert recompute.chain_memory_units(16, 16) == 16
+    for n in (9, 16, 36, 64, 100):
+        best = min(range(1, n + 1), key=lambda k: recompute.chain_memory_units(n, k))
+        assert best == math.isqrt(n)
+    with pytest.raises(ValueError, match="n_layers"):
+        recompute.chain_memory_units(0, 1)
+    with pytest.raises(ValueError, match="segments"):
+        recompute.chain_memory_units(8, 9)
+    with pytest.raises(ValueError, match="segments"):
+        recompute.chain_memory_units(8, True)
+
+
+def test_four_layer_example_keeps_4_or_2_and_recomputes_2():
+    plain = recompute.four_layer_census(checkpointed=False)
+    ckpt = recompute.four_layer_census(checkpointed=True)
+    assert plain["kept"] == ["a1", "a2", "a3", "a4"] and plain["recomputed"] == []
+    assert ckpt["kept"] == ["a2", "a4"] and ckpt["recomputed"] == ["a1", "a3"]
+    assert 2 * ckpt["kept_bytes"] == plain["kept_bytes"]
+    assert all(torch.equal(a, b) for a, b in zip(plain["grads"], ckpt["grads"]))
+
+
+def test_activation_life_is_recorded_from_hooks():
+    ckpt = recompute.record_activation_life(checkpointed=True)
+    assert [e.what for e in ckpt if e.activation == "a1"] == ["produced", "released", "recomputed", "released"]
+    assert [e.phase for e in ckpt if e.activation == "a1"] == ["forward", "forward", "backward", "backward"]
+    assert [e.what for e in ckpt if e.activation == "a2"][:2] == ["produced", "kept"]
+    plain = recompute.record_activation_life(checkpointed=False)
+    assert not any(e.what == "recomputed" for e in plain)
+    assert [e.order for e in plain] == list(range(len(plain)))
+
+
+def test_plot_activation_life_has_title_and_labels():
+    import matplotlib.pyplot as plt
+
+    fig = recompute.plot_activation_life({"x": recompute.record_activation_life(True)})
+    ax = fig.axes[0]
+    assert fig._suptitle.get_text() and ax.get_ylabel() and fig.axes[-1].get_xlabel()
+    plt.close(fig)
+
+
+def test_flops_four_thirds_with_early_stop_off_and_less_with_it_on():
+    model = recompute.block_stack(n_blocks=3, width=16, dropout=0.0)
+    x = recompute.make_input(model, batch=4, seq=8)
+    fwd = recompute.forward_flops(model, x)
+    plain = recompute.step_flops(model, x, "none")
+    full = recompute.step_flops(model, x, "per-block", early_stop=False)
+    early = recompute.step_flops(model, x, "per-block", early_stop=True)
+    assert plain == 3 * fwd
+    assert 3 * full == 4 * plain
+    assert plain < early < full
+
+
+def test_gradients_identical_with_and_without_checkpointing_even_with_dropout():
+    model = recompute.block_stack(n_blocks=4, width=16, dropout=0.2)
+    x = recompute.make_input(model, batch=4, seq=8)
+    ref = recompute.gradients(model, x, "none")
+    for strategy in ("per-block", 2):
+        got = recompute.gradients(model, x, strategy)
+        assert all(torch.equal(a, b) for a, b in zip(ref, got)), strategy
+
+
+def test_saved_bytes_of_a_chain_match_the_formula():
+    n = 8
+    chain = recompute.layer_chain(n_layers=n, width=8)
+    x = recompute.make_input(chain, batch=32, seq=1)
+    unit = x.numel() * x.element_size()
+    for segments in (1, 2, 4, 8):
+        saved = recompute.saved_step_activations(chain, x, segments)
+        assert saved.bytes == recompute.chain_memory_units(n, segments) * unit, segments
+    # Checkpointing every layer of a plain ReLU chain keeps exactly as much as no checkpointing.
+    relu = recompute.layer_chain(n_layers=n, width=8, activation="relu")
+    assert (recompute.saved_step_activations(relu, x, "per-block").bytes
+            == recompute.saved_step_activations(relu, x, "none").bytes)
+
+
+def test_peak_memory_falls_with_per_block_checkpointing():
+    model = recompute.block_stack(n_blocks=4, width=32, dropout=0.0)
+    x = recompute.make_input(model, batch=8, seq=16)
+    assert recompute.peak_step_memory(model, x, "per-block") < recompute.peak_step_memory(model, x, "none")
+
+
+def test_segment_sweep_rows():
+    chain = recompute.layer_chain(n_layers=4, width=8)
+    x = recompute.make_input(chain, batch=16, seq=1)
+    rows = recompute.segment_sweep(chain, x, [1, 2, 4])
+    assert [r["strategy"] for r in rows] == [1, 2, 4, "per-block"]
+    assert [r["recomputed_forwards"] for r in rows] == [0.0, 0.5, 0.75, 1.0]
+    import matplotlib.pyplot as plt
+
+    fig = recompute.plot_segment_sweep({"chain": rows})
+    assert fig.axes[0].get_xlabel() and fig.axes[0].get_ylabel() and fig.axes[0].get_title()
+    plt.close(fig)
+
+
+def test_time_ratios_are_ratios_of_one_run():
+    model = recompute.block_stack(n_blocks=2, width=8, dropout=0.0)
+    x = recompute.make_input(model, batch=2, seq=4)
+    r = recompute.time_ratios(model, x, ["per-block"], rounds=3, progress=False)
+    assert r["none"] == 1.0 and r["per-block"] > 0
+    with pytest.raises(ValueError, match="rounds"):
+        recompute.time_ratios(model, x, ["per-block"], rounds=0)
+
+
+def test_bad_strategy_and_sizes_are_refused():
+    model = recompute.block_stack(n_blocks=2, width=8)
+    x = recompute.make_input(model, batch=2, seq=4)
+    with pytest.raises(ValueError, match="strategy"):
+        recompute.checkpointed_forward(model, x, "everything")
+    with pytest.raises(ValueError, match="strategy"):
+        recompute.checkpointed_forward(model, x, 3)
+    with pytest.raises(ValueError, match="activation"):
+        recompute.layer_chain(4, 8, activation="gelu")
+    with pytest.raises(ValueError, match="width"):
+        recompute.FourLayerNet(width=0)
