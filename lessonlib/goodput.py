@@ -1,0 +1,146 @@
+"""Paid capacity against useful progress: goodput per paid device-hour.
+
+A device reserved for a job is paid for every hour it is held, whether the job
+is computing, waiting for a peer, saving a checkpoint, redoing work lost to a
+failure or restarting. *Goodput* counts only what moves the model forward:
+completed training steps whose result survives as evaluable model state.
+
+The unit of progress here is the **one-device hour**: the training work one
+device, running alone and never failing, completes in an hour. A single device
+with no failures therefore makes 1.0 one-device hour of progress per paid
+device-hour; everything else makes less.
+
+The combination (pure Python, no torch needed):
+
+* speedup on ``devices`` devices (measured, or from
+  :func:`lessonlib.parallel.speedup_from_share`);
+* failures: a synchronous job stops when any one device fails, so the job's
+  mean time between failures is the device's divided by the device count;
+* recovery checkpoints: time lost to saves, to work redone after a failure and
+  to restarts, from :func:`lessonlib.recovery.expected_overhead` at the
+  interval chosen, by default :func:`lessonlib.recovery.young_daly_interval`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .parallel import _check_amount, _check_count, speedup_from_share
+from .recovery import expected_overhead, young_daly_interval
+
+SECONDS_PER_HOUR = 3600.0
+
+__all__ = ["Goodput", "job_mtbf_seconds", "goodput", "goodput_report", "SECONDS_PER_HOUR"]
+
+
+def job_mtbf_seconds(device_mtbf_hours, devices) -> float:
+    """Mean time between failures of a job on ``devices`` devices, in seconds.
+
+    Failures of independent devices add up: if each fails on average once in
+    ``device_mtbf_hours`` hours and any one failure stops the job, the job
+    fails ``devices`` times as often.
+    """
+    mtbf_h = _check_amount("device_mtbf_hours", device_mtbf_hours, allow_zero=False)
+    devices = _check_count("devices", devices)
+    return mtbf_h * SECONDS_PER_HOUR / devices
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """The result of :func:`goodput`.
+
+    devices:             devices paid for
+    speedup:             one-device time / many-device time of a step (×)
+    job_mtbf_s:          the job's mean time between failures (seconds)
+    interval_s:          seconds of work between recovery checkpoints
+    overhead:            time lost to saves, redone work and restarts, per unit of useful time
+    useful_fraction:     useful time / wall time = 1 / (1 + overhead)
+    progress_per_hour:   one-device hours of work completed per wall-clock hour
+    per_device_hour:     one-device hours of work per paid device-hour (1.0 = one perfect device)
+    """
+
+    devices: int
+    speedup: float
+    job_mtbf_s: float
+    interval_s: float
+    overhead: float
+    useful_fraction: float
+    progress_per_hour: float
+    per_device_hour: float
+
+    @property
+    def paid_per_useful_hour(self) -> float:
+        """Paid device-hours per one-device hour of progress (1 / per_device_hour)."""
+        return 1.0 / self.per_device_hour
+
+
+def goodput(devices, speedup, device_mtbf_hours, checkpoint_seconds, restart_seconds=0.0,
+            interval_seconds=None) -> Goodput:
+    """Useful progress per paid device-hour of a synchronous training job.
+
+    ``speedup`` (×, > 0) is the step speedup on ``devices`` devices;
+    ``device_mtbf_hours`` the mean hours between failures of one device;
+    ``checkpoint_seconds`` how long one recovery save stalls training;
+    ``restart_seconds`` how long a restart after a failure takes (re-queue,
+    reload, warm up); ``interval_seconds`` the work between saves (default:
+    Young/Daly's optimum for this job).
+
+    Raises ``ValueError`` naming the argument for non-positive speedup, MTBF
+    or save time, negative restart time, or a device count below 1.
+    """
+    devices = _check_count("devices", devices)
+    speedup = _check_amount("speedup", speedup, allow_zero=False)
+    checkpoint_seconds = _check_amount("checkpoint_seconds", checkpoint_seconds, allow_zero=False)
+    restart_seconds = _check_amount("restart_seconds", restart_seconds)
+    mtbf = job_mtbf_seconds(device_mtbf_hours, devices)
+    if interval_seconds is None:
+        interval = young_daly_interval(checkpoint_seconds, mtbf)
+    else:
+        interval = _check_amount("interval_seconds", interval_seconds, allow_zero=False)
+    overhead = expected_overhead(interval, checkpoint_seconds, mtbf, restart_seconds)
+    useful = 1.0 / (1.0 + overhead)
+    per_hour = speedup * useful
+    return Goodput(devices=devices, speedup=speedup, job_mtbf_s=mtbf, interval_s=interval,
+                   overhead=overhead, useful_fraction=useful, progress_per_hour=per_hour,
+                   per_device_hour=per_hour / devices)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * SECONDS_PER_HOUR:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * SECONDS_PER_HOUR:
+        return f"{seconds / SECONDS_PER_HOUR:.1f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
+INTERVALS = {"Young/Daly optimum": None, "every 10 min": 600.0, "every 2 h": 7200.0}
+
+
+def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds, interval, restart_seconds) -> str:
+    """The goodput calculator's answer as a short HTML table (for an Explorer).
+
+    ``serial_share`` (0 to 1) gives the speedup by Amdahl's law;
+    ``interval`` is a key of :data:`INTERVALS` or a number of seconds.
+    """
+    speed = speedup_from_share(serial_share, devices)
+    if isinstance(interval, str):
+        if interval not in INTERVALS:
+            raise ValueError(f"interval must be one of {list(INTERVALS)} or seconds, got {interval!r}")
+        interval = INTERVALS[interval]
+    g = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds, interval)
+    warn = ""
+    if g.interval_s > g.job_mtbf_s / 2:
+        warn = ("<tr><td colspan='2'><em>The interval is not small next to the job's MTBF: "
+                "this first-order estimate is rough here.</em></td></tr>")
+    return (
+        "<table>"
+        f"<tr><td>speedup on {g.devices:,} device{'s' if g.devices > 1 else ''}</td><td>{g.speedup:.1f}×</td></tr>"
+        f"<tr><td>job's mean time between failures</td><td>{_duration(g.job_mtbf_s)}</td></tr>"
+        f"<tr><td>checkpoint interval</td><td>{_duration(g.interval_s)}</td></tr>"
+        f"<tr><td>time lost to saves, redone work, restarts</td><td>{100 * (1 - g.useful_fraction):.1f} % of wall time</td></tr>"
+        f"<tr><th>progress per wall-clock hour</th><th>{g.progress_per_hour:,.1f} one-device hours</th></tr>"
+        f"<tr><th>progress per paid device-hour</th><th>{g.per_device_hour:.2f} one-device hours</th></tr>"
+        f"<tr><td>paid device-hours per hour of progress</td><td>{g.paid_per_useful_hour:.2f}</td></tr>"
+        f"{warn}</table>"
+    )

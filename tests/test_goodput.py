@@ -1,0 +1,109 @@
+"""lessonlib.goodput: useful progress per paid device-hour, and the calculators' input checks."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lessonlib import goodput as G
+from lessonlib import parallel as P
+from lessonlib.recovery import expected_overhead, young_daly_interval
+
+
+def test_job_mtbf_divides_by_devices():
+    assert G.job_mtbf_seconds(50_000, 1) == 50_000 * 3600
+    assert G.job_mtbf_seconds(50_000, 1000) == pytest.approx(50 * 3600)
+
+
+def test_goodput_combines_speedup_failures_and_checkpoints():
+    g = G.goodput(64, 50.0, 50_000, checkpoint_seconds=60, restart_seconds=600)
+    mtbf = 50_000 * 3600 / 64
+    assert g.job_mtbf_s == pytest.approx(mtbf)
+    assert g.interval_s == pytest.approx(young_daly_interval(60, mtbf))
+    assert g.overhead == pytest.approx(expected_overhead(g.interval_s, 60, mtbf, 600))
+    assert g.useful_fraction == pytest.approx(1 / (1 + g.overhead))
+    assert g.per_device_hour == pytest.approx(50.0 / 64 * g.useful_fraction)
+    assert g.paid_per_useful_hour == pytest.approx(1 / g.per_device_hour)
+
+
+def test_young_daly_interval_is_the_best_interval():
+    best = G.goodput(512, 300.0, 50_000, 60, 600)
+    for factor in (0.25, 0.5, 2.0, 4.0):
+        other = G.goodput(512, 300.0, 50_000, 60, 600, interval_seconds=best.interval_s * factor)
+        assert other.per_device_hour < best.per_device_hour
+
+
+def test_one_reliable_device_scores_about_one():
+    g = G.goodput(1, 1.0, 1e9, 1.0, 0.0)
+    assert 0.999 < g.per_device_hour <= 1.0
+
+
+def test_more_devices_never_buy_more_per_device_hour():
+    vals = [G.goodput(n, P.speedup_from_share(0.001, n), 50_000, 60, 600).per_device_hour
+            for n in (1, 8, 64, 512, 4096)]
+    assert vals == sorted(vals, reverse=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(devices=0), "devices"),
+        (dict(speedup=0), "speedup"),
+        (dict(speedup=-2), "speedup"),
+        (dict(device_mtbf_hours=0), "device_mtbf_hours"),
+        (dict(checkpoint_seconds=-1), "checkpoint_seconds"),
+        (dict(restart_seconds=-5), "restart_seconds"),
+        (dict(interval_seconds=0), "interval_seconds"),
+    ],
+)
+def test_goodput_rejects_bad_input(kwargs, name):
+    args = dict(devices=8, speedup=7.0, device_mtbf_hours=50_000, checkpoint_seconds=60, restart_seconds=600)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        G.goodput(**args)
+
+
+def test_reports():
+    html = G.goodput_report(512, 0.001, 50_000, 30, "Young/Daly optimum", 1200)
+    assert "paid device-hour" in html
+    assert "rough" in G.goodput_report(4096, 0.0, 10_000, 300, "every 2 h", 1200)
+    with pytest.raises(ValueError, match="serial_share"):
+        G.goodput_report(8, 1.5, 50_000, 30, "every 10 min", 120)
+    with pytest.raises(ValueError, match="interval"):
+        G.goodput_report(8, 0.1, 50_000, 30, "sometimes", 120)
+    with pytest.raises(ValueError, match="devices"):
+        G.goodput_report(0, 0.1, 50_000, 30, "every 10 min", 120)
+    a = P.amdahl_report(4, 0.2, 0.0)
+    assert "2.50×" in a and "5.00×" in a
+    assert "no limit" in P.amdahl_report(4, 0.0, 0.0)
+    with pytest.raises(ValueError, match="serial_share"):
+        P.amdahl_report(4, 1.2)
+    with pytest.raises(ValueError, match="devices"):
+        P.amdahl_report(0, 0.2)
+    with pytest.raises(ValueError, match="communication_share"):
+        P.amdahl_report(4, 0.2, -0.1)
+
+
+def test_stalled_job_every_process_waits():
+    stall = 0.3
+    runs = P.run_stalled_job(steps=6, stall_step=3, stall_seconds=stall, hidden=32, batch=16, timeout=120)
+    for r in runs:
+        assert len(r["wall"]) == 6
+        # the stalled step lasts at least the stall on every rank, stalled or not
+        assert r["wall"][3] - r["wall"][2] >= stall
+    with pytest.raises(ValueError, match="stall_step"):
+        P.run_stalled_job(steps=5, stall_step=5)
+    with pytest.raises(ValueError, match="stall_rank"):
+        P.run_stalled_job(stall_rank=2, world_size=2)
+
+
+def test_goodput_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from lessonlib import goodput as G\n"
+        "assert 0 < G.goodput(8, 7.0, 50_000, 60, 600).per_device_hour < 1\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
