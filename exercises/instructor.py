@@ -1,0 +1,30 @@
+"""The instructor's command: student copies of the exercises, and grading.
+
+    python exercises/instructor.py student OUT [--colab github/ORG/REPO/blob/main/OUT]
+    python exercises/instructor.py grade SUBMISSIONS [--csv grades.csv] [--jobs 2] [--exercise STEM]
+                                         [--cell-timeout 60] [--budget 300]
+    python exercises/instructor.py check
+    python exercises/instructor.py mark NOTEBOOK...
+
+(``python -m exercises.instructor ...`` from the repository root does the same.)
+``student`` writes a copy of every exercise notebook in this folder with the
+solutions replaced by ``raise NotImplementedError()`` and the hidden tests and
+outputs removed. ``grade`` executes every ``SUBMISSIONS/STUDENT/*.ipynb`` (or
+``SUBMISSIONS/STUDENT.ipynb``) with the instructor's checks, prints a score
+table per student and question and writes it as CSV. ``check`` lints the
+grading metadata of the instructor notebooks; ``mark`` writes that metadata
+from each check cell's first line (``# Check 2a-q2 (3 points)``) and the
+solution markers. The logic is in
+``lessonlib.grading``.
+"""
+import sys
+from pathlib import Path
+
+try:
+    from lessonlib.grading import main
+except ImportError:  # run from a checkout without lessonlib installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from lessonlib.grading import main
+
+if __name__ == "__main__":
+    sys.exit(main(default_source=Path(__file__).resolve().parent))
