@@ -29,6 +29,7 @@ def main(argv: list[str]) -> int:
         nb = nbformat.read(path, as_version=4)
         t0 = time.perf_counter()
         NotebookClient(nb, timeout=600, kernel_name="python3",
+                       extra_arguments=["--IPKernelApp.log_level=ERROR"],
                        resources={"metadata": {"path": str(path.parent)}}).execute()
         dt = time.perf_counter() - t0
         total += dt
