@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .parallel import _check_amount, _check_count, speedup_from_share
+from .checks import amount as _check_amount, count as _check_count
+from .parallel import speedup_from_share
 from .recovery import expected_overhead, young_daly_interval
 
 SECONDS_PER_HOUR = 3600.0

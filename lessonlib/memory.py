@@ -17,8 +17,9 @@ Measurement (PyTorch, imported lazily):
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, asdict
+
+from .checks import choice as check_choice, count as check_count, positive as check_positive
 
 #: Bytes per parameter that each optimizer keeps between steps (fp32 values).
 OPTIMIZER_BYTES_PER_PARAM = {
@@ -34,45 +35,6 @@ PRECISION_BYTES_PER_PARAM = {
 }
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
-
-
-# --------------------------------------------------------------------------
-# input checks shared by the calculators (and lessonlib.planner)
-
-def check_count(name: str, value) -> int:
-    """Return ``value`` as an int if it is a positive whole number, else ValueError.
-
-    Accepts Python/numpy integers and floats with a whole value (``7.5e9``);
-    rejects booleans, fractions, zero and negatives.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a positive whole number, got a boolean {value!r}")
-    if isinstance(value, numbers.Integral):
-        value = int(value)
-    elif isinstance(value, numbers.Real) and float(value).is_integer():
-        value = int(value)
-    else:
-        raise ValueError(f"{name} must be a positive whole number (a count), got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return value
-
-
-def check_positive(name: str, value) -> float:
-    """Return ``value`` as a float if it is a positive real number, else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    value = float(value)
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return value
-
-
-def check_choice(name: str, value, choices) -> str:
-    """Return ``value`` if it is one of ``choices``, else ValueError listing them."""
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}")
-    return value
 
 
 # --------------------------------------------------------------------------

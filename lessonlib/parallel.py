@@ -42,8 +42,9 @@ import os
 import socket
 import tempfile
 import time
-from numbers import Real
 from pathlib import Path
+
+from .checks import amount as _check_amount, count as _check_count, share as _check_share
 
 __all__ = [
     "amdahl_time",
@@ -70,49 +71,6 @@ __all__ = [
     "FEATURES",
     "TORCHRUN_SNIPPET",
 ]
-
-
-# ---------------------------------------------------------------------------
-# Input checks shared by the calculators
-# ---------------------------------------------------------------------------
-
-def _check_amount(name: str, value, *, allow_zero: bool = True) -> float:
-    """A finite, non-negative number (a count of work units, bytes, seconds)."""
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        need = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{name} must be {need}, got {value!r}")
-    return value
-
-
-def _check_count(name: str, value, minimum: int = 1) -> int:
-    """A whole number of devices, stages or micro-batches, at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        # numpy integers are fine; floats such as 4.0 are not silently accepted
-        try:
-            import numpy as np
-
-            if isinstance(value, np.integer):
-                value = int(value)
-            else:
-                raise TypeError
-        except (ImportError, TypeError):
-            raise ValueError(f"{name} must be a whole number, got {value!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
-    return value
-
-
-def _check_share(name: str, value) -> float:
-    """A fraction between 0 and 1 inclusive."""
-    value = _check_amount(name, value)
-    if value > 1:
-        raise ValueError(f"{name} is a fraction of the work and must be at most 1, got {value!r}")
-    return value
 
 
 # ---------------------------------------------------------------------------

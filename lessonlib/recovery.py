@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .checks import positive
+
 __all__ = [
     "young_daly_interval",
     "expected_overhead",
@@ -64,12 +66,6 @@ RESTORE_MODES = ("all", "weights", "no-rng")
 # How often to save: pure calculations
 # ---------------------------------------------------------------------------
 
-def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
 def young_daly_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
     """Young's optimal time between recovery checkpoints, in seconds:
     ``sqrt(2 * checkpoint_seconds * mtbf_seconds)``.
@@ -82,8 +78,8 @@ def young_daly_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float
     >>> young_daly_interval(300, 86400)   # 5-minute save, one failure a day: 2 hours
     7200.0
     """
-    c = _positive("checkpoint_seconds", checkpoint_seconds)
-    m = _positive("mtbf_seconds", mtbf_seconds)
+    c = positive("checkpoint_seconds", checkpoint_seconds)
+    m = positive("mtbf_seconds", mtbf_seconds)
     return math.sqrt(2.0 * c * m)
 
 
@@ -105,9 +101,9 @@ def expected_overhead(interval_seconds: float, checkpoint_seconds: float, mtbf_s
     small next to the MTBF; :func:`simulate_overhead` checks it.
     ``restart_seconds`` may be zero; the others must be positive.
     """
-    t = _positive("interval_seconds", interval_seconds)
-    c = _positive("checkpoint_seconds", checkpoint_seconds)
-    m = _positive("mtbf_seconds", mtbf_seconds)
+    t = positive("interval_seconds", interval_seconds)
+    c = positive("checkpoint_seconds", checkpoint_seconds)
+    m = positive("mtbf_seconds", mtbf_seconds)
     if isinstance(restart_seconds, bool) or not isinstance(restart_seconds, (int, float)) \
             or not math.isfinite(restart_seconds) or restart_seconds < 0:
         raise ValueError(f"restart_seconds must be a non-negative number of seconds, got {restart_seconds!r}")
@@ -127,10 +123,10 @@ def simulate_overhead(interval_seconds: float, checkpoint_seconds: float, mtbf_s
     ``restart_seconds``). Returns the mean of (wall time − work) / work, the
     same quantity :func:`expected_overhead` approximates.
     """
-    t = _positive("interval_seconds", interval_seconds)
-    c = _positive("checkpoint_seconds", checkpoint_seconds)
-    m = _positive("mtbf_seconds", mtbf_seconds)
-    w = _positive("work_seconds", work_seconds)
+    t = positive("interval_seconds", interval_seconds)
+    c = positive("checkpoint_seconds", checkpoint_seconds)
+    m = positive("mtbf_seconds", mtbf_seconds)
+    w = positive("work_seconds", work_seconds)
     if restart_seconds < 0:
         raise ValueError(f"restart_seconds must be non-negative, got {restart_seconds!r}")
     if not isinstance(trials, int) or trials < 1:
