@@ -18,12 +18,13 @@ class Text(str):
         return str(self)
 
 
-def glue(name: str, value, display: bool = False):
+def glue(name: str, value, display: bool = False) -> None:
     """Store ``value`` under ``name`` for ``{glue:}`` / ``{glue:text}`` roles.
 
     Strings are wrapped in :class:`Text` so the page shows ``2.5×`` and not
     ``'2.5×'``. Numbers are kept as numbers, so ``{glue:text}`name:.1f``` can
-    format them in the prose. Returns ``value`` for chaining.
+    format them in the prose. Returns None, so a glue call on a cell's last
+    line adds no stray output to the page.
     """
     if isinstance(value, str) and not isinstance(value, Text):
         value = Text(value)
@@ -33,4 +34,3 @@ def glue(name: str, value, display: bool = False):
         from IPython.display import display as _display
 
         _display(value)
-    return value
