@@ -474,7 +474,7 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
                 n = progress.get()
                 if bar is not None:
                     bar.update(n)
-            return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+            return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
         finally:
             if bar is not None:
                 bar.close()
