@@ -108,17 +108,6 @@ def test_expert_load_imbalance():
     assert P.expert_load_imbalance([25, 5, 5, 5]) == 2.5
 
 
-# --- no torch needed for the calculators -------------------------------------
-
-def test_calculators_import_without_torch():
-    code = (
-        "import sys; sys.modules['torch'] = None\n"
-        "from lessonlib import parallel as P\n"
-        "assert P.amdahl_speedup(20, 80, 4) == 2.5\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
 def test_backend_choice_on_cpu():
     import torch
 
