@@ -119,6 +119,26 @@ def _storage_key(t: torch.Tensor):
     return (t.device, t.untyped_storage().data_ptr())
 
 
+def _remember(owner: dict, t: torch.Tensor, name: str) -> None:
+    """Note that ``t``'s storage holds activation ``name``.
+
+    A weak reference to the storage goes with the name: once that storage is
+    freed, the allocator may hand its address to an unrelated tensor, and
+    :func:`_owner_of` must not mistake the newcomer for the activation.
+    """
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    owner[_storage_key(t)] = (name, StorageWeakRef(t.untyped_storage()))
+
+
+def _owner_of(owner: dict, t: torch.Tensor):
+    """The activation name whose (still live) storage ``t`` uses, else None."""
+    entry = owner.get(_storage_key(t))
+    if entry is None or entry[1].expired():
+        return None
+    return entry[0]
+
+
 @dataclass
 class SavedActivations:
     """Tensors that autograd kept for backward during one forward.
@@ -219,7 +239,7 @@ def four_layer_census(checkpointed: bool, width: int = 8, batch: int = 4, seed: 
 
     def hook(i):
         def fn(module, inp, out):
-            owner[_storage_key(out)] = f"a{i + 1}"
+            _remember(owner, out, f"a{i + 1}")
             if phase["now"] == "backward":
                 recomputed.append(f"a{i + 1}")
         return fn
@@ -228,7 +248,7 @@ def four_layer_census(checkpointed: bool, width: int = 8, batch: int = 4, seed: 
     kept: dict = {}
 
     def pack(t):
-        name = owner.get(_storage_key(t))
+        name = _owner_of(owner, t)
         if name is not None:
             kept[name] = t.untyped_storage().nbytes()
         return t
@@ -293,7 +313,7 @@ def record_activation_life(checkpointed: bool, width: int = 8, batch: int = 4,
         name = f"a{i + 1}"
 
         def fn(module, inp, out):
-            owner[_storage_key(out)] = name
+            _remember(owner, out, name)
             log(name, "recomputed" if phase["now"] == "backward" else "produced")
             alive.append((name, StorageWeakRef(out.untyped_storage())))
         return fn
@@ -303,14 +323,14 @@ def record_activation_life(checkpointed: bool, width: int = 8, batch: int = 4,
     kept_once: set = set()
 
     def pack(t):
-        name = owner.get(_storage_key(t))
+        name = _owner_of(owner, t)
         if name is not None and name not in kept_once:
             kept_once.add(name)
             log(name, "kept")
         return t
 
     def unpack(t):
-        name = owner.get(_storage_key(t))
+        name = _owner_of(owner, t)
         if name is not None:
             log(name, "read")
         return t
