@@ -208,7 +208,13 @@ class SavedTensorCounter:
 
     @property
     def bytes(self) -> int:
+        """Bytes kept for backward (each storage counted once)."""
         return sum(hi - lo for lo, hi in self._spans.values())
+
+    @property
+    def storages(self) -> int:
+        """How many distinct storages were kept."""
+        return len(self._spans)
 
     def _enter_hook(self, name):
         def hook(module, args):

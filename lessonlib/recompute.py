@@ -26,13 +26,15 @@ import math
 import statistics
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential, set_checkpoint_early_stop
 from torch.utils.flop_counter import FlopCounterMode
+
+from .memory import SavedTensorCounter
 
 __all__ = [
     "NAMES",
@@ -143,36 +145,27 @@ def _owner_of(owner: dict, t: torch.Tensor):
 class SavedActivations:
     """Tensors that autograd kept for backward during one forward.
 
-    ``count`` and ``bytes`` count each storage once, leaving out parameters and
-    the tensors named in ``exclude`` (inputs and targets, which exist anyway).
-    ``bytes`` is in bytes.
+    ``count`` (storages) and ``bytes`` count each storage once, leaving out
+    parameters and the tensors named in ``exclude`` (inputs and targets, which
+    exist anyway). ``bytes`` is in bytes.
     """
 
     count: int
     bytes: int
-    storages: list = field(default_factory=list, repr=False)
 
 
 def saved_activations(fn: Callable[[], torch.Tensor], params: Sequence[torch.Tensor] = (),
                       exclude: Sequence[torch.Tensor] = ()) -> tuple[torch.Tensor, SavedActivations]:
     """Run ``fn()`` (a forward that returns a loss) and count what it saved.
 
-    Returns ``(loss, SavedActivations)``. Only tensors saved *outside* a
-    checkpointed region are visible here: inside one, the checkpoint's own
+    Returns ``(loss, SavedActivations)``. The counting is chapter 1's
+    :class:`lessonlib.memory.SavedTensorCounter`. Only tensors saved *outside*
+    a checkpointed region are visible here: inside one, the checkpoint's own
     hooks replace the saving, which is the point of checkpointing.
     """
-    skip = {_storage_key(p) for p in list(params) + list(exclude)}
-    seen: dict = {}
-
-    def pack(t):
-        key = _storage_key(t)
-        if key not in skip and key not in seen:
-            seen[key] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedTensorCounter(exclude=list(params) + list(exclude)) as counter:
         loss = fn()
-    return loss, SavedActivations(len(seen), sum(seen.values()), list(seen))
+    return loss, SavedActivations(counter.storages, counter.bytes)
 
 
 # ---------------------------------------------------------------------------
