@@ -13,8 +13,11 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from lessonlib import data, models, timing
-from lessonlib.device import environment_report, get_device
+from lessonlib.measure import data
+from lessonlib.measure import models
+from lessonlib.measure import timing
+from lessonlib.book.reports import timing_table
+from lessonlib.measure.device import environment_report, get_device
 
 
 def main() -> None:
@@ -40,7 +43,7 @@ def main() -> None:
         opt = torch.optim.Adam(m.parameters(), lr=1e-3)
         tm = timing.time_training_step(m, x, t, loss_fn, opt, rounds=args.rounds, warmup=5)
         print(f"\n== {name}: {models.n_params(m):,} params; FLOPs fwd {fc.forward:,}, fwd+bwd/fwd {fc.ratio:.3f}")
-        print(timing.timing_table(tm))
+        print(timing_table(tm))
         print(f"step / prediction: {tm.step_over_prediction:.2f}   Adam step share of step: "
               f"{100 * tm.shares['optimizer']:.1f} %")
 

@@ -41,7 +41,7 @@ def setup_cell_source(url: str | None = None) -> str:
         "if importlib.util.find_spec(\"lessonlib\") is None:\n"
         "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\",\n"
         f"                    \"git+{url}\"], check=True)\n"
-        "from lessonlib.device import environment_report\n"
+        "from lessonlib.measure.device import environment_report\n"
         "print(environment_report())"
     )
 

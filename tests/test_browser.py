@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import pytest
 
 from conftest import ROOT
-from lessonlib.quiz import Numeric
+from lessonlib.book.quiz import Numeric
 
 from browser import browser, serve
 

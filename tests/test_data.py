@@ -1,8 +1,8 @@
-"""lessonlib.data: seeded, so the same seed gives the same numbers."""
+"""lessonlib.measure.data: seeded, so the same seed gives the same numbers."""
 import pytest
 import torch
 
-from lessonlib import data
+from lessonlib.measure import data
 
 
 def test_sales_seeded_and_nonnegative():

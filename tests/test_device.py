@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from lessonlib import device
+from lessonlib.measure import device
 
 
 def test_get_device_picks_cuda_only_when_available():

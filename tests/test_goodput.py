@@ -1,13 +1,16 @@
-"""lessonlib.goodput: useful progress per paid device-hour, and the calculators' input checks."""
+"""lessonlib.calc.goodput: useful progress per paid device-hour, and the calculators' input checks."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from lessonlib import goodput as G
-from lessonlib import parallel as P
-from lessonlib.recovery import expected_overhead, young_daly_interval
+from lessonlib.calc import goodput as G
+from lessonlib.book.reports import goodput_report
+from lessonlib.book import reports as P
+from lessonlib.measure.distributed.splits import run_stalled_job
+from lessonlib.calc.amdahl import speedup_from_share
+from lessonlib.calc.reliability import expected_overhead, young_daly_interval
 
 
 def test_job_mtbf_divides_by_devices():
@@ -39,7 +42,7 @@ def test_one_reliable_device_scores_about_one():
 
 
 def test_more_devices_never_buy_more_per_device_hour():
-    vals = [G.goodput(n, P.speedup_from_share(0.001, n), 50_000, 60, 600).per_device_hour
+    vals = [G.goodput(n, speedup_from_share(0.001, n), 50_000, 60, 600).per_device_hour
             for n in (1, 8, 64, 512, 4096)]
     assert vals == sorted(vals, reverse=True)
 
@@ -64,15 +67,15 @@ def test_goodput_rejects_bad_input(kwargs, name):
 
 
 def test_reports():
-    html = G.goodput_report(512, 0.001, 50_000, 30, "Young/Daly optimum", 1200)
+    html = goodput_report(512, 0.001, 50_000, 30, "Young/Daly optimum", 1200)
     assert "paid device-hour" in html
-    assert "rough" in G.goodput_report(4096, 0.0, 10_000, 300, "every 2 h", 1200)
+    assert "rough" in goodput_report(4096, 0.0, 10_000, 300, "every 2 h", 1200)
     with pytest.raises(ValueError, match="serial_share"):
-        G.goodput_report(8, 1.5, 50_000, 30, "every 10 min", 120)
+        goodput_report(8, 1.5, 50_000, 30, "every 10 min", 120)
     with pytest.raises(ValueError, match="interval"):
-        G.goodput_report(8, 0.1, 50_000, 30, "sometimes", 120)
+        goodput_report(8, 0.1, 50_000, 30, "sometimes", 120)
     with pytest.raises(ValueError, match="devices"):
-        G.goodput_report(0, 0.1, 50_000, 30, "every 10 min", 120)
+        goodput_report(0, 0.1, 50_000, 30, "every 10 min", 120)
     a = P.amdahl_report(4, 0.2, 0.0)
     assert "2.50×" in a and "5.00×" in a
     assert "no limit" in P.amdahl_report(4, 0.0, 0.0)
@@ -86,12 +89,12 @@ def test_reports():
 
 def test_stalled_job_every_process_waits():
     stall = 0.3
-    runs = P.run_stalled_job(steps=6, stall_step=3, stall_seconds=stall, hidden=32, batch=16, timeout=120)
+    runs = run_stalled_job(steps=6, stall_step=3, stall_seconds=stall, hidden=32, batch=16, timeout=120)
     for r in runs:
         assert len(r["wall"]) == 6
         # the stalled step lasts at least the stall on every rank, stalled or not
         assert r["wall"][3] - r["wall"][2] >= stall
     with pytest.raises(ValueError, match="stall_step"):
-        P.run_stalled_job(steps=5, stall_step=5)
+        run_stalled_job(steps=5, stall_step=5)
     with pytest.raises(ValueError, match="stall_rank"):
-        P.run_stalled_job(stall_rank=2, world_size=2)
+        run_stalled_job(stall_rank=2, world_size=2)

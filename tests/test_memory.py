@@ -1,9 +1,12 @@
-"""lessonlib.memory: the formulas exactly, and the measured ledger against them."""
+"""lessonlib.calc.memory: the formulas exactly, and the measured ledger against them."""
 import pytest
 import torch
 
-from lessonlib import memory, models
-from lessonlib.memory import activation_bytes_per_layer, training_state_bytes
+from lessonlib.calc import memory
+from lessonlib.book.reports import ledger_table
+from lessonlib.measure.memory import measure_activations, measure_training_memory
+from lessonlib.measure import models
+from lessonlib.calc.memory import activation_bytes_per_layer, training_state_bytes
 
 
 # ---- calculations: exact integer arithmetic, so exact equality -------------
@@ -99,7 +102,7 @@ def _measure(batch=2, layers=2, dtype=torch.bfloat16, dropout_impl="native", opt
     optimizer = {"adam": lambda: torch.optim.Adam(params), "sgd": lambda: torch.optim.SGD(params, lr=0.1),
                  "momentum": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9)}[opt]()
     # the layers alone (embeddings and loss left out, as in the paper); sum() saves nothing
-    return memory.measure_training_memory(gpt.blocks, x, None, lambda out, _: out.float().sum(), optimizer,
+    return measure_training_memory(gpt.blocks, x, None, lambda out, _: out.float().sum(), optimizer,
                                           track_peak=track_peak)
 
 
@@ -156,7 +159,7 @@ def test_measure_activations_matches_ledger_and_names_modules():
     torch.manual_seed(0)
     gpt = models.TinyGPT(seq_len=S, hidden=H, heads=A, layers=1).to(torch.bfloat16)
     x = torch.randn(2, S, H, dtype=torch.bfloat16)
-    counted = memory.measure_activations(gpt.blocks, x)
+    counted = measure_activations(gpt.blocks, x)
     assert counted.bytes == _measure(layers=1).activations  # same counting rule, same model shape
     assert {w for w, *_ in counted.items} >= {"0.ln1", "0.attn", "0.fc1", "0.fc2", "0.drop2"}
 
@@ -164,19 +167,19 @@ def test_measure_activations_matches_ledger_and_names_modules():
 def test_sliced_batch_counts_only_its_rows():
     m = models.ForecastMLP(window=4, hidden=8, depth=1)
     data = torch.randn(1000, 4)
-    counted = memory.measure_activations(m, data[:10])
-    full = memory.measure_activations(m, data[:10].clone())
+    counted = measure_activations(m, data[:10])
+    full = measure_activations(m, data[:10].clone())
     assert counted.bytes == full.bytes  # a view of a big dataset tensor costs only its rows
 
 
 def test_ledger_table_mentions_every_row():
-    text = memory.ledger_table(_measure(layers=1))
+    text = ledger_table(_measure(layers=1))
     for row in ("weights", "gradients", "optimizer_state", "activations", "peak"):
         assert row in text
 
 
 def test_plot_ledger_has_title_and_units():
-    from lessonlib import plots
+    from lessonlib.book import plots
 
     fig = plots.plot_ledger({"one layer": _measure(layers=1)}, unit="KiB")
     ax = fig.axes[0]

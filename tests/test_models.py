@@ -1,8 +1,8 @@
-"""lessonlib.models: shapes, parameter counts, the 1-byte dropout mask."""
+"""lessonlib.measure.models: shapes, parameter counts, the 1-byte dropout mask."""
 import pytest
 import torch
 
-from lessonlib import models
+from lessonlib.measure import models
 
 
 def test_forecast_mlp_shapes_and_params():

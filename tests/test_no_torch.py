@@ -1,23 +1,46 @@
-"""The calculation helpers need no torch: a reader can price a run without installing it."""
+"""The calculation layer needs no torch: a reader can price a run without installing it.
+
+Every module of ``lessonlib.calc`` (and the ground floor it stands on) is
+imported and run in a Python where ``import torch`` fails. A new calc module
+is covered without editing this file: it must then have an entry in CALLS.
+"""
+import pkgutil
 import subprocess
 import sys
 
 import pytest
 
+import lessonlib.calc
+
 CALLS = {
     "checks": "assert M.count('devices', 4) == 4",
-    "memory": "assert M.training_state_bytes(7_500_000_000).total == 120_000_000_000",
-    "planner": "assert M.plan(1_000_000, 'adam', 'mixed', 1, 128, 2, 64, 4, 'none', 10**10).failure == 'none'",
-    "parallel": "assert M.amdahl_speedup(20, 80, 4) == 2.5",
-    "recovery": "assert M.young_daly_interval(300, 86400) == 7200",
-    "goodput": "assert 0 < M.goodput(8, 7.0, 50_000, 60, 600).per_device_hour < 1",
+    "progress": "assert list(M.progress([1, 2], desc='x')) == [1, 2]",
+    "calc.memory": "assert M.training_state_bytes(7_500_000_000).total == 120_000_000_000",
+    "calc.planner": "assert M.plan(1_000_000, 'adam', 'mixed', 1, 128, 2, 64, 4, 'none', 10**10).failure == 'none'",
+    "calc.amdahl": "assert M.amdahl_speedup(20, 80, 4) == 2.5",
+    "calc.collectives": "assert M.ring_allreduce_bytes(1000, 4) == 1500",
+    "calc.pipeline": "assert M.pipeline_bubble_fraction(4, 8) == 3 / 11",
+    "calc.experts": "assert M.expert_load_imbalance([25, 5, 5, 5]) == 2.5",
+    "calc.reliability": "assert M.young_daly_interval(300, 86400) == 7200",
+    "calc.recompute": "assert M.chain_memory_units(16, 4) == 7",
+    "calc.goodput": "assert 0 < M.goodput(8, 7.0, 50_000, 60, 600).per_device_hour < 1",
 }
+
+
+def calc_modules():
+    return sorted("calc." + m.name for m in pkgutil.iter_modules(lessonlib.calc.__path__))
+
+
+def test_every_calc_module_has_a_call():
+    missing = set(calc_modules()) - set(CALLS)
+    assert not missing, f"add a torch-free call for {sorted(missing)} to CALLS"
 
 
 @pytest.mark.parametrize("module", sorted(CALLS))
 def test_calculators_import_and_run_without_torch(module):
     code = (
-        "import sys; sys.modules['torch'] = None  # any 'import torch' now fails\n"
-        f"from lessonlib import {module} as M\n{CALLS[module]}\n"
+        "import sys; sys.modules['torch'] = None; sys.modules['numpy'] = None  # any import now fails\n"
+        f"import lessonlib.{module} as M\n{CALLS[module]}\n"
+        "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,4 +1,4 @@
-"""lessonlib.parallel: the calculators, their input checks, and small real gloo runs."""
+"""lessonlib.calc.amdahl: the calculators, their input checks, and small real gloo runs."""
 from __future__ import annotations
 
 import math
@@ -6,58 +6,65 @@ import sys
 
 import pytest
 
-from lessonlib import parallel as P
+from lessonlib.measure.distributed import splits as P
+from lessonlib.book.reports import TORCHRUN_SNIPPET
+from lessonlib.calc.collectives import all_gather_bytes, ring_allreduce_bytes
+from lessonlib.calc.amdahl import amdahl_speedup, amdahl_time, speedup_from_share
+from lessonlib.measure.distributed.launch import choose_backend, free_port, launch
+from lessonlib.calc.experts import expert_load_imbalance
+from lessonlib.calc.pipeline import pipeline_bubble_fraction, pipeline_schedule, schedule_idle_fraction
+from lessonlib.measure.distributed.data_parallel import run_data_parallel
 
 
 # --- Amdahl -----------------------------------------------------------------
 
 def test_seed_example():
-    assert P.amdahl_time(20, 80, 1) == 100
-    assert P.amdahl_time(20, 80, 4) == 40
-    assert P.amdahl_speedup(20, 80, 4) == 2.5
-    assert P.speedup_from_share(0.2, 4) == pytest.approx(2.5)
+    assert amdahl_time(20, 80, 1) == 100
+    assert amdahl_time(20, 80, 4) == 40
+    assert amdahl_speedup(20, 80, 4) == 2.5
+    assert speedup_from_share(0.2, 4) == pytest.approx(2.5)
 
 
 def test_amdahl_limits_and_communication():
     # the serial share caps the speedup at 1 / serial share
-    assert P.amdahl_speedup(20, 80, 10 ** 9) == pytest.approx(5.0, rel=1e-6)
+    assert amdahl_speedup(20, 80, 10 ** 9) == pytest.approx(5.0, rel=1e-6)
     # communication is paid only with more than one device
-    assert P.amdahl_time(20, 80, 1, communication=10) == 100
-    assert P.amdahl_time(20, 80, 4, communication=10) == 50
-    assert P.amdahl_speedup(20, 80, 4, communication=10) == 2.0
+    assert amdahl_time(20, 80, 1, communication=10) == 100
+    assert amdahl_time(20, 80, 4, communication=10) == 50
+    assert amdahl_speedup(20, 80, 4, communication=10) == 2.0
     # perfectly parallel work: linear speedup
-    assert P.amdahl_speedup(0, 100, 8) == 8
+    assert amdahl_speedup(0, 100, 8) == 8
     # communication larger than the work saved: slower than one device
-    assert P.speedup_from_share(0.0, 2, communication_share=0.6) < 1
+    assert speedup_from_share(0.0, 2, communication_share=0.6) < 1
 
 
 @pytest.mark.parametrize(
     "call, name",
     [
-        (lambda: P.amdahl_time(-1, 80, 4), "serial"),
-        (lambda: P.amdahl_time(20, -80, 4), "parallel"),
-        (lambda: P.amdahl_time(20, 80, 0), "devices"),
-        (lambda: P.amdahl_time(20, 80, 2.5), "devices"),
-        (lambda: P.amdahl_time(20, 80, True), "devices"),
-        (lambda: P.amdahl_time(20, 80, 4, communication=-1), "communication"),
-        (lambda: P.amdahl_time(float("nan"), 80, 4), "serial"),
-        (lambda: P.amdahl_time("20", 80, 4), "serial"),
-        (lambda: P.amdahl_speedup(20, 80, 0), "devices"),
-        (lambda: P.amdahl_speedup(-20, 80, 4), "serial"),
-        (lambda: P.amdahl_speedup(0, 0, 4), "serial"),
-        (lambda: P.speedup_from_share(1.2, 4), "serial_share"),
-        (lambda: P.speedup_from_share(-0.1, 4), "serial_share"),
-        (lambda: P.speedup_from_share(0.2, 0), "devices"),
-        (lambda: P.speedup_from_share(0.2, 4, communication_share=-0.1), "communication_share"),
-        (lambda: P.ring_allreduce_bytes(-1, 4), "n_bytes"),
-        (lambda: P.ring_allreduce_bytes(100, 0), "devices"),
-        (lambda: P.all_gather_bytes(100, 0), "devices"),
-        (lambda: P.pipeline_bubble_fraction(0, 8), "stages"),
-        (lambda: P.pipeline_bubble_fraction(4, 0), "microbatches"),
-        (lambda: P.pipeline_schedule(4, 8, forward_time=0), "forward_time"),
-        (lambda: P.expert_load_imbalance([3, -1]), "tokens_per_expert"),
-        (lambda: P.expert_load_imbalance([]), "tokens_per_expert"),
-        (lambda: P.expert_load_imbalance([0, 0]), "tokens_per_expert"),
+        (lambda: amdahl_time(-1, 80, 4), "serial"),
+        (lambda: amdahl_time(20, -80, 4), "parallel"),
+        (lambda: amdahl_time(20, 80, 0), "devices"),
+        (lambda: amdahl_time(20, 80, 2.5), "devices"),
+        (lambda: amdahl_time(20, 80, True), "devices"),
+        (lambda: amdahl_time(20, 80, 4, communication=-1), "communication"),
+        (lambda: amdahl_time(float("nan"), 80, 4), "serial"),
+        (lambda: amdahl_time("20", 80, 4), "serial"),
+        (lambda: amdahl_speedup(20, 80, 0), "devices"),
+        (lambda: amdahl_speedup(-20, 80, 4), "serial"),
+        (lambda: amdahl_speedup(0, 0, 4), "serial"),
+        (lambda: speedup_from_share(1.2, 4), "serial_share"),
+        (lambda: speedup_from_share(-0.1, 4), "serial_share"),
+        (lambda: speedup_from_share(0.2, 0), "devices"),
+        (lambda: speedup_from_share(0.2, 4, communication_share=-0.1), "communication_share"),
+        (lambda: ring_allreduce_bytes(-1, 4), "n_bytes"),
+        (lambda: ring_allreduce_bytes(100, 0), "devices"),
+        (lambda: all_gather_bytes(100, 0), "devices"),
+        (lambda: pipeline_bubble_fraction(0, 8), "stages"),
+        (lambda: pipeline_bubble_fraction(4, 0), "microbatches"),
+        (lambda: pipeline_schedule(4, 8, forward_time=0), "forward_time"),
+        (lambda: expert_load_imbalance([3, -1]), "tokens_per_expert"),
+        (lambda: expert_load_imbalance([]), "tokens_per_expert"),
+        (lambda: expert_load_imbalance([0, 0]), "tokens_per_expert"),
     ],
 )
 def test_bad_input_names_the_argument(call, name):
@@ -68,30 +75,30 @@ def test_bad_input_names_the_argument(call, name):
 # --- communication volume ---------------------------------------------------
 
 def test_ring_allreduce_bytes():
-    assert P.ring_allreduce_bytes(1000, 1) == 0
-    assert P.ring_allreduce_bytes(1000, 2) == 1000
-    assert P.ring_allreduce_bytes(1000, 4) == 1500
+    assert ring_allreduce_bytes(1000, 1) == 0
+    assert ring_allreduce_bytes(1000, 2) == 1000
+    assert ring_allreduce_bytes(1000, 4) == 1500
     # approaches twice the tensor, never less per device as devices grow
-    vols = [P.ring_allreduce_bytes(1000, n) for n in range(1, 65)]
+    vols = [ring_allreduce_bytes(1000, n) for n in range(1, 65)]
     assert vols == sorted(vols) and vols[-1] < 2000
     # reduce-scatter + all-gather
-    assert P.ring_allreduce_bytes(1000, 8) == 2 * P.all_gather_bytes(1000, 8)
+    assert ring_allreduce_bytes(1000, 8) == 2 * all_gather_bytes(1000, 8)
 
 
 # --- pipeline ---------------------------------------------------------------
 
 def test_bubble_fraction():
-    assert P.pipeline_bubble_fraction(4, 8) == 3 / 11
-    assert P.pipeline_bubble_fraction(1, 8) == 0
-    assert P.pipeline_bubble_fraction(4, 1) == 0.75
+    assert pipeline_bubble_fraction(4, 8) == 3 / 11
+    assert pipeline_bubble_fraction(1, 8) == 0
+    assert pipeline_bubble_fraction(4, 1) == 0.75
 
 
 @pytest.mark.parametrize("p, m", [(1, 1), (2, 1), (4, 8), (4, 32), (8, 3)])
 @pytest.mark.parametrize("tf, tb", [(1.0, 1.0), (1.0, 2.0)])
 def test_schedule_matches_bubble_formula(p, m, tf, tb):
-    tasks = P.pipeline_schedule(p, m, forward_time=tf, backward_time=tb)
+    tasks = pipeline_schedule(p, m, forward_time=tf, backward_time=tb)
     assert len(tasks) == 2 * p * m
-    assert P.schedule_idle_fraction(tasks) == pytest.approx(P.pipeline_bubble_fraction(p, m), abs=1e-12)
+    assert schedule_idle_fraction(tasks) == pytest.approx(pipeline_bubble_fraction(p, m), abs=1e-12)
     # no stage runs two tasks at once
     for s in range(p):
         spans = sorted((t["start"], t["end"]) for t in tasks if t["stage"] == s)
@@ -103,24 +110,24 @@ def test_schedule_matches_bubble_formula(p, m, tf, tb):
 # --- experts ----------------------------------------------------------------
 
 def test_expert_load_imbalance():
-    assert P.expert_load_imbalance([10, 10, 10, 10]) == 1.0
-    assert P.expert_load_imbalance([25, 5, 5, 5]) == 2.5
+    assert expert_load_imbalance([10, 10, 10, 10]) == 1.0
+    assert expert_load_imbalance([25, 5, 5, 5]) == 2.5
 
 
 def test_backend_choice_on_cpu():
     import torch
 
-    backend, device = P.choose_backend(2)
+    backend, device = choose_backend(2)
     if torch.cuda.device_count() >= 2:
         assert (backend, device) == ("nccl", "cuda")
     else:
         assert (backend, device) == ("gloo", "cpu")
     with pytest.raises(ValueError, match="world_size"):
-        P.choose_backend(0)
+        choose_backend(0)
 
 
 def test_torchrun_snippet_is_python():
-    compile(P.TORCHRUN_SNIPPET, "<snippet>", "exec")
+    compile(TORCHRUN_SNIPPET, "<snippet>", "exec")
 
 
 # --- real gloo runs with two processes ----------------------------------------
@@ -142,12 +149,12 @@ def test_tensor_and_expert_parallel_two_processes():
             assert sum(r["tokens_per_expert"]) == 2 * 64
     # every token that left one rank arrived at the other
     assert balanced[0]["sent_tokens"][1] == balanced[1]["received_tokens"][0]
-    assert P.expert_load_imbalance(skewed[0]["tokens_per_expert"]) > P.expert_load_imbalance(
+    assert expert_load_imbalance(skewed[0]["tokens_per_expert"]) > expert_load_imbalance(
         balanced[0]["tokens_per_expert"])
 
 
 def test_data_parallel_two_processes():
-    res = P.run_data_parallel(batch_sizes=(16, 64), rounds=2, warmup=1, hidden=64, timeout=120)
+    res = run_data_parallel(batch_sizes=(16, 64), rounds=2, warmup=1, hidden=64, timeout=120)
     assert res["backend"] in ("gloo", "nccl")
     assert res["replica_grads_equal"] and res["replica_weights_equal"]
     # DDP's averaged gradient is one process's whole-batch gradient, up to rounding
@@ -164,15 +171,15 @@ def test_worker_failure_is_raised_and_children_cleaned_up():
 
     with pytest.raises(Exception, match="d_in and d_out"):
         # an odd d_out fails inside the workers after they joined the group
-        P.launch(P._tensor_parallel_worker, 2, args=(4, 8, 7), timeout=60)
+        launch(P._tensor_parallel_worker, 2, args=(4, 8, 7), timeout=60)
     assert multiprocessing.active_children() == []
 
 
 def test_data_parallel_rejects_bad_input():
     with pytest.raises(ValueError, match="batch_sizes"):
-        P.run_data_parallel(batch_sizes=(33,))
+        run_data_parallel(batch_sizes=(33,))
     with pytest.raises(ValueError, match="world_size"):
-        P.run_data_parallel(world_size=1)
+        run_data_parallel(world_size=1)
     with pytest.raises(ValueError, match="skew"):
         P.run_expert_parallel(skew=-1)
 
@@ -194,7 +201,7 @@ def test_a_failing_rank_does_not_hang_its_peer():
 
     t0 = time.monotonic()
     with pytest.raises(Exception, match="on purpose"):
-        P.launch(_one_rank_fails, 2, timeout=60)
+        launch(_one_rank_fails, 2, timeout=60)
     assert time.monotonic() - t0 < 45
     assert multiprocessing.active_children() == []
 
@@ -203,7 +210,7 @@ def test_timeout_kills_the_children():
     import multiprocessing
 
     with pytest.raises(TimeoutError):
-        P.launch(_sleeper, 2, args=(60.0,), timeout=15)
+        launch(_sleeper, 2, args=(60.0,), timeout=15)
     assert multiprocessing.active_children() == []
 
 
@@ -220,10 +227,12 @@ def test_port_taken_meanwhile_is_retried(monkeypatch):
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     ports = [busy.getsockname()[1]]
-    real = P.free_port
-    monkeypatch.setattr(P, "free_port", lambda: ports.pop() if ports else real())
+    real = free_port
+    from lessonlib.measure.distributed import launch as L
+
+    monkeypatch.setattr(L, "free_port", lambda: ports.pop() if ports else real())
     try:
-        out = P.launch(P._tensor_parallel_worker, 2, args=(4, 8, 8), timeout=90)
+        out = launch(P._tensor_parallel_worker, 2, args=(4, 8, 8), timeout=90)
     finally:
         busy.close()
     assert all(r["column_allclose"] for r in out)

@@ -1,8 +1,9 @@
-"""lessonlib.planner: the two numbers and which of the three failures applies."""
+"""lessonlib.calc.planner: the two numbers and which of the three failures applies."""
 import pytest
 
-from lessonlib import planner
-from lessonlib.memory import activation_bytes
+from lessonlib.calc import planner
+from lessonlib.book.reports import plan_html
+from lessonlib.calc.memory import activation_bytes
 
 P7 = dict(n_params=7_500_000_000, layers=32, hidden=4096, heads=32)
 
@@ -60,7 +61,7 @@ def test_bad_rate():
 
 def test_plan_html_every_preset():
     for name in planner.PRESETS:
-        html = planner.plan_html(name, "adam", "mixed", 1, 1024, "none", 80)
+        html = plan_html(name, "adam", "mixed", 1, 1024, "none", 80)
         assert "<table>" in html
     with pytest.raises(ValueError, match="model"):
-        planner.plan_html("nope", "adam", "mixed", 1, 1024, "none", 80)
+        plan_html("nope", "adam", "mixed", 1, 1024, "none", 80)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from lessonlib.interactive import Explorer
-from lessonlib.quiz import Choice, MultipleSelect, Numeric, Prediction, SingleChoice
+from lessonlib.book.interactive import Explorer
+from lessonlib.book.quiz import Choice, MultipleSelect, Numeric, Prediction, SingleChoice
 
 from browser import browser, serve
 
@@ -153,7 +153,7 @@ def test_explorer_live_and_static_agree_on_outputs():
 # ----- the static page in a real browser ----------------------------------
 
 def test_static_verdicts_equal_python_verdicts_in_chromium(tmp_path):
-    from lessonlib.interactive import _STYLE
+    from lessonlib.book.interactive import _STYLE
 
     s, m, n = single(), multiple(), numeric()
     e = Explorer(lambda a, b: f"<b>{a}-{b}</b>", {"a": [1, 2, 3], "b": ["x", "y"]}, title="t")

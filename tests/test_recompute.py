@@ -1,4 +1,4 @@
-"""Unit tests of lessonlib.recompute: activation checkpointing measured with PyTorch's own tools."""
+"""Unit tests of lessonlib.measure.recompute: activation checkpointing measured with PyTorch's own tools."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,9 @@ import math
 import pytest
 import torch
 
-from lessonlib import recompute
+from lessonlib.measure import four_layer, recompute
+from lessonlib.calc.recompute import NAMES, chain_memory_units, predicted_flops_ratio
+from lessonlib.book.plots import plot_activation_life, plot_segment_sweep
 
 
 @pytest.fixture(autouse=True)
@@ -18,38 +20,38 @@ def one_thread():
 
 
 def test_three_names_one_technique():
-    assert len(recompute.NAMES) == 3
-    assert "gradient checkpointing" in recompute.NAMES and "activation recomputation" in recompute.NAMES
+    assert len(NAMES) == 3
+    assert "gradient checkpointing" in NAMES and "activation recomputation" in NAMES
 
 
 def test_predicted_flops_ratio():
-    assert recompute.predicted_flops_ratio() == pytest.approx(4 / 3)
-    assert recompute.predicted_flops_ratio(0.0) == 1.0
-    assert recompute.predicted_flops_ratio(0.5) == pytest.approx(3.5 / 3)
+    assert predicted_flops_ratio() == pytest.approx(4 / 3)
+    assert predicted_flops_ratio(0.0) == 1.0
+    assert predicted_flops_ratio(0.5) == pytest.approx(3.5 / 3)
     with pytest.raises(ValueError, match="recomputed_forward_fraction"):
-        recompute.predicted_flops_ratio(1.5)
+        predicted_flops_ratio(1.5)
     with pytest.raises(ValueError, match="backward_to_forward"):
-        recompute.predicted_flops_ratio(1.0, backward_to_forward=0)
+        predicted_flops_ratio(1.0, backward_to_forward=0)
 
 
 def test_chain_memory_units_minimum_near_sqrt_n():
-    assert recompute.chain_memory_units(16, 1) == 16
-    assert recompute.chain_memory_units(16, 4) == 7
-    assert recompute.chain_memory_units(16, 16) == 16
+    assert chain_memory_units(16, 1) == 16
+    assert chain_memory_units(16, 4) == 7
+    assert chain_memory_units(16, 16) == 16
     for n in (9, 16, 36, 64, 100):
-        best = min(range(1, n + 1), key=lambda k: recompute.chain_memory_units(n, k))
+        best = min(range(1, n + 1), key=lambda k: chain_memory_units(n, k))
         assert best == math.isqrt(n)
     with pytest.raises(ValueError, match="n_layers"):
-        recompute.chain_memory_units(0, 1)
+        chain_memory_units(0, 1)
     with pytest.raises(ValueError, match="segments"):
-        recompute.chain_memory_units(8, 9)
+        chain_memory_units(8, 9)
     with pytest.raises(ValueError, match="segments"):
-        recompute.chain_memory_units(8, True)
+        chain_memory_units(8, True)
 
 
 def test_four_layer_example_keeps_4_or_2_and_recomputes_2():
-    plain = recompute.four_layer_census(checkpointed=False)
-    ckpt = recompute.four_layer_census(checkpointed=True)
+    plain = four_layer.four_layer_census(checkpointed=False)
+    ckpt = four_layer.four_layer_census(checkpointed=True)
     assert plain["kept"] == ["a1", "a2", "a3", "a4"] and plain["recomputed"] == []
     assert ckpt["kept"] == ["a2", "a4"] and ckpt["recomputed"] == ["a1", "a3"]
     assert 2 * ckpt["kept_bytes"] == plain["kept_bytes"]
@@ -57,11 +59,11 @@ def test_four_layer_example_keeps_4_or_2_and_recomputes_2():
 
 
 def test_activation_life_is_recorded_from_hooks():
-    ckpt = recompute.record_activation_life(checkpointed=True)
+    ckpt = four_layer.record_activation_life(checkpointed=True)
     assert [e.what for e in ckpt if e.activation == "a1"] == ["produced", "released", "recomputed", "released"]
     assert [e.phase for e in ckpt if e.activation == "a1"] == ["forward", "forward", "backward", "backward"]
     assert [e.what for e in ckpt if e.activation == "a2"][:2] == ["produced", "kept"]
-    plain = recompute.record_activation_life(checkpointed=False)
+    plain = four_layer.record_activation_life(checkpointed=False)
     assert not any(e.what == "recomputed" for e in plain)
     assert [e.order for e in plain] == list(range(len(plain)))
 
@@ -69,7 +71,7 @@ def test_activation_life_is_recorded_from_hooks():
 def test_plot_activation_life_has_title_and_labels():
     import matplotlib.pyplot as plt
 
-    fig = recompute.plot_activation_life({"x": recompute.record_activation_life(True)})
+    fig = plot_activation_life({"x": four_layer.record_activation_life(True)})
     ax = fig.axes[0]
     assert fig._suptitle.get_text() and ax.get_ylabel() and fig.axes[-1].get_xlabel()
     plt.close(fig)
@@ -103,7 +105,7 @@ def test_saved_bytes_of_a_chain_match_the_formula():
     unit = x.numel() * x.element_size()
     for segments in (1, 2, 4, 8):
         saved = recompute.saved_step_activations(chain, x, segments)
-        assert saved.bytes == recompute.chain_memory_units(n, segments) * unit, segments
+        assert saved.bytes == chain_memory_units(n, segments) * unit, segments
     # Checkpointing every layer of a plain ReLU chain keeps exactly as much as no checkpointing.
     relu = recompute.layer_chain(n_layers=n, width=8, activation="relu")
     assert (recompute.saved_step_activations(relu, x, "per-block").bytes
@@ -124,7 +126,7 @@ def test_segment_sweep_rows():
     assert [r["recomputed_forwards"] for r in rows] == [0.0, 0.5, 0.75, 1.0]
     import matplotlib.pyplot as plt
 
-    fig = recompute.plot_segment_sweep({"chain": rows})
+    fig = plot_segment_sweep({"chain": rows})
     assert fig.axes[0].get_xlabel() and fig.axes[0].get_ylabel() and fig.axes[0].get_title()
     plt.close(fig)
 
@@ -148,7 +150,7 @@ def test_bad_strategy_and_sizes_are_refused():
     with pytest.raises(ValueError, match="activation"):
         recompute.layer_chain(4, 8, activation="gelu")
     with pytest.raises(ValueError, match="width"):
-        recompute.FourLayerNet(width=0)
+        four_layer.FourLayerNet(width=0)
 
 
 def test_census_is_not_fooled_by_a_reused_address():
@@ -161,5 +163,5 @@ def test_census_is_not_fooled_by_a_reused_address():
     for i in range(150):
         junk.append(torch.randn(i % 7 + 1, 8 * (i % 5 + 1)))
         del junk[:-20]
-        census = recompute.four_layer_census(checkpointed=True)
+        census = four_layer.four_layer_census(checkpointed=True)
         assert census["kept"] == ["a2", "a4"] and census["recomputed"] == ["a1", "a3"], (i, census["kept"])

@@ -1,4 +1,4 @@
-"""Unit tests of lessonlib.recovery: the checkpoint interval, resumable state,
+"""Unit tests of lessonlib.measure.recovery: the checkpoint interval, resumable state,
 atomic saves, and a real training process killed with SIGKILL during saves."""
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 import torch
 
-from lessonlib import recovery
+from lessonlib.measure import recovery
+from lessonlib.calc.reliability import expected_overhead, simulate_overhead, young_daly_interval
 
 
 # --- how often to save -------------------------------------------------------
 
 def test_young_daly_interval():
-    assert recovery.young_daly_interval(300, 86400) == 7200
-    assert recovery.young_daly_interval(50, 1) == pytest.approx(10.0)
+    assert young_daly_interval(300, 86400) == 7200
+    assert young_daly_interval(50, 1) == pytest.approx(10.0)
 
 
 @pytest.mark.parametrize("bad, name", [((0, 86400), "checkpoint_seconds"), ((-1, 86400), "checkpoint_seconds"),
@@ -30,32 +31,32 @@ def test_young_daly_interval():
                                        ((True, 1), "checkpoint_seconds"), (("300", 1), "checkpoint_seconds")])
 def test_young_daly_refuses_bad_input(bad, name):
     with pytest.raises(ValueError, match=name):
-        recovery.young_daly_interval(*bad)
+        young_daly_interval(*bad)
 
 
 def test_expected_overhead_is_smallest_at_young_daly():
     c, m = 300.0, 86400.0
-    best = recovery.young_daly_interval(c, m)
-    at_best = recovery.expected_overhead(best, c, m)
+    best = young_daly_interval(c, m)
+    at_best = expected_overhead(best, c, m)
     assert at_best == pytest.approx(2 * c / best)  # the two costs are equal there
     for factor in (0.5, 0.9, 1.1, 2.0):
-        assert recovery.expected_overhead(best * factor, c, m) > at_best
-    assert recovery.expected_overhead(best, c, m, restart_seconds=864) == pytest.approx(at_best + 0.01)
+        assert expected_overhead(best * factor, c, m) > at_best
+    assert expected_overhead(best, c, m, restart_seconds=864) == pytest.approx(at_best + 0.01)
     with pytest.raises(ValueError, match="interval_seconds"):
-        recovery.expected_overhead(0, c, m)
+        expected_overhead(0, c, m)
     with pytest.raises(ValueError, match="restart_seconds"):
-        recovery.expected_overhead(best, c, m, restart_seconds=-1)
+        expected_overhead(best, c, m, restart_seconds=-1)
 
 
 def test_simulation_agrees_with_the_formula_near_the_optimum():
     c, m = 300.0, 86400.0
-    best = recovery.young_daly_interval(c, m)
-    sim = recovery.simulate_overhead(best, c, m, work_seconds=10 * 86400, trials=200, seed=1)
-    assert abs(sim - recovery.expected_overhead(best, c, m)) / recovery.expected_overhead(best, c, m) < 0.10
-    assert recovery.simulate_overhead(best, c, m, 86400, trials=20, seed=3) == \
-        recovery.simulate_overhead(best, c, m, 86400, trials=20, seed=3)
+    best = young_daly_interval(c, m)
+    sim = simulate_overhead(best, c, m, work_seconds=10 * 86400, trials=200, seed=1)
+    assert abs(sim - expected_overhead(best, c, m)) / expected_overhead(best, c, m) < 0.10
+    assert simulate_overhead(best, c, m, 86400, trials=20, seed=3) == \
+        simulate_overhead(best, c, m, 86400, trials=20, seed=3)
     with pytest.raises(ValueError, match="trials"):
-        recovery.simulate_overhead(best, c, m, 86400, trials=0)
+        simulate_overhead(best, c, m, 86400, trials=0)
 
 
 # --- what to save and how ------------------------------------------------------

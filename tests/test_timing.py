@@ -1,9 +1,12 @@
-"""lessonlib.timing: FLOP ratios (deterministic) and the shape of the timing result (never absolute times)."""
+"""lessonlib.measure.timing: FLOP ratios (deterministic) and the shape of the timing result (never absolute times)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lessonlib import data, models, timing
+from lessonlib.measure import data
+from lessonlib.measure import models
+from lessonlib.measure import timing
+from lessonlib.book.reports import timing_table
 
 
 def test_gpt_backward_is_twice_forward():
@@ -50,7 +53,7 @@ def test_time_training_step_structure():
     assert t.ratios["prediction"] == 1.0
     # shares are medians of per-round fractions, each in (0, 1); no claim on absolute time
     assert all(0 < s < 1 for s in t.shares.values())
-    assert "step" in timing.timing_table(t)
+    assert "step" in timing_table(t)
 
 
 def test_time_training_step_bad_input():
@@ -63,7 +66,7 @@ def test_time_training_step_bad_input():
 
 
 def test_plot_timing_has_title_and_units():
-    from lessonlib import plots
+    from lessonlib.book import plots
 
     m = models.ForecastMLP(window=8, hidden=16)
     X, y = data.make_forecast_dataset(window=8, n_stores=1, n_days=40)

@@ -4,7 +4,7 @@ A quiz is data: a question, choices (or a numeric answer with a tolerance and
 units), feedback for each choice, and an explanation shown after any answer.
 Displayed as the last expression of a cell, a quiz shows standard ipywidgets
 in Jupyter and Colab, and a self-contained HTML + inline-JS version in the
-static book (see :mod:`lessonlib.interactive`).
+static book (see :mod:`lessonlib.book.interactive`).
 
 The grading logic lives only here, in :meth:`check`. The static page embeds
 the verdict and feedback that :meth:`check` gives for every possible choice
@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .interactive import Interactive, script_json, stable_id
+from .interactive import Interactive, script_json, stable_id, static_text
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,6 @@ def _normalise_choices(choices, answer) -> list[Choice]:
 
 
 class _ChoiceQuiz(Interactive):
-    kind = "choice"
 
     def __init__(self, question: str, choices: Sequence[Choice | str], explanation: str = "", answer=None):
         self.question = _check_text("question", question)
@@ -119,7 +118,6 @@ class _ChoiceQuiz(Interactive):
 class SingleChoice(_ChoiceQuiz):
     """Exactly one choice is correct."""
 
-    kind = "single"
 
     def _validate_correct(self, n_correct: int) -> None:
         if n_correct != 1:
@@ -153,7 +151,6 @@ class SingleChoice(_ChoiceQuiz):
 class MultipleSelect(_ChoiceQuiz):
     """Select every correct choice; right only when the selection is exactly the correct set."""
 
-    kind = "multiple"
 
     def check(self, answer: Iterable[int | str]) -> Verdict:
         """Grade a selection: an iterable of 0-based indices or choice texts."""
@@ -206,7 +203,6 @@ class Numeric(Interactive):
     ``tolerance`` is absolute, in the answer's units.
     """
 
-    kind = "numeric"
 
     def __init__(self, question: str, answer: float | None = None, tolerance: float = 0.0,
                  units: str = "", explanation: str = ""):
@@ -268,7 +264,6 @@ class Numeric(Interactive):
 class Prediction(Interactive):
     """A "What do you think happens?" prompt: think first, then reveal the answer."""
 
-    kind = "prediction"
 
     def __init__(self, question: str, answer: str):
         self.question = _check_text("question", question)
@@ -327,23 +322,7 @@ def _live_box(quiz, selector, grade, empty_msg):
     return box
 
 
-_SCRIPT = """<script>(function(){
-var id="%(uid)s", box=document.getElementById(id), d=JSON.parse(document.getElementById(id+"-data").textContent);
-var fb=document.getElementById(id+"-fb"), ex=document.getElementById(id+"-ex");
-function esc(t){return t.replace(/&/g,"&amp;").replace(/</g,"&lt;").replace(/>/g,"&gt;").replace(/"/g,"&quot;").replace(/'/g,"&#x27;");}
-function show(ok, text){fb.innerHTML='<span class="'+(ok?'wtc-right':'wtc-wrong')+'">'+(ok?'\\u2714 ':'\\u2718 ')+text+'</span>';
- fb.setAttribute("data-correct", ok?"true":"false"); if(ex){ex.hidden=false;}}
-box.querySelector("button.wtc-check").addEventListener("click", function(){
- if(d.kind==="single"){var s=box.querySelector('input[type=radio]:checked');
-   if(!s){fb.textContent="Choose an answer first.";return;} var v=d.verdicts[parseInt(s.value,10)]; show(v[0],v[1]);}
- else if(d.kind==="multiple"){var m=0; box.querySelectorAll('input[type=checkbox]').forEach(function(c){if(c.checked){m|=1<<parseInt(c.value,10);}});
-   var v=d.verdicts[m]; show(v[0],v[1]);}
- else {var raw=document.getElementById(id+"-x").value.trim().replace(/,/g,""), x=Number(raw);
-   if(raw===""||!isFinite(x)){fb.textContent=d.messages.nan;fb.setAttribute("data-correct","false");return;}
-   var shown=esc(document.getElementById(id+"-x").value.trim()), slack=1e-12*Math.max(1,Math.abs(d.answer));
-   if(Math.abs(x-d.answer)<=d.tolerance+slack){show(true,d.messages.right.replace("{x}",shown));}
-   else{show(false,d.messages[x>d.answer?"high":"low"].replace("{x}",shown));}}
-});})();</script>"""
+_SCRIPT = "<script>" + "".join(l for l in static_text("quiz.js").splitlines(keepends=True) if not l.startswith("//")) + "</script>"
 
 
 def _static_box(uid: str, question: str, inputs_html: str, data: dict, explanation: str) -> str:

@@ -21,13 +21,14 @@ Pure Python: no torch needed.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from .memory import (activation_bytes, check_choice, check_count, check_positive,
-                     training_state_bytes, RECOMPUTE_CHOICES)
+from ..checks import count as check_count, positive as check_positive
+from .memory import activation_bytes, training_state_bytes
+
 
 SECONDS_PER_DAY = 86_400
+
 
 #: Model shapes for the interactive planner: parameters, layers, width, heads.
 #: (Shapes of well-known GPT-style sizes, rounded.)
@@ -103,44 +104,3 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
     else:
         failure = "none"
     return Plan(state, act, dev, days, failure, ANSWERS[failure], int(max_batch))
-
-
-def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int, seq_len: int,
-              recompute: str, device_GB: int, tokens_per_param: float = 20.0,
-              device_flops_per_s: float = 4e14, max_days: float = 30.0) -> str:
-    """The planner for one preset model, as a small HTML report (for ``lessonlib.interactive.Explorer``).
-
-    ``device_GB`` is device memory in 10^9 bytes; training tokens are
-    ``tokens_per_param`` x parameters; ``device_flops_per_s`` is the sustained rate.
-    """
-    check_choice("model", model, PRESETS)
-    check_choice("recompute", recompute, RECOMPUTE_CHOICES)
-    p = PRESETS[model]
-    tokens = int(tokens_per_param * p["n_params"])
-    r = plan(p["n_params"], optimizer, precision, batch_per_device, seq_len, p["layers"], p["hidden"],
-             p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days)
-    gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
-    color = {"none": "#2e7d32", "time": "#ef6c00", "activations": "#c62828", "state": "#c62828"}[r.failure]
-    label = {"none": "fits", "time": "fits, but too slow", "activations": "activations do not fit",
-             "state": "state does not fit"}[r.failure]
-    days = f"{r.days:,.1f} days" if r.days < 1000 else f"{r.days / 365:,.0f} years"
-    rows = [
-        ("state (weights, gradients, master, optimizer)", gb(r.state_bytes)),
-        (f"activations at batch {batch_per_device} x {seq_len} tokens", gb(r.activation_bytes)),
-        ("state + activations", gb(r.state_bytes + r.activation_bytes)),
-        ("device memory", gb(r.device_bytes)),
-        ("largest batch per device that fits", str(r.max_batch_that_fits)),
-        (f"one device, {tokens_per_param:g} tokens/param at {device_flops_per_s:.0e} FLOP/s", days),
-    ]
-    answer = r.answer
-    if r.failure == "activations":
-        if r.max_batch_that_fits >= 1:
-            answer += f" Here a batch per device of {r.max_batch_that_fits} already fits."
-        else:
-            fixes = [m for m in RECOMPUTE_CHOICES[RECOMPUTE_CHOICES.index(recompute) + 1:]
-                     if plan(p["n_params"], optimizer, precision, 1, seq_len, p["layers"], p["hidden"], p["heads"],
-                             m, int(device_GB * 1e9)).failure == "none"]
-            answer += (f" Even batch 1 does not fit; with '{fixes[0]}' recomputation it would." if fixes else
-                       " Even batch 1 with full recomputation does not fit: split the layers across devices.")
-    body = "".join(f"<tr><td>{k}</td><td align=right>{v}</td></tr>" for k, v in rows)
-    return (f"<table>{body}</table><p><b style='color:{color}'>{label}.</b> {answer}</p>")

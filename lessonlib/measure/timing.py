@@ -16,7 +16,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from .device import Timer, synchronize, threads
-from .memory import check_count
+from ..checks import count as check_count
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 
@@ -98,7 +98,7 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
 
     Each round times one prediction (``model.eval()`` + ``torch.inference_mode()``)
     and one training step in ``model.train()``: forward, loss, backward and
-    ``optimizer.step()``, each timed on its own with :class:`lessonlib.device.Timer`
+    ``optimizer.step()``, each timed on its own with :class:`lessonlib.measure.device.Timer`
     (CUDA events on a GPU). The first ``warmup`` rounds are discarded. Ratios
     are taken within a round, then the median over rounds: on a shared machine
     both halves of a ratio see the same load.
@@ -116,7 +116,7 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
     ctx = threads(num_threads) if (num_threads is not None and device.type == "cpu") else nullcontext()
     it = range(warmup + rounds)
     if progress:  # a bar live; one summary line in the static book build
-        from .progress import progress as _progress
+        from ..progress import progress as _progress
 
         it = _progress(it, desc="timing rounds", total=warmup + rounds)
     was_training = model.training
@@ -151,12 +151,3 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
     ratios = {k: med([x / p for x, p in zip(v, raw["prediction"])]) for k, v in raw.items()}
     shares = {k: med([x / s for x, s in zip(raw[k], raw["step"])]) for k in PHASES}
     return StepTiming(seconds=seconds, ratios=ratios, shares=shares, rounds=raw)
-
-
-def timing_table(t: StepTiming) -> str:
-    """Plain-text table: median ms per phase, x prediction, share of step."""
-    lines = [f"{'phase':12s}{'median ms':>11s}{'x prediction':>14s}{'share of step':>15s}"]
-    for k in ("prediction",) + PHASES + ("step",):
-        share = f"{100 * t.shares[k]:.1f} %" if k in t.shares else ""
-        lines.append(f"{k:12s}{1000 * t.seconds[k]:11.3f}{t.ratios[k]:14.2f}{share:>15s}")
-    return "\n".join(lines)

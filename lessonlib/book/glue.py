@@ -5,10 +5,14 @@ and a harmless stand-in elsewhere (Colab), so the same notebook runs in both.
 """
 from __future__ import annotations
 
-try:  # the book build and local runs
-    from myst_nb import glue as _myst_glue
-except ImportError:  # pragma: no cover - Colab has no myst-nb
-    _myst_glue = None
+
+def _myst_glue():
+    """myst-nb's glue where myst-nb is installed (the book build), else None (Colab)."""
+    try:
+        from myst_nb import glue
+    except ImportError:  # pragma: no cover - Colab has no myst-nb
+        return None
+    return glue
 
 
 class Text(str):
@@ -18,7 +22,7 @@ class Text(str):
         return str(self)
 
 
-def glue(name: str, value, display: bool = False) -> None:
+def glue(name: str, value) -> None:
     """Store ``value`` under ``name`` for ``{glue:}`` / ``{glue:text}`` roles.
 
     Strings are wrapped in :class:`Text` so the page shows ``2.5×`` and not
@@ -28,9 +32,6 @@ def glue(name: str, value, display: bool = False) -> None:
     """
     if isinstance(value, str) and not isinstance(value, Text):
         value = Text(value)
-    if _myst_glue is not None:
-        _myst_glue(name, value, display=display)
-    elif display:
-        from IPython.display import display as _display
-
-        _display(value)
+    myst_glue = _myst_glue()
+    if myst_glue is not None:
+        myst_glue(name, value, display=False)

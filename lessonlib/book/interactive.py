@@ -23,28 +23,20 @@ import hashlib
 import html
 import itertools
 import json
+from importlib import resources
 from typing import Any, Callable, Mapping, Sequence
 
 #: The most input combinations an Explorer precomputes for the static page.
 MAX_COMBINATIONS = 2000
 
-_STYLE = """
-<style>
-.wtc-box{border:1px solid #c9d3df;border-radius:6px;padding:.8em 1em;margin:.8em 0;background:#f8fafc;color:#1b2733}
-.wtc-box .wtc-title{font-weight:600;margin-bottom:.4em}
-.wtc-box label{display:block;margin:.15em 0;cursor:pointer}
-.wtc-box button{margin:.4em .4em .2em 0;padding:.25em .9em;border:1px solid #4a6a8a;border-radius:4px;background:#e6eef6;cursor:pointer}
-.wtc-box .wtc-feedback{margin-top:.4em;min-height:1.2em}
-.wtc-box .wtc-right{color:#17612f;font-weight:600}
-.wtc-box .wtc-wrong{color:#9b1c1c;font-weight:600}
-.wtc-box .wtc-explanation{margin-top:.4em;border-left:3px solid #8aa4bf;padding-left:.6em}
-.wtc-box .wtc-control{display:flex;align-items:center;gap:.6em;margin:.2em 0}
-.wtc-box .wtc-control span.wtc-name{min-width:12em}
-.wtc-box .wtc-output{margin-top:.5em}
-.wtc-box table{border-collapse:collapse}
-.wtc-box td,.wtc-box th{padding:.1em .6em;border-bottom:1px solid #dde3ea;text-align:left}
-</style>
-"""
+
+
+def static_text(name: str) -> str:
+    """The text of ``lessonlib/book/static/<name>`` (CSS and JS ship as package files)."""
+    return resources.files("lessonlib.book").joinpath("static", name).read_text(encoding="utf-8")
+
+
+_STYLE = "<style>\n" + static_text("widgets.css") + "</style>\n"
 
 
 def stable_id(*parts: Any) -> str:

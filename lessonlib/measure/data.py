@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .memory import check_count
+from ..checks import count as check_count
 
 
 def make_sales(n_stores: int = 20, n_days: int = 730, seed: int = 0):

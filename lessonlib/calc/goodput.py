@@ -13,24 +13,22 @@ device-hour; everything else makes less.
 The combination (pure Python, no torch needed):
 
 * speedup on ``devices`` devices (measured, or from
-  :func:`lessonlib.parallel.speedup_from_share`);
+  :func:`lessonlib.calc.amdahl.speedup_from_share`);
 * failures: a synchronous job stops when any one device fails, so the job's
   mean time between failures is the device's divided by the device count;
 * recovery checkpoints: time lost to saves, to work redone after a failure and
-  to restarts, from :func:`lessonlib.recovery.expected_overhead` at the
-  interval chosen, by default :func:`lessonlib.recovery.young_daly_interval`.
+  to restarts, from :func:`lessonlib.calc.reliability.expected_overhead` at the
+  interval chosen, by default :func:`lessonlib.calc.reliability.young_daly_interval`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checks import amount as _check_amount, count as _check_count
-from .parallel import speedup_from_share
-from .recovery import expected_overhead, young_daly_interval
+from ..checks import amount as _check_amount, count as _check_count
+from .reliability import expected_overhead, young_daly_interval
+
 
 SECONDS_PER_HOUR = 3600.0
-
-__all__ = ["Goodput", "job_mtbf_seconds", "goodput", "goodput_report", "SECONDS_PER_HOUR"]
 
 
 def job_mtbf_seconds(device_mtbf_hours, devices) -> float:
@@ -103,45 +101,3 @@ def goodput(devices, speedup, device_mtbf_hours, checkpoint_seconds, restart_sec
     return Goodput(devices=devices, speedup=speedup, job_mtbf_s=mtbf, interval_s=interval,
                    overhead=overhead, useful_fraction=useful, progress_per_hour=per_hour,
                    per_device_hour=per_hour / devices)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * SECONDS_PER_HOUR:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 48 * SECONDS_PER_HOUR:
-        return f"{seconds / SECONDS_PER_HOUR:.1f} h"
-    return f"{seconds / 86400:.0f} days"
-
-
-INTERVALS = {"Young/Daly optimum": None, "every 10 min": 600.0, "every 2 h": 7200.0}
-
-
-def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds, interval, restart_seconds) -> str:
-    """The goodput calculator's answer as a short HTML table (for an Explorer).
-
-    ``serial_share`` (0 to 1) gives the speedup by Amdahl's law;
-    ``interval`` is a key of :data:`INTERVALS` or a number of seconds.
-    """
-    speed = speedup_from_share(serial_share, devices)
-    if isinstance(interval, str):
-        if interval not in INTERVALS:
-            raise ValueError(f"interval must be one of {list(INTERVALS)} or seconds, got {interval!r}")
-        interval = INTERVALS[interval]
-    g = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds, interval)
-    warn = ""
-    if g.interval_s > g.job_mtbf_s / 2:
-        warn = ("<tr><td colspan='2'><em>The interval is not small next to the job's MTBF: "
-                "this first-order estimate is rough here.</em></td></tr>")
-    return (
-        "<table>"
-        f"<tr><td>speedup on {g.devices:,} device{'s' if g.devices > 1 else ''}</td><td>{g.speedup:.1f}×</td></tr>"
-        f"<tr><td>job's mean time between failures</td><td>{_duration(g.job_mtbf_s)}</td></tr>"
-        f"<tr><td>checkpoint interval</td><td>{_duration(g.interval_s)}</td></tr>"
-        f"<tr><td>time lost to saves, redone work, restarts</td><td>{100 * (1 - g.useful_fraction):.1f} % of wall time</td></tr>"
-        f"<tr><th>progress per wall-clock hour</th><th>{g.progress_per_hour:,.1f} one-device hours</th></tr>"
-        f"<tr><th>progress per paid device-hour</th><th>{g.per_device_hour:.2f} one-device hours</th></tr>"
-        f"<tr><td>paid device-hours per hour of progress</td><td>{g.paid_per_useful_hour:.2f}</td></tr>"
-        f"{warn}</table>"
-    )

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .memory import check_count
+from ..checks import count as check_count
 
 
 def n_params(model: nn.Module) -> int:

@@ -1,0 +1,222 @@
+"""Figures for the course: every one with a title, labelled axes with units, and alt text.
+
+* :func:`show` - display a matplotlib figure with alt text (PNG in Jupyter,
+  an ``<img alt=...>`` in the built book), then close it.
+* :func:`stacked_bars` - one bar per case, stacked by component.
+* :func:`plot_ledger` / :func:`plot_timing` - the memory ledger and phase timings.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+import matplotlib.pyplot as plt
+
+MIB = 2 ** 20
+COLORS = {
+    "weights": "#4C72B0", "gradients": "#DD8452", "master_weights": "#8172B3",
+    "optimizer_state": "#55A868", "activations": "#C44E52",
+    "forward": "#4C72B0", "loss": "#8172B3", "backward": "#DD8452", "optimizer": "#55A868",
+    "prediction": "#937860",
+}
+
+
+class Figure:
+    """A rendered figure with alt text; displays as PNG (Jupyter) and <img alt> (book)."""
+
+    def __init__(self, png: bytes, alt: str):
+        self.png, self.alt = png, alt
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        b64 = base64.b64encode(self.png).decode()
+        return {
+            "image/png": b64,
+            "text/html": f'<img src="data:image/png;base64,{b64}" alt="{html.escape(self.alt, quote=True)}" '
+                         f'style="max-width:100%">',
+            "text/plain": f"[figure] {self.alt}",
+        }
+
+
+def show(fig, alt: str):
+    """Render ``fig`` to PNG with alt text ``alt`` and close it; the return value displays it."""
+    if not isinstance(alt, str) or not alt.strip():
+        raise ValueError("alt must be a non-empty description of the figure")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return Figure(buf.getvalue(), alt)
+
+
+def stacked_bars(data: dict, title: str, ylabel: str, scale: float = 1.0, ax=None, colors: dict | None = None,
+                 line: dict | None = None):
+    """Stacked bars: ``data = {case: {component: value}}``, each value divided by ``scale``.
+
+    ``line`` optionally marks a value per case (``{case: value}``, same units)
+    with a black tick, e.g. a formula beside a measurement. Returns the figure.
+    """
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 4))
+    else:
+        fig = ax.figure
+    colors = {**COLORS, **(colors or {})}
+    cases = list(data)
+    comps = []
+    for c in cases:
+        comps += [k for k in data[c] if k not in comps]
+    bottom = [0.0] * len(cases)
+    for comp in comps:
+        vals = [data[c].get(comp, 0) / scale for c in cases]
+        ax.bar(cases, vals, bottom=bottom, label=comp.replace("_", " "), color=colors.get(comp))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    if line:
+        xs = [i for i, c in enumerate(cases) if c in line]
+        ax.scatter(xs, [line[cases[i]] / scale for i in xs], marker="_", s=900, color="black",
+                   zorder=3, label="formula")
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_ledger(ledgers: dict, title: str = "Memory held in one training step", unit: str = "MiB",
+                formula: dict | None = None):
+    """Stacked bars of ``{case: MemoryLedger}`` in ``unit`` ("KiB", "MiB" or "GiB")."""
+    scale = {"KiB": 2 ** 10, "MiB": MIB, "GiB": 2 ** 30}[unit]
+    data = {k: v.as_dict() for k, v in ledgers.items()}
+    fig = stacked_bars(data, title, f"memory ({unit})", scale=scale, line=formula)
+    fig.axes[0].set_xlabel("case")
+    return fig
+
+
+def plot_timing(timings: dict, title: str = "Time of a training step by phase", unit: str = "ms"):
+    """Stacked bars of phase medians, ``{case: StepTiming}``, with prediction alongside."""
+    scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[unit]
+    data = {}
+    for k, t in timings.items():
+        data[f"{k}\nprediction"] = {"prediction": t.seconds["prediction"]}
+        data[f"{k}\ntraining step"] = {p: t.seconds[p] for p in ("forward", "loss", "backward", "optimizer")}
+    fig = stacked_bars(data, title, f"median time ({unit})", scale=scale)
+    fig.axes[0].set_xlabel("what is timed")
+    return fig
+
+
+_COLORS = {"forward": "#4C72B0", "recomputed": "#DD8452"}
+
+
+_MARKERS = {"produced": ("o", "#4C72B0"), "recomputed": ("o", "#DD8452"),
+            "kept": ("s", "#55A868"), "read": ("v", "#8172B3"), "released": ("x", "#C44E52")}
+
+
+def plot_activation_life(recordings: dict, title: str = "The life of each activation in one training step"):
+    """Draw recordings from :func:`record_activation_life` as timelines.
+
+    ``recordings`` maps a panel title (e.g. "store every activation") to a list
+    of :class:`Event`. A bar shows when a tensor is in memory (blue: produced in
+    forward; orange: recomputed in backward). Returns the matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(recordings), 1, figsize=(9, 2.3 * len(recordings) + 0.6),
+                             squeeze=False)
+    for ax, (name, events) in zip(axes[:, 0], recordings.items()):
+        lanes = sorted({e.activation for e in events})
+        start: dict = {}
+        end_order = max(e.order for e in events) + 1
+        for e in events:
+            y = lanes.index(e.activation)
+            if e.what in ("produced", "recomputed"):
+                start[e.activation] = (e.order, e.what)
+            elif e.what == "released" and e.activation in start:
+                s, kind = start.pop(e.activation)
+                ax.broken_barh([(s, e.order - s)], (y - 0.3, 0.6), alpha=0.35,
+                               color=_COLORS["recomputed" if kind == "recomputed" else "forward"])
+        for act, (s, kind) in start.items():  # still alive at the end
+            ax.broken_barh([(s, end_order - s)], (lanes.index(act) - 0.3, 0.6), alpha=0.35,
+                           color=_COLORS["recomputed" if kind == "recomputed" else "forward"])
+        for what, (marker, color) in _MARKERS.items():
+            pts = [(e.order, lanes.index(e.activation)) for e in events if e.what == what]
+            if pts:
+                ax.scatter(*zip(*pts), marker=marker, color=color, label=what, zorder=3, s=36)
+        first_bwd = next((e.order for e in events if e.phase == "backward"), None)
+        if first_bwd is not None:
+            ax.axvline(first_bwd - 0.5, color="grey", ls="--", lw=1)
+            ax.text(first_bwd - 0.3, -0.35, "backward starts", fontsize=8, color="grey")
+        ax.set_yticks(range(len(lanes)), lanes)
+        ax.set_ylim(len(lanes) - 0.2, -0.6)  # a1 on top
+        ax.set_ylabel("activation")
+        ax.set_title(name, fontsize=10)
+    for ax in axes[:, 0]:
+        ax.set_xlabel("hook event, in the order recorded (forward, then backward)")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], marker=m, color=c, ls="", label=w) for w, (m, c) in _MARKERS.items()]
+    axes[0, 0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"):
+    """Plot :func:`segment_sweep` results, one panel per model: peak step
+    memory (MiB) against extra compute (extra forward passes per step).
+    ``sweeps`` maps a model label to its rows. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 4.2), squeeze=False)
+    for ax, (label, rows) in zip(axes[0], sweeps.items()):
+        seg = [r for r in rows if r["strategy"] != "per-block"]
+        xs = [r["recomputed_forwards"] for r in seg]
+        ys = [r["peak_bytes"] / 2**20 for r in seg]
+        ax.plot(xs, ys, "o-", color="#4C72B0", label="checkpoint_sequential")
+        for r, xv, yv in zip(seg, xs, ys):
+            text = "no checkpoint" if r["strategy"] == 1 else f"{r['strategy']} segments"
+            ax.annotate(text, (xv, yv), textcoords="offset points", xytext=(4, 6), fontsize=8)
+        for r in rows:
+            if r["strategy"] == "per-block":
+                ax.plot(r["recomputed_forwards"], r["peak_bytes"] / 2**20, "*", ms=14,
+                        color="#DD8452", label="checkpoint every block")
+        ax.set_xlabel("recomputation (extra forward passes per step)")
+        ax.set_ylabel("peak step memory above the weights (MiB)")
+        ax.set_ylim(0, max(r["peak_bytes"] for r in rows) / 2**20 * 1.15)
+        ax.set_title(label, fontsize=10)
+        ax.legend(fontsize=8, loc="lower left")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_resume_comparison(reference: dict, resumed: dict, resumed_from: int | None = None,
+                           title: str = "Resuming after a crash: what each restore gives"):
+    """Loss per step of resumed runs against the uninterrupted ``reference``.
+
+    ``reference`` and each value of ``resumed`` are ``{step: loss}`` (from
+    :func:`read_losses`); ``resumed`` maps a label to one run. Top panel: the
+    losses; bottom panel: the absolute difference from the reference (zero
+    where the resume is exact). Returns the matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    steps = list(reference)
+    top.plot(steps, [reference[s] for s in steps], color="black", lw=2.5, alpha=0.35,
+             label="uninterrupted run")
+    styles = ["-", "--", "-.", ":"]
+    for i, (label, run) in enumerate(resumed.items()):
+        xs = [s for s in steps if s in run]
+        top.plot(xs, [run[s] for s in xs], styles[i % len(styles)], lw=1.3, label=label)
+        bottom.plot(xs, [abs(run[s] - reference[s]) for s in xs], styles[i % len(styles)], lw=1.3, label=label)
+    for ax in (top, bottom):
+        if resumed_from is not None:
+            ax.axvline(resumed_from + 0.5, color="grey", ls=":", lw=1)
+        ax.grid(alpha=0.3)
+    if resumed_from is not None:
+        top.text(resumed_from + 1, top.get_ylim()[1], "resumed from the checkpoint", va="top", fontsize=8, color="grey")
+    top.set_ylabel("training loss (MSE)")
+    top.legend(fontsize=8)
+    bottom.set_ylabel("|loss − uninterrupted loss|")
+    bottom.set_xlabel("training step")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

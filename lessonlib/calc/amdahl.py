@@ -1,0 +1,69 @@
+"""Amdahl's law: how much faster a job gets on more devices.
+
+Work is split into a serial part, which runs in sequence whatever the device
+count, and a parallel part, which divides among the devices; communication is
+paid only when more than one device takes part. Units of work are whatever the
+caller uses (seconds, or abstract work units); speedups are dimensionless (×).
+Pure Python (no torch).
+"""
+from __future__ import annotations
+
+from ..checks import amount as _check_amount, count as _check_count, share as _check_share
+
+
+def amdahl_time(serial, parallel, devices, communication=0.0) -> float:
+    """Time of one job on ``devices`` equal devices, in the units of the inputs.
+
+    ``serial`` work runs in sequence whatever the device count; ``parallel``
+    work divides perfectly among the devices; ``communication`` is the time
+    the devices spend coordinating (synchronising, exchanging gradients) and
+    is paid only when more than one device takes part::
+
+        time = serial + parallel / devices + (communication if devices > 1 else 0)
+
+    The seed's example: 20 serial units and 80 parallel units on 4 devices
+    take 20 + 80/4 = 40 units.
+
+    >>> amdahl_time(20, 80, 4)
+    40.0
+
+    Raises ``ValueError`` naming the argument for negative or non-finite
+    amounts and for a device count that is not a whole number >= 1.
+    """
+    serial = _check_amount("serial", serial)
+    parallel = _check_amount("parallel", parallel)
+    devices = _check_count("devices", devices)
+    communication = _check_amount("communication", communication)
+    return serial + parallel / devices + (communication if devices > 1 else 0.0)
+
+
+def amdahl_speedup(serial, parallel, devices, communication=0.0) -> float:
+    """Speedup on ``devices`` devices: one-device time / ``devices``-device time.
+
+    Dimensionless (×). Same arguments as :func:`amdahl_time`; one device pays
+    no communication, so its time is ``serial + parallel``.
+
+    >>> amdahl_speedup(20, 80, 4)
+    2.5
+    """
+    t_many = amdahl_time(serial, parallel, devices, communication)
+    t_one = amdahl_time(serial, parallel, 1)
+    if t_many == 0:
+        raise ValueError("serial, parallel and communication are all zero: there is no work to speed up")
+    return t_one / t_many
+
+
+def speedup_from_share(serial_share, devices, communication_share=0.0) -> float:
+    """Amdahl speedup from fractions of the one-device time (dimensionless, ×).
+
+    ``serial_share`` is the fraction of the one-device time that cannot be
+    divided (0 to 1); ``communication_share`` is the coordination time paid
+    with more than one device, as a fraction of the one-device time (>= 0; it
+    can exceed 1 -- communication can cost more than the work it serves).
+
+    >>> speedup_from_share(0.2, 4)
+    2.5
+    """
+    serial_share = _check_share("serial_share", serial_share)
+    communication_share = _check_amount("communication_share", communication_share)
+    return amdahl_speedup(serial_share, 1.0 - serial_share, devices, communication_share)

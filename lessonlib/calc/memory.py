@@ -1,0 +1,142 @@
+"""Training memory by formula: bytes of the training state and of activations.
+
+Pure Python (no torch). The measured counterpart is :mod:`lessonlib.measure.memory`.
+
+* :func:`training_state_bytes` - weights, gradients, fp32 master copy and
+  optimizer state, in bytes, for ``n_params`` parameters (16 bytes/param for
+  Adam in mixed precision).
+* :func:`serving_bytes` - what serving holds: the weights alone.
+* :func:`activation_bytes_per_layer` - Korthikanti et al. (2022), activation
+  bytes that one transformer layer keeps for backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, asdict
+
+from ..checks import choice as check_choice, count as check_count
+
+
+#: Bytes per parameter that each optimizer keeps between steps (fp32 values).
+OPTIMIZER_BYTES_PER_PARAM = {
+    "sgd": 0,        # plain SGD remembers nothing
+    "momentum": 4,   # one fp32 velocity per parameter
+    "adam": 8,       # two fp32 running averages: of the gradient and of its square
+}
+
+
+#: Bytes per parameter for (weights, gradients, master copy) by precision.
+PRECISION_BYTES_PER_PARAM = {
+    "fp32": (4, 4, 0),   # fp32 weights and gradients, no separate master copy
+    "mixed": (2, 2, 4),  # 16-bit weights and gradients + fp32 master weights
+}
+
+
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes of training state that live for the whole run (not activations).
+
+    All fields are in bytes. ``total`` is the sum of the other four.
+    """
+
+    weights: int
+    gradients: int
+    master_weights: int
+    optimizer_state: int
+    total: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def training_state_bytes(n_params, optimizer: str = "adam", precision: str = "mixed") -> StateBytes:
+    """Bytes of weights, gradients, master copy and optimizer state for training.
+
+    Parameters
+    ----------
+    n_params : positive whole number of parameters.
+    optimizer : "sgd" (0 bytes/param), "momentum" (4: one fp32 velocity) or
+        "adam" (8: two fp32 running averages).
+    precision : "fp32" (4 bytes weights + 4 gradients, no master copy) or
+        "mixed" (2 bytes 16-bit weights + 2 gradients + 4 fp32 master copy).
+
+    Adam in mixed precision gives 2 + 2 + 4 + 8 = 16 bytes per parameter:
+
+    >>> training_state_bytes(7_500_000_000).total
+    120000000000
+    """
+    n = check_count("n_params", n_params)
+    check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
+    check_choice("precision", precision, PRECISION_BYTES_PER_PARAM)
+    w, g, m = PRECISION_BYTES_PER_PARAM[precision]
+    o = OPTIMIZER_BYTES_PER_PARAM[optimizer]
+    return StateBytes(
+        weights=w * n,
+        gradients=g * n,
+        master_weights=m * n,
+        optimizer_state=o * n,
+        total=(w + g + m + o) * n,
+    )
+
+
+def bytes_per_param(optimizer: str = "adam", precision: str = "mixed") -> int:
+    """Training-state bytes per parameter (16 for Adam in mixed precision)."""
+    return training_state_bytes(1, optimizer, precision).total
+
+
+def serving_bytes(n_params, bytes_per_weight: int = 2) -> int:
+    """Bytes that serving holds for the weights: ``n_params`` x 16-bit (2 bytes) by default."""
+    n = check_count("n_params", n_params)
+    b = check_count("bytes_per_weight", bytes_per_weight)
+    return n * b
+
+
+def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "none") -> int:
+    """Activation bytes one transformer layer keeps for backward (Korthikanti et al., 2022).
+
+    Formula (16-bit activations; s = seq_len, b = batch, h = hidden, a = heads):
+
+    * ``"none"``:      s*b*h*(34 + 5*a*s/h)  = 34*s*b*h + 5*a*s**2*b
+    * ``"selective"``: 34*s*b*h  (the attention scores, softmax and its dropout
+      are recomputed, so the s**2 term goes)
+    * ``"full"``:      2*s*b*h   (only the layer's input is kept)
+
+    The paper's assumptions, which a measurement must match to agree:
+    activations in 2 bytes; dropout masks in 1 byte; an MLP of width 4h;
+    standard ("math") attention that materialises the a x s x s scores; no
+    tensor or sequence parallelism; embeddings, the output layer and the loss
+    left out; small tensors such as LayerNorm's mean and variance ignored.
+
+    Returns bytes (an int).
+
+    >>> activation_bytes_per_layer(2048, 1, 4096, 32) // 2**20
+    592
+    """
+    s = check_count("seq_len", seq_len)
+    b = check_count("batch", batch)
+    h = check_count("hidden", hidden)
+    a = check_count("heads", heads)
+    check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    if recompute == "none":
+        return 34 * s * b * h + 5 * a * s * s * b
+    if recompute == "selective":
+        return 34 * s * b * h
+    return 2 * s * b * h
+
+
+def activation_bytes(seq_len, batch, hidden, heads, layers, recompute: str = "none") -> int:
+    """Activation bytes for ``layers`` identical transformer layers (bytes)."""
+    n = check_count("layers", layers)
+    return n * activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute)
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` -> ``'1.50 KiB'`` (binary units)."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"

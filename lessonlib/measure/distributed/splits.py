@@ -1,0 +1,241 @@
+"""Tensor and expert parallelism on real processes, and a stalled job.
+
+* :func:`run_splits` - a matrix product split by columns (all-gather) and by
+  rows (all-reduce), compared with the unsplit product; and tokens routed to
+  experts on other processes with an all-to-all.
+* :func:`run_stalled_job` - a DDP run in which one process stalls once, to
+  show that every process waits (and is paid for) meanwhile.
+"""
+from __future__ import annotations
+
+import time
+
+from ...checks import amount as _check_amount, count as _check_count
+from ..device import synchronize as _sync
+from .data_parallel import forecast_model, synthetic_batch
+from .launch import launch
+
+
+def _tensor_parallel_worker(rank, world, device, progress, batch, d_in, d_out):
+    """Y = X @ W split two ways across ``world`` processes, against the unsplit product.
+
+    Column split: each rank holds a block of W's columns, computes its block
+    of Y's columns, and an all-gather assembles Y. Row split: each rank holds
+    a block of X's columns and the matching block of W's rows; its product is
+    a partial sum of the whole Y, and an all-reduce adds the partials.
+    """
+    import torch
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(batch, d_in, generator=g).to(device)
+    w = torch.randn(d_in, d_out, generator=g).to(device)  # every rank builds the same X, W
+    reference = x @ w  # the unsplit product
+    if d_out % world or d_in % world:
+        raise ValueError("d_in and d_out must divide evenly by the number of processes")
+    # column-parallel + all-gather
+    cols = d_out // world
+    y_local = x @ w[:, rank * cols:(rank + 1) * cols]
+    parts = [torch.empty_like(y_local) for _ in range(world)]
+    dist.all_gather(parts, y_local.contiguous())
+    y_col = torch.cat(parts, dim=1)
+    # row-parallel + all-reduce
+    rows = d_in // world
+    y_row = x[:, rank * rows:(rank + 1) * rows] @ w[rank * rows:(rank + 1) * rows, :]
+    dist.all_reduce(y_row)
+    progress.put(1)
+    return {
+        "rank": rank,
+        "shape": tuple(reference.shape),
+        "weight_bytes_per_rank": w.numel() * w.element_size() // world,
+        "output_bytes": reference.numel() * reference.element_size(),
+        "column_max_diff": (y_col - reference).abs().max().item(),
+        "column_equal": torch.equal(y_col, reference),
+        "column_allclose": torch.allclose(y_col, reference, rtol=1e-5, atol=1e-5),
+        "row_max_diff": (y_row - reference).abs().max().item(),
+        "row_allclose": torch.allclose(y_row, reference, rtol=1e-5, atol=1e-5),
+        "reference_max": reference.abs().max().item(),
+    }
+
+
+def _route(x, gate_w, bias):
+    """Top-1 routing: the expert with the highest gate score for each token."""
+    return (x @ gate_w + bias).argmax(dim=1)
+
+
+def _expert_parallel_worker(rank, world, device, progress, tokens, d_model, experts_per_rank, skew):
+    """Tokens on every rank routed (top-1) to experts spread over the ranks.
+
+    Each rank owns ``experts_per_rank`` experts (small MLPs). A token whose
+    expert lives on another rank travels there in an all-to-all, is processed,
+    and travels back in a second all-to-all. ``skew`` is added to expert 0's
+    gate score, sending it more tokens (load imbalance).
+    """
+    import torch
+    import torch.distributed as dist
+
+    n_experts = world * experts_per_rank
+    torch.manual_seed(3)  # every rank builds the same router and experts
+    gate_w = torch.randn(d_model, n_experts).to(device)
+    bias = torch.zeros(n_experts, device=device)
+    bias[0] = skew
+    experts = [torch.nn.Sequential(torch.nn.Linear(d_model, 2 * d_model), torch.nn.ReLU(),
+                                   torch.nn.Linear(2 * d_model, d_model)).to(device)
+               for _ in range(n_experts)]
+    g = torch.Generator().manual_seed(10 + rank)  # each rank has its own tokens
+    x = torch.randn(tokens, d_model, generator=g).to(device)
+    with torch.no_grad():
+        expert_of = _route(x, gate_w, bias)
+        reference = torch.empty_like(x)  # what one device with every expert would compute
+        for e in range(n_experts):
+            reference[expert_of == e] = experts[e](x[expert_of == e])
+
+        # 1. sort tokens by the rank that owns their expert; tell the others how many come
+        owner = expert_of // experts_per_rank
+        order = torch.argsort(owner, stable=True)
+        send_counts = torch.bincount(owner, minlength=world)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts)
+        send_split, recv_split = send_counts.tolist(), recv_counts.tolist()
+        # 2. all-to-all: tokens (and their expert ids) to the ranks that own the experts
+        payload = torch.cat([x[order], expert_of[order].to(x.dtype).unsqueeze(1)], dim=1)
+        received = torch.empty(sum(recv_split), d_model + 1, device=device)
+        dist.all_to_all_single(received, payload, output_split_sizes=recv_split, input_split_sizes=send_split)
+        # 3. the local experts process what arrived
+        rx, rexp = received[:, :-1], received[:, -1].long()
+        out = torch.empty_like(rx)
+        for e in range(rank * experts_per_rank, (rank + 1) * experts_per_rank):
+            out[rexp == e] = experts[e](rx[rexp == e])
+        local_load = torch.bincount(rexp - rank * experts_per_rank, minlength=experts_per_rank)
+        # 4. all-to-all back, then undo the sort
+        back = torch.empty(tokens, d_model, device=device)
+        dist.all_to_all_single(back, out, output_split_sizes=send_split, input_split_sizes=recv_split)
+        y = torch.empty_like(x)
+        y[order] = back
+    loads = [torch.empty_like(local_load) for _ in range(world)]
+    dist.all_gather(loads, local_load)
+    progress.put(1)
+    itemsize = x.element_size()
+    return {
+        "rank": rank,
+        "tokens_per_expert": torch.cat(loads).tolist(),
+        "sent_tokens": send_split,
+        "received_tokens": recv_split,
+        "bytes_sent_out": (tokens - send_split[rank]) * (d_model + 1) * itemsize,
+        "max_diff": (y - reference).abs().max().item(),
+        "equal": torch.equal(y, reference),
+        "allclose": torch.allclose(y, reference, rtol=1e-5, atol=1e-6),
+    }
+
+
+def run_expert_parallel(tokens: int = 256, d_model: int = 32, experts_per_rank: int = 2,
+                        skew: float = 0.0, world_size: int = 2, timeout: float = 120.0) -> list:
+    """Route ``tokens`` tokens per process to experts on ``world_size`` processes.
+
+    ``skew`` (>= 0, gate-score units) favours expert 0 to create imbalance.
+    Returns one dict per rank: ``tokens_per_expert`` (all experts, in order),
+    ``sent_tokens``/``received_tokens`` per rank, ``bytes_sent_out`` (bytes
+    this rank sent to other ranks in the first all-to-all), and
+    ``max_diff``/``allclose``: the routed result against computing every
+    expert locally.
+    """
+    world_size = _check_count("world_size", world_size, minimum=2)
+    _check_count("tokens", tokens)
+    _check_count("d_model", d_model)
+    _check_count("experts_per_rank", experts_per_rank)
+    skew = _check_amount("skew", skew)
+    return launch(_expert_parallel_worker, world_size,
+                  args=(tokens, d_model, experts_per_rank, skew), timeout=timeout)
+
+
+def _splits_worker(rank, world, device, progress, tp_args, ep_args_list):
+    """Tensor-parallel check and expert-parallel runs in one process group."""
+    tp = _tensor_parallel_worker(rank, world, device, progress, *tp_args)
+    eps = [_expert_parallel_worker(rank, world, device, progress, *a) for a in ep_args_list]
+    return {"tensor": tp, "expert": eps}
+
+
+def run_splits(tp=dict(batch=64, d_in=256, d_out=512),
+               ep=(dict(tokens=256, d_model=32, experts_per_rank=2, skew=0.0),),
+               world_size: int = 2, timeout: float = 120.0) -> dict:
+    """:func:`run_tensor_parallel` and several :func:`run_expert_parallel` runs in one launch.
+
+    Starting processes costs seconds (each imports torch), so a page that
+    shows both runs them together. Returns ``{"tensor": [per-rank dicts],
+    "expert": [[per-rank dicts] for each ep config]}``.
+    """
+    world_size = _check_count("world_size", world_size, minimum=2)
+    tp_args = (tp["batch"], tp["d_in"], tp["d_out"])
+    if tp["d_in"] % world_size or tp["d_out"] % world_size:
+        raise ValueError(f"tp: d_in and d_out must divide evenly by world_size={world_size}")
+    ep_list = [(e["tokens"], e["d_model"], e["experts_per_rank"], _check_amount("skew", e["skew"])) for e in ep]
+    per_rank = launch(_splits_worker, world_size, args=(tp_args, ep_list), timeout=timeout,
+                      progress_total=world_size * (1 + len(ep_list)), desc="split runs")
+    return {
+        "tensor": [r["tensor"] for r in per_rank],
+        "expert": [[r["expert"][i] for r in per_rank] for i in range(len(ep_list))],
+    }
+
+
+def _stall_worker(rank, world, device, progress, steps, stall_step, stall_seconds, stall_rank, hidden, batch):
+    """Train with DDP for ``steps`` steps; before step ``stall_step`` rank ``stall_rank`` stalls.
+
+    The stall (a ``time.sleep``) stands for anything that stops one process:
+    a slow data read, a hung peer, a failing machine. Every rank records, per
+    step, the wall-clock time at the end of the step and the CPU time its
+    process used (seconds, ``time.process_time``: all its threads).
+    """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = forecast_model(hidden).to(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+    x, y = (t.to(device) for t in synthetic_batch(batch))
+    share = batch // world
+    xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+    loss_fn = torch.nn.MSELoss()
+    import torch.distributed as dist
+
+    dist.barrier()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    wall, cpu = [], []
+    for step in range(steps):
+        if step == stall_step and rank == stall_rank:
+            time.sleep(stall_seconds)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(ddp(xs), ys).backward()  # the all-reduce inside waits for every rank
+        opt.step()
+        _sync(device)
+        wall.append(time.perf_counter() - wall0)
+        cpu.append(time.process_time() - cpu0)
+        if rank == 0:
+            progress.put(1)
+    return {"rank": rank, "wall": wall, "cpu": cpu}
+
+
+def run_stalled_job(steps: int = 60, stall_step: int = 30, stall_seconds: float = 2.0, stall_rank: int = 1,
+                    hidden: int = 256, batch: int = 256, world_size: int = 2, timeout: float = 120.0) -> list:
+    """A short DDP run in which one process stalls once; what every process paid for it.
+
+    Returns one dict per rank: ``wall`` (seconds since the start, at the end of
+    each step) and ``cpu`` (CPU seconds its process had used by then). Every
+    rank's step ``stall_step`` lasts at least ``stall_seconds``: the gradient
+    all-reduce cannot finish until the stalled process arrives.
+    """
+    world_size = _check_count("world_size", world_size, minimum=2)
+    steps = _check_count("steps", steps)
+    stall_step = _check_count("stall_step", stall_step, minimum=0)
+    if stall_step >= steps:
+        raise ValueError(f"stall_step must be below steps={steps}, got {stall_step}")
+    stall_seconds = _check_amount("stall_seconds", stall_seconds)
+    stall_rank = _check_count("stall_rank", stall_rank, minimum=0)
+    if stall_rank >= world_size:
+        raise ValueError(f"stall_rank must be below world_size={world_size}, got {stall_rank}")
+    hidden = _check_count("hidden", hidden)
+    batch = _check_count("batch", batch)
+    if batch % world_size:
+        raise ValueError(f"batch {batch} does not divide evenly by world_size={world_size}")
+    return launch(_stall_worker, world_size,
+                  args=(steps, stall_step, stall_seconds, stall_rank, hidden, batch),
+                  timeout=timeout, progress_total=steps, desc="DDP steps")
