@@ -4,13 +4,12 @@ Live (Jupyter, Colab, a terminal) this is ``tqdm.auto``: a bar that updates in
 place. While the static book is built (``LESSONLIB_STATIC_BUILD=1``, set by
 ``scripts/book.sh`` and the test that builds the book), a bar's every update
 would become a separate block of text on the page, and a widget bar would be
-an empty box, so it prints one summary line when the loop ends instead.
+an empty box; a summary line ("sweep: 18 steps in 0.4 s") would still be
+plumbing on the reader's page, so there it stays silent.
 """
 from __future__ import annotations
 
 import os
-import sys
-import time
 from typing import Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -22,13 +21,10 @@ def static_build() -> bool:
 
 
 def progress(iterable: Iterable[T], desc: str = "", total: int | None = None) -> Iterator[T]:
-    """Iterate with a progress bar (or, in the book build, a closing summary line)."""
+    """Iterate with a progress bar (silently in the static book build)."""
     if not static_build():
         from tqdm.auto import tqdm
 
         yield from tqdm(iterable, desc=desc, total=total)
         return
-    t0, n = time.perf_counter(), 0
-    for n, item in enumerate(iterable, start=1):
-        yield item
-    print(f"{desc or 'done'}: {n} steps in {time.perf_counter() - t0:.1f} s", file=sys.stdout)
+    yield from iterable

@@ -39,9 +39,10 @@ def test_threads_restores_setting_and_rejects_bad_counts():
                 pass
 
 
-def test_environment_report_is_one_line_with_torch_device_and_threads():
-    line = device.environment_report()
-    assert "\n" not in line
-    assert torch.__version__ in line
-    assert f"torch threads: {torch.get_num_threads()}" in line
-    assert ("cpu" in line) or ("cuda" in line)
+def test_environment_report_says_what_measures_in_short_lines():
+    report = device.environment_report("cpu")
+    first, second = report.split("\n")
+    assert first.startswith("measures on: cpu = CPU") and f"{torch.get_num_threads()} torch threads" in first
+    assert second.startswith(f"torch {torch.__version__} | Python ")
+    # Short enough for the book's column (about 90-110 monospace characters), so nothing is cut off.
+    assert all(len(line) <= 110 for line in report.split("\n")), report

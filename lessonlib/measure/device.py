@@ -104,9 +104,18 @@ def device_name(device: torch.device | str | None = None) -> str:
 
 
 def environment_report(device: torch.device | str | None = None) -> str:
-    """One line: torch version, device name and torch's thread count."""
+    """What measures this page's numbers, in two short lines (short enough that no page cuts them off).
+
+    The first line names the device the page measures on (``get_device()``) and how:
+    CUDA events and ``torch.cuda`` memory statistics on a GPU, the wall clock and
+    torch's thread count on a CPU. The second gives torch's and Python's versions.
+    A page that runs something on the CPU regardless (a subprocess job, a
+    two-process gloo run) says so where it does.
+    """
     device = torch.device(device) if device is not None else get_device()
-    return (
-        f"torch {torch.__version__} | device: {device.type} = {device_name(device)}"
-        f" | torch threads: {torch.get_num_threads()} | Python {platform.python_version()}"
-    )
+    if device.type == "cuda":
+        how = "CUDA event timing, torch.cuda memory statistics"
+    else:
+        how = f"wall-clock timing, {torch.get_num_threads()} torch threads"
+    return (f"measures on: {device.type} = {device_name(device)}; {how}\n"
+            f"torch {torch.__version__} | Python {platform.python_version()}")
