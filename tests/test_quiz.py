@@ -93,7 +93,7 @@ def test_checking_a_choice_that_does_not_exist_is_an_error():
 
 # ----- live widget --------------------------------------------------------
 
-def test_live_single_choice_widget_select_check_read_feedback():
+def test_live_single_choice_widget_hints_when_wrong_and_explains_when_right():
     q = single()
     w = q.widget()
     w.check_button.click()
@@ -101,9 +101,27 @@ def test_live_single_choice_widget_select_check_read_feedback():
     w.selector.value = 0
     w.check_button.click()
     assert "Not quite" in w.feedback.value and "one small reduction" in w.feedback.value
+    # A wrong answer gets its hint only: neither the right choice nor the explanation.
+    assert w.solution.value == "" and "Backward" not in w.feedback.value
     w.selector.value = 1
     w.check_button.click()
-    assert "Correct" in w.feedback.value and q.explanation in w.feedback.value
+    assert "Correct" in w.feedback.value and q.explanation in w.solution.value
+
+
+def test_live_show_answer_reveals_answer_and_explanation():
+    for q, answer in ((single(), "Backward"), (numeric(), "2.5"), (multiple(), "Saved activations")):
+        w = q.widget()
+        assert w.solution.value == ""
+        w.reveal_button.click()
+        assert answer in w.solution.value and q.explanation in w.solution.value
+
+
+def test_wrong_multiple_selection_names_no_correct_choice():
+    q = MultipleSelect("Pick the even numbers.", [Choice("2", True, "Yes: 2 = 2 × 1."), Choice("3", feedback="Odd."),
+                                                   Choice("4", True, "Yes: 4 = 2 × 2.")])
+    v = q.check([0, 1])  # one right pick, one wrong pick
+    assert not v.correct and "Odd." in v.feedback and "Yes:" not in v.feedback
+    assert "Yes: 2" in q.check([0, 2]).feedback
 
 
 def test_live_multiple_and_numeric_widgets():
@@ -115,7 +133,7 @@ def test_live_multiple_and_numeric_widgets():
     n = numeric().widget()
     n.selector.value = "4"
     n.check_button.click()
-    assert "too high" in n.feedback.value
+    assert "too high" in n.feedback.value and n.solution.value == ""  # direction, not the worked answer
 
 
 def test_prediction_reveals_on_click():
@@ -200,3 +218,29 @@ def test_static_verdicts_equal_python_verdicts_in_chromium(tmp_path):
         box.locator("select").select_option("1")
         assert box.locator(".wtc-output").inner_text() == "3-y"
         assert errors == []
+
+
+def test_static_quiz_hides_the_answer_until_right_or_revealed_in_chromium(tmp_path):
+    from lessonlib.book.interactive import _STYLE
+
+    n = Numeric("How many GB?", answer=7, tolerance=0, units="GB", explanation="Seven, worked out step by step.")
+    s = single()
+    body = _STYLE + n.static_html() + s.static_html()
+    (tmp_path / "q.html").write_text(f"<!doctype html><html><head><link rel=\"icon\" href=\"data:,\"></head><body>{body}</body></html>")
+    with serve(tmp_path) as base, browser() as b:
+        page = b.new_page()
+        page.goto(base + "q.html")
+        text = page.locator("body").inner_text()
+        assert "worked out" not in text and "Answer:" not in text and s.explanation not in text
+        box = page.locator(".wtc-quiz[data-kind=numeric]")
+        box.locator("input[type=text]").fill("9")
+        box.locator("button.wtc-check").click()
+        assert "too high" in box.locator(".wtc-feedback").inner_text()
+        assert not box.locator(".wtc-explanation").is_visible()          # a hint, not the worked answer
+        box.locator("button.wtc-reveal").click()
+        assert box.locator(".wtc-explanation").is_visible()
+        assert "Answer: 7 GB" in box.inner_text() and "worked out" in box.inner_text()
+        box = page.locator(".wtc-quiz[data-kind=single]")
+        box.locator("input[type=radio]").nth(1).check()
+        box.locator("button.wtc-check").click()
+        assert box.locator(".wtc-explanation").is_visible()              # a right answer explains

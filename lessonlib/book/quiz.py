@@ -1,7 +1,10 @@
 """Quizzes defined once, answered everywhere.
 
 A quiz is data: a question, choices (or a numeric answer with a tolerance and
-units), feedback for each choice, and an explanation shown after any answer.
+units), feedback for each choice, and an explanation. A wrong answer gets a
+hint only (that choice's feedback, or "too high"/"too low" with the units);
+the answer and the explanation appear after a right answer or a click on
+"Show answer", never before.
 Displayed as the last expression of a cell, a quiz shows standard ipywidgets
 in Jupyter and Colab, and a self-contained HTML + inline-JS version in the
 static book (see :mod:`lessonlib.book.interactive`).
@@ -96,6 +99,11 @@ class _ChoiceQuiz(Interactive):
     def _validate_correct(self, n_correct: int) -> None:
         pass
 
+    def answer_html(self) -> str:
+        """The correct choice(s), shown after a right answer or "Show answer"."""
+        right = [c for c in self.choices if c.correct]
+        return "Answer: " + "; ".join(c.text + (f" ({c.feedback})" if c.feedback else "") for c in right)
+
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}: {self.question}"]
         lines += [f"  ({i + 1}) {c.text}" for i, c in enumerate(self.choices)]
@@ -145,7 +153,7 @@ class SingleChoice(_ChoiceQuiz):
             for i, c in enumerate(self.choices)
         )
         data = {"kind": "single", "verdicts": [[v.correct, v.feedback] for v in verdicts]}
-        return _static_box(uid, self.question, opts, data, self.explanation)
+        return _static_box(uid, self, opts, data)
 
 
 class MultipleSelect(_ChoiceQuiz):
@@ -168,7 +176,9 @@ class MultipleSelect(_ChoiceQuiz):
                 parts.append(f"{extra} of your selections {'is' if extra == 1 else 'are'} not right.")
             if missed:
                 parts.append(f"You missed {missed} correct choice{'s' if missed != 1 else ''}.")
-        parts += [self.choices[i].feedback for i in sorted(picked) if self.choices[i].feedback]
+        # A wrong selection hears why its wrong picks are wrong (a hint), not which picks were right.
+        shown = sorted(picked) if ok else sorted(picked - correct)
+        parts += [self.choices[i].feedback for i in shown if self.choices[i].feedback]
         return Verdict(ok, " ".join(parts))
 
     def widget(self):
@@ -194,7 +204,7 @@ class MultipleSelect(_ChoiceQuiz):
             f'<label><input type="checkbox" name="{uid}" value="{i}"> {c.text}</label>'
             for i, c in enumerate(self.choices)
         )
-        return _static_box(uid, self.question, opts, {"kind": "multiple", "verdicts": verdicts}, self.explanation)
+        return _static_box(uid, self, opts, {"kind": "multiple", "verdicts": verdicts})
 
 
 class Numeric(Interactive):
@@ -220,6 +230,10 @@ class Numeric(Interactive):
 
     def __repr__(self) -> str:
         return f"Numeric: {self.question} [answer in {self.units or 'units'}]"
+
+    def answer_html(self) -> str:
+        """The answer with its units, shown after a right answer or "Show answer"."""
+        return f"Answer: {self.answer:.4g}{' ' + self.units if self.units else ''}"
 
     def messages(self) -> dict[str, str]:
         """The feedback texts; ``{x}`` stands for the learner's number."""
@@ -258,7 +272,7 @@ class Numeric(Interactive):
         field = (f'<input type="text" inputmode="decimal" id="{uid}-x" aria-label="your answer" '
                  f'placeholder="a number">{units}')
         data = {"kind": "numeric", "answer": self.answer, "tolerance": self.tolerance, "messages": self.messages()}
-        return _static_box(uid, self.question, field, data, self.explanation)
+        return _static_box(uid, self, field, data)
 
 
 class Prediction(Interactive):
@@ -302,7 +316,12 @@ def _live_box(quiz, selector, grade, empty_msg):
     import ipywidgets as w
 
     check = w.Button(description="Check", button_style="primary")
+    reveal = w.Button(description="Show answer")
     feedback = w.HTML("")
+    solution = w.HTML("")
+
+    def show_solution():
+        solution.value = _explanation_html(quiz)
 
     def on_check(_b):
         verdict = grade()
@@ -311,25 +330,39 @@ def _live_box(quiz, selector, grade, empty_msg):
             return
         cls, mark = ("wtc-right", "✔") if verdict.correct else ("wtc-wrong", "✘")
         color = "#17612f" if verdict.correct else "#9b1c1c"
-        text = f'<span class="{cls}" style="color:{color};font-weight:600">{mark} {verdict.feedback}</span>'
-        if quiz.explanation:
-            text += f'<div style="margin-top:.4em;border-left:3px solid #8aa4bf;padding-left:.6em">{quiz.explanation}</div>'
-        feedback.value = text
+        feedback.value = f'<span class="{cls}" style="color:{color};font-weight:600">{mark} {verdict.feedback}</span>'
+        if verdict.correct:  # a wrong answer gets its hint only
+            show_solution()
 
     check.on_click(on_check)
-    box = w.VBox([w.HTML(f"<b>{quiz.question}</b>"), selector, check, feedback])
-    box.selector, box.check_button, box.feedback = selector, check, feedback
+    reveal.on_click(lambda _b: show_solution())
+    box = w.VBox([w.HTML(f"<b>{quiz.question}</b>"), selector, w.HBox([check, reveal]), feedback, solution])
+    box.selector, box.check_button, box.reveal_button, box.feedback, box.solution = \
+        selector, check, reveal, feedback, solution
     return box
+
+
+def _explanation_html(quiz) -> str:
+    """The answer and the explanation: what "Show answer" or a right answer reveals."""
+    body = f'<div class="wtc-answer">{quiz.answer_html()}</div>'
+    if quiz.explanation:
+        body += f"<div>{quiz.explanation}</div>"
+    return ('<div class="wtc-explanation" style="margin-top:.4em;border-left:3px solid #8aa4bf;padding-left:.6em">'
+            f"{body}</div>")
 
 
 _SCRIPT = "<script>" + "".join(l for l in static_text("quiz.js").splitlines(keepends=True) if not l.startswith("//")) + "</script>"
 
 
-def _static_box(uid: str, question: str, inputs_html: str, data: dict, explanation: str) -> str:
-    ex = (f'<div class="wtc-explanation" id="{uid}-ex" hidden>{explanation}</div>' if explanation else "")
+def _static_box(uid: str, quiz, inputs_html: str, data: dict) -> str:
+    # The answer and explanation are in the page but hidden (not rendered, not in the
+    # accessibility tree) until a right answer or a click on "Show answer".
+    ex = f'<div class="wtc-explanation" id="{uid}-ex" hidden><div class="wtc-answer">{quiz.answer_html()}</div>' + (
+        f"<div>{quiz.explanation}</div>" if quiz.explanation else "") + "</div>"
     return (f'<div class="wtc-box wtc-quiz" id="{uid}" data-kind="{data["kind"]}">'
-            f'<div class="wtc-title">{question}</div>{inputs_html}'
-            f'<div><button type="button" class="wtc-check">Check</button></div>'
+            f'<div class="wtc-title">{quiz.question}</div>{inputs_html}'
+            f'<div><button type="button" class="wtc-check">Check</button>'
+            f'<button type="button" class="wtc-reveal">Show answer</button></div>'
             f'<div class="wtc-feedback" id="{uid}-fb" aria-live="polite"></div>{ex}'
             f'<script type="application/json" id="{uid}-data">{script_json(data)}</script>'
             + _SCRIPT % {"uid": uid} + "</div>")

@@ -4,7 +4,10 @@ var id="%(uid)s", box=document.getElementById(id), d=JSON.parse(document.getElem
 var fb=document.getElementById(id+"-fb"), ex=document.getElementById(id+"-ex");
 function esc(t){return t.replace(/&/g,"&amp;").replace(/</g,"&lt;").replace(/>/g,"&gt;").replace(/"/g,"&quot;").replace(/'/g,"&#x27;");}
 function show(ok, text){fb.innerHTML='<span class="'+(ok?'wtc-right':'wtc-wrong')+'">'+(ok?'\u2714 ':'\u2718 ')+text+'</span>';
- fb.setAttribute("data-correct", ok?"true":"false"); if(ex){ex.hidden=false;}}
+ fb.setAttribute("data-correct", ok?"true":"false"); if(ok){reveal();}}
+// A wrong answer gets its hint only; the answer and explanation wait for a right answer or "Show answer".
+function reveal(){ex.hidden=false; box.setAttribute("data-revealed","true");}
+box.querySelector("button.wtc-reveal").addEventListener("click", reveal);
 box.querySelector("button.wtc-check").addEventListener("click", function(){
  if(d.kind==="single"){var s=box.querySelector('input[type=radio]:checked');
    if(!s){fb.textContent="Choose an answer first.";return;} var v=d.verdicts[parseInt(s.value,10)]; show(v[0],v[1]);}
