@@ -220,3 +220,67 @@ def plot_resume_comparison(reference: dict, resumed: dict, resumed_from: int | N
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+_SWEEP_NAMES = {"batch": "batch (sequences)", "seq": "sequence length (tokens)", "layers": "layers", "hidden": "width h"}
+
+
+def activation_sweep_figure(results: dict, sweeps: dict):
+    """One panel per swept size: measured saved bytes (dots) on the formula's line (MiB).
+
+    ``results`` is :func:`lessonlib.measure.activations.sweep`'s ``{(name, value): (measured, formula)}``.
+    """
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(13, 3.4))
+    for ax, (knob, values) in zip(axes, sweeps.items()):
+        ax.plot(values, [results[(knob, v)][1] / MIB for v in values], "-", color="grey", label="formula")
+        ax.plot(values, [results[(knob, v)][0] / MIB for v in values], "o", color="#C44E52", label="measured")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(_SWEEP_NAMES.get(knob, knob))
+        ax.set_title(f"varying {knob}")
+    axes[0].set_ylabel("activations (MiB)")
+    axes[0].legend()
+    fig.suptitle("Saved activations of the GPT's layers: measured against Korthikanti et al.", y=1.02)
+    fig.tight_layout()
+    return show(fig, alt="Four panels. Measured points sit on the formula's line: straight lines in batch and layers, "
+                "a curve bending upward in sequence length (the s-squared attention term), and close to linear in "
+                "width.")
+
+
+def crossover_figure(c, bytes_per_param: int):
+    """Activations against batch beside the flat training-state and serving lines (MiB).
+
+    ``c`` is :func:`lessonlib.measure.activations.crossover`'s result.
+    """
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(c.batches, [x / MIB for x in c.activations], "o-", color="#C44E52", label="activations (measured, bf16)")
+    ax.axhline(c.state_bytes / MIB, color="#55A868",
+               label=f"weights + gradients + master + Adam ({bytes_per_param} B/param)")
+    ax.axhline(c.serving_bytes / MIB, color="#4C72B0", linestyle="--", label="16-bit weights (serving)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch (sequences of 64 tokens)")
+    ax.set_ylabel("memory (MiB)")
+    ax.set_title(f"Tiny GPT ({c.n_params:,} parameters): activations against the training state")
+    ax.legend(fontsize=8)
+    return show(fig, alt="Activation memory rises in proportion to the batch (the batch axis is logarithmic) and "
+                f"crosses the flat line of the {bytes_per_param}-bytes-per-parameter state at batch "
+                f"{c.first_batch_above}; the serving weights line is far below.")
+
+
+def multiplier_figure(ratios: dict, slogan: float = 3.0):
+    """Bars of training memory / weight memory for each case, on a log scale, with the slogan's line."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.bar(list(ratios), list(ratios.values()), color="#8172B3")
+    ax.axhline(slogan, color="black", linestyle="--", label=f'the slogan: "{slogan:g} × the weights"')
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel("training memory / weight memory (×, log scale)")
+    ax.set_xlabel("optimizer, precision, batch × sequence length")
+    ax.set_title("Training memory as a multiple of the weights: it depends on the choices")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend()
+    lo, hi = min(ratios.values()), max(ratios.values())
+    return show(fig, alt=f"Bars of the ratio on a log scale, from {lo:.1f} for SGD at batch 1 to {hi:.0f} for Adam "
+                "in mixed precision with long sequences; the dashed slogan line matches none in particular.")

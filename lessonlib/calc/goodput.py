@@ -101,3 +101,47 @@ def goodput(devices, speedup, device_mtbf_hours, checkpoint_seconds, restart_sec
     return Goodput(devices=devices, speedup=speedup, job_mtbf_s=mtbf, interval_s=interval,
                    overhead=overhead, useful_fraction=useful, progress_per_hour=per_hour,
                    per_device_hour=per_hour / devices)
+
+
+@dataclass(frozen=True)
+class StallAccount:
+    """What one stall cost a synchronous job, read off its per-step clock times (seconds).
+
+    ``normal_s``: median step time outside the stall; ``stalled_s``: the stalled
+    step on the first process; ``paid_s``: device-seconds held (processes x the
+    longest run); ``useful_s``: device-seconds the steps needed without the stall;
+    ``cpu_share``: the share of the stalled step the first process spent on the CPU.
+    """
+
+    normal_s: float
+    stalled_s: float
+    paid_s: float
+    useful_s: float
+    cpu_share: float
+
+    @property
+    def goodput(self) -> float:
+        """Useful over paid device-seconds (a fraction)."""
+        return self.useful_s / self.paid_s
+
+
+def stall_account(runs: list, stall_step: int) -> StallAccount:
+    """Account a stall from each process's cumulative ``wall`` and ``cpu`` seconds after every step.
+
+    ``runs`` is a list (one per process) of dicts with lists ``wall`` and ``cpu``;
+    ``stall_step`` the index of the stalled step (>= 1).
+    """
+    if not runs:
+        raise ValueError("runs must hold at least one process's clock times")
+    stall_step = _check_count("stall_step", stall_step)
+    w0, c0 = runs[0]["wall"], runs[0]["cpu"]
+    if stall_step >= len(w0):
+        raise ValueError(f"stall_step must be below the number of steps ({len(w0)}), got {stall_step}")
+    step_times = [b - a for a, b in zip([0.0] + list(w0[:-1]), w0)]
+    others = sorted(step_times[:stall_step] + step_times[stall_step + 1:])
+    normal = others[len(step_times) // 2]  # the median step, as the page has always read it
+    stalled = step_times[stall_step]
+    paid = len(runs) * max(r["wall"][-1] for r in runs)
+    useful = len(runs) * normal * len(w0)
+    cpu = c0[stall_step] - c0[stall_step - 1]
+    return StallAccount(normal_s=normal, stalled_s=stalled, paid_s=paid, useful_s=useful, cpu_share=cpu / stalled)

@@ -76,25 +76,29 @@ class FourLayerNet(nn.Module):
         return self.acts[3](z4)
 
 
-def _four_layer_setup(width: int, batch: int, seed: int):
+def _four_layer_setup(width: int, batch: int, seed: int, device=None):
+    """The net, an input and a target on ``device`` (default: ``get_device()``), the same on every device."""
+    from .device import get_device
+
+    device = torch.device(device) if device is not None else get_device()
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    model = FourLayerNet(width)
-    x = torch.randn(batch, width, generator=g)
-    target = torch.randn(batch, width, generator=g)
+    model = FourLayerNet(width).to(device)
+    x = torch.randn(batch, width, generator=g).to(device)
+    target = torch.randn(batch, width, generator=g).to(device)
     return model, x, target
 
 
-def four_layer_census(checkpointed: bool, width: int = 8, batch: int = 4, seed: int = 0) -> dict:
+def four_layer_census(checkpointed: bool, width: int = 8, batch: int = 4, seed: int = 0, device=None) -> dict:
     """Which activations of :class:`FourLayerNet` are kept and which recomputed.
 
     Runs one real training step (forward, MSE loss, backward). Returns a dict:
     ``kept`` (names of activations that autograd saved for backward, e.g.
     ``["a1", "a2", "a3", "a4"]``), ``recomputed`` (names produced again during
     backward), ``kept_bytes`` (bytes of the kept activations) and ``grads``
-    (the parameter gradients, for comparison).
+    (the parameter gradients, for comparison). ``device`` defaults to ``get_device()``.
     """
-    model, x, target = _four_layer_setup(width, batch, seed)
+    model, x, target = _four_layer_setup(width, batch, seed, device)
     owner: dict = {}
     phase = {"now": "forward"}
     recomputed: list[str] = []
@@ -142,7 +146,7 @@ class Event:
 
 
 def record_activation_life(checkpointed: bool, width: int = 8, batch: int = 4,
-                           seed: int = 0) -> list[Event]:
+                           seed: int = 0, device=None) -> list[Event]:
     """Record the life of each activation of :class:`FourLayerNet` in one step.
 
     Nothing here is drawn by hand: module forward hooks report when an
@@ -155,7 +159,7 @@ def record_activation_life(checkpointed: bool, width: int = 8, batch: int = 4,
     """
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    model, x, target = _four_layer_setup(width, batch, seed)
+    model, x, target = _four_layer_setup(width, batch, seed, device)
     events: list[Event] = []
     phase = {"now": "forward"}
     owner: dict = {}

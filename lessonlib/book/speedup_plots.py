@@ -1,0 +1,181 @@
+"""Figures of the distributed-speedup chapter: Amdahl, data parallel, the four splits, goodput.
+
+Each function draws one figure (title, labelled axes with units) and returns
+it through :func:`lessonlib.book.plots.show`, alt text included, so a page
+cell is one call. Inputs are the page's own results; nothing is measured here.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from ..calc.amdahl import speedup_from_share
+from ..calc.collectives import ring_allreduce_bytes
+from ..calc.goodput import goodput
+from ..calc.pipeline import pipeline_bubble_fraction
+from .plots import show
+
+
+def growing_communication(share: float, ns, per_step: float) -> list[float]:
+    """Speedups on ``ns`` devices with a communication cost of ``per_step`` x 2(n-1) of the one-device time."""
+    return [speedup_from_share(share, n, per_step * 2 * (n - 1)) for n in ns]
+
+
+def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
+    """Left: speedup against devices for several serial ``shares``. Right: serial ``share``
+    with no, a ``fixed`` and a growing (``per_step`` x 2(n-1)) communication cost (shares of the one-device time)."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for sh in shares:
+        ax1.plot(ns, [speedup_from_share(sh, n) for n in ns], marker="o", ms=3, label=f"serial share {sh:.0%}")
+    ax1.set(xscale="log", yscale="log", xlabel="devices (count, log scale)", ylabel="speedup (×, log scale)",
+            title="Amdahl: the serial share sets a ceiling")
+    ax1.set_xticks(ns, [str(n) for n in ns])
+    ax1.legend(fontsize=8)
+    curves = {
+        "no communication": [speedup_from_share(share, n) for n in ns],
+        f"fixed communication ({fixed:.0%} of one-device time)": [speedup_from_share(share, n, fixed) for n in ns],
+        f"growing communication ({per_step:.1%} × 2(n−1))": growing_communication(share, ns, per_step),
+    }
+    for label, ys in curves.items():
+        ax2.plot(ns, ys, marker="o", ms=3, label=label)
+    ax2.axhline(1 / share, color="grey", ls=":", lw=1)
+    ax2.set(xscale="log", xlabel="devices (count, log scale)", ylabel="speedup (×)",
+            title=f"Serial share {share:.0%}, with communication")
+    ax2.set_xticks(ns, [str(n) for n in ns])
+    ax2.legend(fontsize=8)
+    pct = ", ".join(f"{100 * s:g}" for s in shares if s > 0)
+    return show(fig, alt="Two line charts of speedup against device count on a log axis. Left: with no serial work "
+                f"the speedup grows in step with the devices; with {pct} percent serial work each curve flattens "
+                f"towards a ceiling of one over the serial share. Right: serial share {100 * share:g} percent; a fixed "
+                "communication cost lowers the ceiling; a communication cost that grows with the device count makes "
+                "the speedup peak and then fall.")
+
+
+def data_parallel_figure(rows: list, world: int):
+    """Predicted pieces against the measured two-process step (left) and speedup against batch (right).
+
+    ``rows`` are :func:`lessonlib.measure.distributed.data_parallel.run_data_parallel`'s rows (seconds).
+    """
+    labels = [f"{r['global_batch']:,}" for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.3))
+    xs = range(len(rows))
+    w = 0.38
+    bottom = [0.0] * len(rows)
+    for key, label, color in (("half_compute", "compute on half the batch", "#4C72B0"),
+                              ("optimizer", "optimizer step (repeated)", "#55A868"),
+                              ("allreduce", "all-reduce of gradients", "#C44E52")):
+        vals = [r[key] / r["single"] for r in rows]
+        ax1.bar([x - w / 2 for x in xs], vals, w, bottom=bottom, label=label, color=color)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax1.bar([x + w / 2 for x in xs], [r["ddp"] / r["single"] for r in rows], w, color="#8C8C8C",
+            label="measured two-process step")
+    ax1.axhline(1.0, color="black", lw=1, ls="--", label="one-process step")
+    ax1.set_xticks(list(xs), labels)
+    ax1.set(xlabel="global batch (examples)", ylabel="time / one-process step time (ratio)",
+            title="Two-process step: predicted pieces (left) vs measured (right)")
+    ax1.legend(fontsize=8)
+    gb = [r["global_batch"] for r in rows]
+    ax2.plot(gb, [r["speedup"] for r in rows], marker="o", label="measured")
+    ax2.plot(gb, [r["predicted_speedup"] for r in rows], marker="s", ls="--", label="predicted from the pieces")
+    ax2.axhline(1, color="black", lw=1, ls=":")
+    ax2.axhline(world, color="grey", lw=1, ls=":")
+    ax2.text(gb[0], world * 0.97, f"{world}× (ideal)", va="top", fontsize=8)
+    ax2.text(gb[0], 1.03, "1× (no gain)", va="bottom", fontsize=8)
+    ax2.set(xscale="log", xlabel="global batch (examples, log scale)", ylabel="speedup (×)",
+            title=f"Speedup of {world} processes over 1, same global batch", ylim=(0, world * 1.1))
+    ax2.set_xticks(gb, labels)
+    ax2.legend(fontsize=8)
+    first, last = rows[0], rows[-1]
+    return show(fig, alt="Left: for each global batch, a stacked bar of the predicted two-process step (compute on "
+                "half the batch, the repeated optimizer step, the all-reduce) beside the measured two-process step, "
+                "both relative to the one-process step. The measured two-process step takes "
+                f"{first['ddp'] / first['single']:.0%} of the one-process step at a batch of {first['global_batch']} "
+                f"and {last['ddp'] / last['single']:.0%} at {last['global_batch']}; the optimizer and all-reduce "
+                "pieces are a large part of the bar at small batch and a small part at large batch. Right: measured "
+                f"and predicted speedup against global batch, with reference lines at 1x and {world}x; measured "
+                f"{first['speedup']:.2f}x at the smallest batch and {last['speedup']:.2f}x at the largest.")
+
+
+def allreduce_volume_figure(grad_bytes: int, ns, name: str):
+    """Bytes each device sends per ring all-reduce of ``grad_bytes`` against the device count."""
+    vol = [ring_allreduce_bytes(grad_bytes, n) / 1e9 for n in ns]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.plot(ns, vol, marker="o", label="sent per device, ring all-reduce")
+    ax.axhline(2 * grad_bytes / 1e9, color="grey", ls=":", label="2 × gradient bytes (the limit)")
+    ax.axhline(grad_bytes / 1e9, color="grey", ls="--", lw=1, label="gradient bytes")
+    ax.set(xscale="log", xlabel="devices (count, log scale)", ylabel="bytes sent per device per step (GB)",
+           title=f"All-reduce volume for a {name}-parameter model, bf16 gradients")
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.legend(fontsize=8)
+    return show(fig, alt="Bytes each device sends per all-reduce against the number of devices: zero for one "
+                "device, equal to the gradient size for two, rising towards twice the gradient size as the ring grows.")
+
+
+def pipeline_schedule_figure(tasks: list, stages: int, micro: int, idle: float):
+    """Gantt chart of a pipeline schedule (``lessonlib.calc.pipeline.pipeline_schedule``'s tasks)."""
+    fig, ax = plt.subplots(figsize=(11, 3.2))
+    cmap = plt.get_cmap("tab10")
+    for t in tasks:
+        ax.broken_barh([(t["start"], t["end"] - t["start"])], (t["stage"] - 0.4, 0.8),
+                       facecolors=cmap(t["microbatch"] % 10), edgecolor="white",
+                       alpha=1.0 if t["kind"] == "F" else 0.55)
+        ax.text((t["start"] + t["end"]) / 2, t["stage"], f"{t['kind']}{t['microbatch']}", ha="center",
+                va="center", fontsize=7)
+    ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
+    ax.invert_yaxis()
+    ax.set(xlabel="time (units of one micro-batch's forward pass on one stage)", ylabel="device",
+           title=f"GPipe schedule: {stages} stages, {micro} micro-batches (F = forward, B = backward); "
+                 f"white gaps are the bubble, {idle:.0%} of the time")
+    return show(fig, alt=f"Gantt chart of {stages} pipeline stages. Forward tasks of {micro} micro-batches move "
+                f"diagonally from stage 0 to stage {stages - 1}, then backward tasks, twice as long, move back to "
+                "stage 0. Each stage is idle at the start and the end of each phase: the triangular gaps are the "
+                "pipeline bubble.")
+
+
+def bubble_figure(ms=(1, 2, 4, 8, 16, 32, 64), ps=(2, 4, 8, 16)):
+    """The bubble (p-1)/(m+p-1), in percent, against micro-batches ``ms`` for stage counts ``ps``."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for p in ps:
+        ax.plot(ms, [100 * pipeline_bubble_fraction(p, m) for m in ms], marker="o", label=f"{p} stages")
+    ax.set(xscale="log", xlabel="micro-batches per step (count, log scale)", ylabel="bubble (% of step time)",
+           title="Pipeline bubble (p−1)/(m+p−1)")
+    ax.set_xticks(list(ms), [str(m) for m in ms])
+    ax.legend(fontsize=8)
+    return show(fig, alt="Bubble percentage against micro-batch count for " + ", ".join(map(str, ps)) + " stages: "
+                "each curve starts high with one micro-batch and falls as micro-batches are added; more stages "
+                "need more micro-batches for the same bubble.")
+
+
+def stall_figure(runs: list, stall_step: int, stall_s: float, stalled_rank: int = 1):
+    """Steps completed against wall-clock time for each process of a job with one stall."""
+    steps = len(runs[0]["wall"])
+    w0 = runs[0]["wall"]
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for r, style in zip(runs, ("-", "--", "-.", ":")):
+        ax.step(r["wall"], range(1, steps + 1), where="post", ls=style,
+                label=f"process {r['rank']}{' (stalls)' if r['rank'] == stalled_rank else ''}")
+    ax.axvspan(w0[stall_step - 1], w0[stall_step], color="#C44E52", alpha=0.15, label="the stall: paid, no progress")
+    ax.set(xlabel="wall-clock time (s)", ylabel="training steps completed (count)",
+           title=f"{len(runs)} processes, one stall of {stall_s} s: all stop")
+    ax.legend(fontsize=8, loc="lower right")
+    return show(fig, alt=f"Steps completed against wall-clock time for {len(runs)} processes. All climb steeply, "
+                "then all stay flat for the length of the stall although only one process stalled, then climb "
+                "again. The flat stretch is shaded as paid time with no progress.")
+
+
+def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtbfs=(10_000, 50_000, 200_000)):
+    """One-device hours per paid device-hour against the device count, for device MTBFs ``mtbfs`` (hours)."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.9))
+    for mt in mtbfs:
+        ax.plot(ns, [goodput(n, speedup_from_share(serial_share, n), mt, ckpt_s, restart_s).per_device_hour
+                     for n in ns], marker="o", label=f"device MTBF {mt:,} h")
+    ax.plot(ns, [speedup_from_share(serial_share, n) / n for n in ns], color="grey", ls=":",
+            label="speedup / devices alone (no failures)")
+    ax.set(xscale="log", xlabel="devices (count, log scale)", ylabel="one-device hours per paid device-hour",
+           title=f"Useful progress per paid device-hour (serial share {serial_share:.1%}, save {ckpt_s} s, "
+                 f"restart {restart_s // 60} min)", ylim=(0, 1.05))
+    ax.set_xticks(ns, [f"{n:,}" for n in ns])
+    ax.legend(fontsize=8)
+    return show(fig, alt="Useful progress per paid device-hour against device count, for device mean times between "
+                "failures of " + ", ".join(f"{m:,}" for m in mtbfs) + " hours. All curves start near 1 for one "
+                "device and fall as devices are added; the less reliable the device, the faster the fall. A dotted "
+                "line shows the loss from the serial share alone.")

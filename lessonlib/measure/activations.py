@@ -1,0 +1,134 @@
+"""Activation memory of the course's GPT, measured: sweeps, one layer's parts, and the memory multiplier.
+
+The page "Activations: the memory that grows with the work" calls these. Every
+byte count comes from :func:`lessonlib.measure.memory.measure_activations`
+(``saved_tensors_hooks``, de-duplicated by storage, parameters left out).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..calc.memory import activation_bytes, serving_bytes, training_state_bytes
+from . import data, models
+from .device import get_device
+from .memory import SavedTensorCounter, measure_activations, measure_training_memory
+
+#: The GPT the multiplier is measured on (its sequence limit allows the longest case, 256 tokens).
+MULTIPLIER_GPT = dict(seq_len=256, hidden=128, heads=4, layers=2)
+
+
+def layers_activations(batch: int = 2, seq: int = 64, layers: int = 2, hidden: int = 128, heads: int = 4,
+                       device=None, **kw) -> SavedTensorCounter:
+    """What the GPT's transformer layers save for backward, measured in bf16 (bytes in ``.bytes``).
+
+    ``kw`` goes to :class:`lessonlib.measure.models.TinyGPT` (``dropout``, ``dropout_impl``, ``attention``).
+    """
+    device = torch.device(device) if device is not None else get_device()
+    gpt = models.TinyGPT(seq_len=seq, hidden=hidden, heads=heads, layers=layers, **kw).to(device, torch.bfloat16)
+    x = torch.randn(batch, seq, hidden, dtype=torch.bfloat16, device=device)
+    return measure_activations(gpt.blocks, x)
+
+
+def sweep(base: dict, sweeps: dict, device=None, progress=None) -> dict:
+    """Measured and formula bytes of the layers, changing one size of ``base`` at a time.
+
+    ``base`` holds batch, seq, layers, hidden, heads; ``sweeps`` maps one of
+    those names to the values to try. Returns ``{(name, value): (measured, formula)}``
+    in bytes. ``progress`` optionally wraps the loop (``lessonlib.progress.progress``).
+    """
+    unknown = set(sweeps) - set(base)
+    if unknown:
+        raise ValueError(f"sweeps names sizes that base lacks: {sorted(unknown)}")
+    items = sweeps.items() if progress is None else progress(sweeps.items(), desc="sweeps")
+    results = {}
+    for knob, values in items:
+        for v in values:
+            cfg = {**base, knob: v}
+            measured = layers_activations(**cfg, device=device).bytes
+            formula = activation_bytes(cfg["seq"], cfg["batch"], cfg["hidden"], cfg["heads"], cfg["layers"])
+            results[(knob, v)] = (measured, formula)
+    return results
+
+
+def layer_part(where: str) -> str:
+    """The paper's part of a layer ("LayerNorms", "attention" or "MLP") for a saved tensor's module name."""
+    name = where.split(".", 1)[1] if "." in where else ""
+    if name.startswith("ln"):
+        return "LayerNorms"
+    if name.startswith("attn") or name == "drop1":
+        return "attention"
+    return "MLP"  # fc1, the GELU (run in the block itself), fc2, drop2
+
+
+def bytes_by_part(counter: SavedTensorCounter) -> dict:
+    """Saved bytes of one layer grouped by :func:`layer_part`."""
+    out = {"LayerNorms": 0, "attention": 0, "MLP": 0}
+    for where, *_, nbytes in counter.items:
+        out[layer_part(where)] += nbytes
+    return out
+
+
+def crossover(batches, seq: int = 64, device=None, progress=None, **gpt) -> "Crossover":
+    """Activations of the whole GPT (bf16, loss included) for each batch, against its training state."""
+    device = torch.device(device) if device is not None else get_device()
+    model = models.TinyGPT(seq_len=seq, **gpt).to(device, torch.bfloat16)
+    n = models.n_params(model)
+    state = training_state_bytes(n).total
+    acts = []
+    for b in (batches if progress is None else progress(batches, desc="batch sizes")):
+        tok, tgt = (t.to(device) for t in data.make_tokens(b, seq))
+        acts.append(measure_activations(model, tok, tgt, models.lm_loss).bytes)
+    cross = next((b for b, a in zip(batches, acts) if a > state), None)
+    return Crossover(list(batches), acts, n, state, serving_bytes(n), cross)
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Activation bytes per batch beside the training state and serving bytes of one model."""
+
+    batches: list
+    activations: list
+    n_params: int
+    state_bytes: int
+    serving_bytes: int
+    first_batch_above: int | None
+
+
+def _state_fp32(optimizer: str, device) -> tuple[int, int]:
+    """Measured bytes of weights + gradients + optimizer state in fp32, and of the weights alone."""
+    m = models.TinyGPT(**MULTIPLIER_GPT).to(device)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1) if optimizer == "sgd" else torch.optim.Adam(m.parameters())
+    tok, tgt = (t.to(device) for t in data.make_tokens(1, 64))
+    led = measure_training_memory(m, tok, tgt, models.lm_loss, opt, track_peak=False)
+    return led.weights + led.gradients + led.optimizer_state, led.weights
+
+
+def _activations(dtype, batch: int, seq: int, device) -> int:
+    m = models.TinyGPT(**MULTIPLIER_GPT).to(device, dtype)
+    tok, tgt = (t.to(device) for t in data.make_tokens(batch, seq))
+    return measure_activations(m, tok, tgt, models.lm_loss).bytes
+
+
+def memory_multiplier(optimizer: str, precision: str, batch: int, seq: int, device=None) -> float:
+    """Training-step memory (state + activations) over the weights' own bytes, on :data:`MULTIPLIER_GPT`.
+
+    fp32: weights, gradients and optimizer state measured, activations measured in
+    fp32, over the fp32 weights. mixed (Adam only): the 16 bytes per parameter
+    of :func:`lessonlib.calc.memory.training_state_bytes` plus activations measured
+    in bf16, over the 16-bit weights.
+    """
+    if optimizer not in ("sgd", "adam"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+    if precision not in ("fp32", "mixed"):
+        raise ValueError(f"precision must be 'fp32' or 'mixed', got {precision!r}")
+    device = torch.device(device) if device is not None else get_device()
+    if precision == "fp32":
+        state, weights = _state_fp32(optimizer, device)
+        return (state + _activations(torch.float32, batch, seq, device)) / weights
+    if optimizer != "adam":
+        raise ValueError("precision='mixed' is measured for optimizer='adam' only")
+    n = models.n_params(models.TinyGPT(**MULTIPLIER_GPT))
+    state = training_state_bytes(n).total
+    return (state + _activations(torch.bfloat16, batch, seq, device)) / serving_bytes(n)
