@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 # Warnings are errors; a failing cell fails the build (nb_execution_raise_on_error).
-# Progress bars print one summary line in the static pages (lessonlib.progress).
+# Progress bars are silent in the static pages (lessonlib.progress).
 export LESSONLIB_STATIC_BUILD=1
 jupyter-book build . --all -W -n --keep-going
 echo
