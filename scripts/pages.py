@@ -155,6 +155,14 @@ def stores(src: str) -> set[str]:
     return out
 
 
+def _is_check(stmt) -> bool:
+    """An ``assert``, or a loop that only asserts."""
+    if isinstance(stmt, ast.Assert):
+        return True
+    return (isinstance(stmt, ast.For) and not stmt.orelse and any(_is_check(b) for b in stmt.body)
+            and all(_is_check(b) or isinstance(b, ast.Assign) for b in stmt.body))
+
+
 def extract(src: str):
     """Split a code cell into (kept source, [(glue name, expr, comment)], [assert sources])."""
     tree = ast.parse(src)
@@ -165,8 +173,7 @@ def extract(src: str):
     for stmt in tree.body:
         by_line.setdefault(stmt.lineno, []).append(stmt)
     for lineno, stmts in by_line.items():
-        kinds = ["glue" if _is_call(s, {"glue"}) else "assert" if isinstance(s, ast.Assert) else "other"
-                 for s in stmts]
+        kinds = ["glue" if _is_call(s, {"glue"}) else "assert" if _is_check(s) else "other" for s in stmts]
         if "other" in kinds or len(set(kinds)) > 1:
             if "glue" in kinds or "assert" in kinds:
                 raise ValueError(f"line {lineno} mixes glue/assert with other code: {lines[lineno - 1]!r}")
@@ -189,7 +196,8 @@ def extract(src: str):
                     expr = f"({expr})"
                 glues.append((name, expr, comment if s is last else ""))
         else:
-            text = "\n".join(lines[i - 1] for i in span).strip().rstrip(";")
+            text = "\n".join(lines[i - 1] for i in span).rstrip().rstrip(";")
+            text = text[len(text) - len(text.lstrip()):] if "\n" not in text else text
             asserts.append("\n".join(above + [text]))
             drop.update(range(k + 1, stmts[0].lineno))
         drop.update(span)
@@ -231,6 +239,93 @@ def split_figure(src: str) -> tuple[str, str]:
     while cut > 0 and lines[cut - 1].strip().startswith("#"):
         cut -= 1
     return "\n".join(lines[:cut]).rstrip(), "\n".join(lines[cut:]).strip("\n")
+
+
+def _is_report(stmt) -> bool:
+    """A statement that only shows results: ``print(...)``, ``HTML(...)``/``display(...)``, or a loop of prints."""
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        return _call_name(stmt.value).split(".")[-1] in ("print", "HTML", "display", "Markdown")
+    if isinstance(stmt, ast.For):
+        return (not stmt.orelse and any(_is_report(b) for b in stmt.body)
+                and all(_is_report(b) or isinstance(b, ast.Assign) for b in stmt.body))
+    return False
+
+
+def split_report(src: str) -> tuple[str, str]:
+    """(measuring code, trailing code that only prints or displays its results)."""
+    body = ast.parse(src).body
+    k = len(body)
+    while k > 0 and _is_report(body[k - 1]):
+        k -= 1
+    if k == len(body):
+        return src, ""
+    if k == 0:
+        return "", src
+    lines = src.split("\n")
+    cut = body[k].lineno - 1
+    while cut > 0 and lines[cut - 1].strip().startswith("#"):
+        cut -= 1
+    return "\n".join(lines[:cut]).rstrip(), "\n".join(lines[cut:]).strip("\n")
+
+
+_CHEAP = {"len", "max", "min", "sum", "abs", "round", "sorted", "next", "float", "int", "str", "list", "dict",
+          "set", "tuple", "any", "all", "range", "enumerate", "zip"}
+
+
+_CHEAP_METHODS = {"finfo", "iinfo", "item", "values", "keys", "items"}
+
+
+def split_tail_assignments(src: str, needed_later: set) -> tuple[str, list]:
+    """Trailing ``name = expr`` lines that no later visible code reads: they only feed the prose.
+
+    Returns (the rest of the cell, [(name, expr, comment)]); the caller moves them into the
+    hidden prose cell that reads them.
+    """
+    body = ast.parse(src).body
+    lines = src.split("\n")
+    k = len(body)
+    while k > 0:
+        b = body[k - 1]
+        if not (isinstance(b, ast.Assign) and len(b.targets) == 1 and b.lineno == b.end_lineno
+                and sum(1 for x in body if x.lineno == b.lineno) == 1):
+            break
+        # Only arithmetic on results already measured moves: a call (a measurement, a model) stays in sight.
+        if any(isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _CHEAP)
+               and not (isinstance(n.func, ast.Attribute) and n.func.attr in _CHEAP_METHODS)
+               for n in ast.walk(b.value)):
+            break
+        t = b.targets[0]
+        names = [t] if isinstance(t, ast.Name) else list(t.elts) if isinstance(t, ast.Tuple) else [None]
+        if not all(isinstance(x, ast.Name) and x.id not in needed_later for x in names):
+            break
+        k -= 1
+    if k == len(body):
+        return src, []
+    moved = []
+    for b in body[k:]:
+        tail = lines[b.end_lineno - 1][b.end_col_offset:]
+        comment = tail[tail.index("#"):] if "#" in tail else ""
+        moved.append((ast.get_source_segment(src, b.targets[0]), ast.get_source_segment(src, b.value), comment))
+    cut = body[k].lineno - 1
+    return "\n".join(lines[:cut]).rstrip(), moved
+
+
+def _closure(pending: list, names: set) -> list:
+    """The pending assignments that ``names`` need, with what those need in turn, in order."""
+    want = set(names)
+    changed = True
+    while changed:
+        changed = False
+        for v, _, _, reads in pending:
+            if _names(v) & want and not reads <= want:
+                want |= reads
+                changed = True
+    return [p for p in pending if _names(p[0]) & want]
+
+
+def _names(target: str) -> set:
+    """The names an assignment target defines: "x" -> {"x"}; "a, b" -> {"a", "b"}."""
+    return {t.strip() for t in target.split(",")}
 
 
 def figure_only(src: str) -> bool:
@@ -279,19 +374,52 @@ def rewrite(nb) -> list[str]:
             cells.append(code("\n".join(f"{v} = {e}{'  ' + c if c else ''}" for v, e, c, _ in which), before_title))
             for item in which:
                 pending.remove(item)
-                defined.add(item[0])
+                defined.update(_names(item[0]))
+
+    def hidden_cell(src, title, tag="remove-input"):
+        """A hidden cell; pending assignments it reads open it."""
+        need = _closure(pending, loads(src))
+        for item in need:
+            pending.remove(item)
+            defined.update(_names(item[0]))
+        pre = "\n".join(f"{v} = {e}{'  ' + c if c else ''}" for v, e, c, _ in need)
+        cells.append(code((pre + "\n" if pre else "") + src, title, tag))
+
+    def later_visible_loads(start):
+        out = set()
+        for c in nb.cells[start:]:
+            if c.cell_type == "code" and not hidden(c) and not _will_hide(c.source):
+                try:
+                    rest, _, _ = extract(drop_glue_import(c.source))
+                    out |= loads(rest) if rest else set()
+                except (SyntaxError, ValueError):
+                    out |= loads(c.source)
+        return out
 
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and i > 0 and not hidden(cell):
             kept, glues, asserts = extract(drop_glue_import(cell.source))
             seen_code = True
             kept, drawing = split_figure(kept) if kept else (kept, "")
+            tail, report = [], ""
+            feeds_prose = glues or any(ROLE.search(c.source) for c in nb.cells[i + 1:])
+            while kept and quiz_kind(kept) is None:
+                more_tail = []
+                if feeds_prose:
+                    kept, more_tail = split_tail_assignments(kept, later_visible_loads(i + 1))
+                kept, more_report = split_report(kept) if kept else (kept, "")
+                tail = more_tail + tail
+                report = "\n".join(x for x in (more_report, report) if x)
+                if not more_tail and not more_report:
+                    break
             if kept:
                 st = stores(kept)
-                flush([p for p in pending if p[3] & st or p[0] in st])
+                flush(_closure(pending, set().union(*[_names(p[0]) for p in pending if p[3] & st or _names(p[0]) & st]) | loads(kept)))
                 cell.source = kept
                 cells.append(cell)
                 defined |= st
+            for var, expr, comment in tail:
+                pending.append((var, expr, comment, loads(expr)))
             for name, expr, comment in glues:
                 if name not in used_anywhere:
                     notes.append(f"glue {name!r} is read by no prose of this page; dropped")
@@ -301,10 +429,12 @@ def rewrite(nb) -> list[str]:
                     var = rename[name] = f"{name}_shown"
                 if var != expr:
                     pending.append((var, expr, comment, loads(expr)))
+            if report:
+                hidden_cell(report, "Show the results", "hide-input")
             if asserts:
-                cells.append(code("\n".join(asserts), "Check what the text claims"))
+                hidden_cell("\n".join(asserts), "Check what the text claims")
             if drawing:
-                cells.append(code(drawing, "Draw the figure", "hide-input"))
+                hidden_cell(drawing, "Draw the figure", "hide-input")
         elif cell.cell_type == "code":
             if i > 0:
                 defined |= stores(cell.source)
@@ -317,10 +447,10 @@ def rewrite(nb) -> list[str]:
                 for name, new in rename.items():
                     text = re.sub(r"(\{glue(?::text|:)?\}`)" + name + r"\b", r"\g<1>" + new, text)
                 body, names = to_fstring(text)
-                mine = [p for p in pending if p[0] in names]
+                mine = _closure(pending, set(names))
                 early = []
                 for n in dict.fromkeys(names):
-                    if n not in defined and not any(p[0] == n for p in mine):
+                    if n not in defined and not any(n in _names(p[0]) for p in mine):
                         if n in EARLY:
                             early.append(n)
                         else:
@@ -334,7 +464,7 @@ def rewrite(nb) -> list[str]:
                 lines += [f"{v} = {e}{'  ' + c if c else ''}" for v, e, c, _ in mine]
                 for item in mine:
                     pending.remove(item)
-                    defined.add(item[0])
+                    defined.update(_names(item[0]))
                 src = "\n".join(lines + [f'say(rf"""\n{body}\n""")'])
                 c = code(src, "Text with this run's numbers")
                 cells.append(c)
@@ -377,8 +507,19 @@ def _fold_into_checks(cells):
     return out
 
 
+_DRAWS = re.compile(r"\b(plt\.subplots|plots\.stacked_bars|ax\d?\.set\(|ax\d?\.set_\w+\()")
+_MEASURES = re.compile(r"\b(measure\w*|time_\w+|count_flops|run_\w+|train\w*)\(")
+
+
+def _will_hide(src: str) -> bool:
+    """Cells that _hide_rest hides whole: quizzes, figures, calculators."""
+    return bool(quiz_kind(src) or figure_only(re.sub(r"^(import|from) .*$", "", src, flags=re.M).strip())
+                or (_DRAWS.search(src) and not _MEASURES.search(src)) or re.search(r"^Explorer\(", src, re.M))
+
+
 def _hide_rest(nb) -> None:
-    first = next((i for i, c in enumerate(nb.cells) if i > 0 and c.cell_type == "code"), None)
+    first = next((i for i, c in enumerate(nb.cells) if i > 0 and c.cell_type == "code" and 'say(rf"""' not in c.source),
+                 None)
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or i == 0 or hidden(cell):
             continue
@@ -391,6 +532,8 @@ def _hide_rest(nb) -> None:
         elif kind == "quiz":
             hide(cell, "Quiz")
         elif figure_only(re.sub(r"^(import|from) .*$", "", cell.source, flags=re.M).strip()):
+            hide(cell, "Draw the figure", "hide-input")
+        elif _DRAWS.search(cell.source) and not _MEASURES.search(cell.source):
             hide(cell, "Draw the figure", "hide-input")
         elif re.search(r"^Explorer\(", cell.source, re.M):
             hide(cell, "Calculator", "hide-input")

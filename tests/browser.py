@@ -57,3 +57,33 @@ def browser():
             yield b
         finally:
             b.close()
+
+
+#: Visible characters of a built page, split into code, prose and other (outputs, widgets, buttons).
+#: A text node counts only if it is rendered (not inside a closed <details>, a `hidden` element, or a
+#: removed input). Code: a cell's input and any highlighted block in the prose.
+#: Prose: the page's Markdown, including Markdown *outputs* (lessonlib.book.say); not printed
+#: output, HTML reports, widgets, figures, buttons or header links.
+CODE_PROSE_JS = """() => {
+  const root = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+  const count = {code: 0, prose: 0, other: 0};
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  const range = document.createRange();
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const text = n.data.replace(/\\s+/g, ' ').trim();
+    if (!text) continue;
+    const el = n.parentElement;
+    if (el.closest('script, style, .headerlink, button, summary, .toggle-details, .copybtn, .MathJax_Preview')) continue;
+    // checkVisibility is false inside a closed <details> (whose text still has layout boxes in Chromium).
+    if (!el.checkVisibility({visibilityProperty: true, opacityProperty: true})) continue;
+    range.selectNodeContents(n);
+    const r = range.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    if (el.closest('.cell_input')) count.code += text.length;
+    else if (el.closest('.wtc-box, .output')) count.other += text.length;   // printed, HTML, widget outputs
+    else if (el.closest('.cell_output')) count.prose += text.length;        // Markdown outputs (say)
+    else if (el.closest('div.highlight, pre')) count.code += text.length;  // code blocks in the prose
+    else count.prose += text.length;
+  }
+  return count;
+}"""

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 from lessonlib.book.quiz import Numeric
 
-from browser import browser, serve
+from browser import CODE_PROSE_JS, browser, serve
 
 
 def book_pages() -> list[str]:
@@ -117,3 +117,69 @@ def test_numeric_quiz_in_the_book_answers_wrong_then_right_like_python(site):
         py = quiz.check(typed)
         assert ok is expect is py.correct and text.endswith(py.feedback), (typed, text, py)
     page.close()
+
+
+
+LESSONS = [p for p in PAGES if re.match(r"chapters/[^/]+/\d\d-", p)]
+#: Visible code at most this share of visible prose, in characters (issue 11).
+MAX_CODE_OVER_PROSE = 1 / 3
+
+
+def test_code_is_at_most_a_third_of_the_prose_on_every_lesson_page(site, built_book):
+    base, b = site
+    rows = []
+    for path in LESSONS:
+        page, _, _ = _open(b, base + path)
+        c = page.evaluate(CODE_PROSE_JS)
+        page.close()
+        rows.append((path, c["code"], c["prose"], c["code"] / max(c["prose"], 1)))
+    table = "\n".join([f"{'page':62s} {'code':>6s} {'prose':>6s} {'code/prose':>10s}"] +
+                      [f"{p:62s} {c:6d} {r:6d} {x:10.2f}" for p, c, r, x in rows])
+    print("\n" + table)
+    (built_book.parent / "code_prose_ratio.txt").write_text(table + "\n")
+    over = [(p, round(x, 2)) for p, _, _, x in rows if x > MAX_CODE_OVER_PROSE]
+    assert len(rows) == 12 and not over, f"visible code above 1/3 of the prose: {over}\n{table}"
+
+
+_QUIZ_SECRETS = """() => Array.from(document.querySelectorAll('.wtc-quiz')).map(box => {
+  const d = JSON.parse(box.querySelector("script[type='application/json']").textContent);
+  const ex = box.querySelector('.wtc-explanation');
+  const right = (d.verdicts || []).filter(v => v[0]).map(v => v[1].replace(/^Correct\.\s*/, ''));
+  return {kind: d.kind, explanationVisible: !!ex && ex.checkVisibility(),
+          explanation: ex ? ex.innerText.trim() : '', rightFeedback: right.filter(t => t.length > 12)};
+})"""
+
+
+@pytest.mark.parametrize("path", [p for p in PAGES if p.startswith("chapters/")])
+def test_no_quiz_answer_is_visible_before_answering(site, path):
+    base, b = site
+    page, _, _ = _open(b, base + path)
+    quizzes = page.evaluate(_QUIZ_SECRETS)
+    visible = page.locator("body").inner_text()
+    tree = page.locator("body").aria_snapshot()
+    answers = page.evaluate("() => Array.from(document.querySelectorAll('.wtc-prediction .wtc-explanation'))"
+                            ".map(e => e.textContent.trim().slice(0, 60))")
+    page.close()
+    for q in quizzes:
+        assert not q["explanationVisible"], f"{path}: an explanation shows before any answer: {q['explanation'][:80]}"
+        for text in q["rightFeedback"]:
+            assert text not in visible, f"{path}: the right choice's feedback is on the page: {text[:80]}"
+    for a in answers:  # prediction prompts: in a closed <details>, neither shown nor in the accessibility tree
+        assert a and a not in visible and a[:40] not in tree, f"{path}: a prediction's answer shows: {a}"
+
+
+def test_no_glue_role_text_in_the_built_html(built_book):
+    bad = [str(p.relative_to(built_book)) for p in built_book.rglob("*.html") if "{glue" in p.read_text(errors="replace")]
+    assert not bad, f"raw glue roles in: {bad}"
+
+
+@pytest.mark.parametrize("path", LESSONS)
+def test_environment_line_is_not_cut_off(site, path):
+    base, b = site
+    page, _, _ = _open(b, base + path)
+    first = page.locator(".cell_output pre").first
+    text = first.inner_text()
+    fits = first.evaluate("e => e.scrollWidth <= e.clientWidth")
+    page.close()
+    assert text.startswith("measures on:"), text[:120]
+    assert fits, f"{path}: the environment line is wider than its box: {text}"

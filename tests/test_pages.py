@@ -101,12 +101,13 @@ def test_pages_script_has_nothing_left_to_do(path):
 def test_pages_script_turns_a_glued_paragraph_into_hidden_prose():
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("setup"),
-        nbformat.v4.new_code_cell("from lessonlib.book import glue\nx = 3\nglue(\"x_pct\", 100 * x)\nassert x == 3"),
+        nbformat.v4.new_code_cell("from lessonlib.book import glue\nx = int.__add__(1, 2)  # a call: stays in sight\n"
+                                  "glue(\"x_pct\", 100 * x)\nassert x == 3"),
         nbformat.v4.new_markdown_cell("## Heading\n\nIt is {glue:text}`x_pct:.1f` % ($\\frac{a}{b}$).\n\nPlain."),
     ])
     assert pages.rewrite(nb) == []
     sources = [c.source for c in nb.cells]
-    assert sources[1] == "x = 3\nfrom lessonlib.book import say"
+    assert sources[1] == "x = int.__add__(1, 2)  # a call: stays in sight\nfrom lessonlib.book import say"
     assert sources[2].startswith("# @title Check") and "assert x == 3" in sources[2]
     assert sources[3] == "## Heading"
     prose = sources[4]

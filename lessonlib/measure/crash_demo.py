@@ -1,0 +1,72 @@
+"""The two crashes the recovery page stages, and the size of what a checkpoint holds.
+
+:func:`crash_twice` kills a training job (``lessonlib.measure.recovery``) with
+SIGKILL at a random step, keeps copies of that moment, resumes it, and kills
+it again in the middle of a save. Its random moments come from a seeded
+generator, so the page is reproducible.
+"""
+from __future__ import annotations
+
+import io
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .checkpoint import load_checkpoint
+from .recovery import copy_run, read_losses, run_training
+
+
+def saved_bytes(obj) -> int:
+    """Bytes ``torch.save`` writes for ``obj`` (a state dict, an RNG state, a number)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getbuffer().nbytes
+
+
+@dataclass
+class TwoCrashes:
+    """What the two kills left: the steps involved and each job's result (``run_training``'s dict)."""
+
+    kill_step: int      #: the step after which the first kill was aimed
+    last_logged: int    #: the last step that finished before the first kill
+    resumed_from: int   #: the step of the last complete checkpoint after the first kill
+    save_step: int      #: the step whose save the second kill interrupted
+    first: dict
+    second: dict
+    leftovers: list     #: names of the temporary files the second kill left behind
+
+
+def crash_twice(crash_dir, copies=(), seed: int = 7, steps: int = 60, save_every: int = 5,
+                progress=None) -> TwoCrashes:
+    """Kill a job at a random step (12-28), copy the moment to each of ``copies``, resume, kill it mid-save.
+
+    ``progress`` optionally wraps the two phases (``lessonlib.progress.progress``).
+    Raises RuntimeError if a kill did not land (the job finished first).
+    """
+    crash_dir = Path(crash_dir)
+    chooser = random.Random(seed)  # the "random moments", seeded so the page is reproducible
+    phases = ["crash at a random moment", "resume, then crash in the middle of a save"]
+    out = {}
+    for phase in (phases if progress is None else progress(phases, desc="two crashes")):
+        if phase == phases[0]:  # after a random step: mid-step or mid-save, whatever it hits
+            out["kill_step"] = chooser.randint(12, 28)
+            out["first"] = run_training(crash_dir, kill_at=f"step {out['kill_step']}",
+                                        kill_delay=chooser.uniform(0, 0.05), steps=steps, save_every=save_every,
+                                        step_seconds=0.05)
+            if not out["first"]["killed"]:
+                raise RuntimeError("the first kill did not land: the job finished first")
+            out["last_logged"] = max(read_losses(crash_dir))
+            out["resumed_from"] = load_checkpoint(crash_dir)["step"]
+            for dst in copies:  # copies of this moment, to try incomplete restores later
+                copy_run(crash_dir, dst)
+        else:
+            out["save_step"] = out["resumed_from"] + save_every * chooser.randint(2, 4)
+            out["second"] = run_training(crash_dir, kill_at=f"saving {out['save_step']}",
+                                         kill_delay=chooser.uniform(0.2, 0.6), resume=True, steps=steps,
+                                         save_every=save_every, slow_save_seconds=1.5)
+            if not out["second"]["killed"]:
+                raise RuntimeError("the second kill did not land: the save finished first")
+    leftovers = sorted(p.name for p in crash_dir.glob("*.tmp"))
+    return TwoCrashes(leftovers=leftovers, **out)
