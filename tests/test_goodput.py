@@ -98,3 +98,19 @@ def test_stalled_job_every_process_waits():
         run_stalled_job(steps=5, stall_step=5)
     with pytest.raises(ValueError, match="stall_rank"):
         run_stalled_job(stall_rank=2, world_size=2)
+
+
+def test_stall_account_reads_a_stall_off_the_clocks():
+    from lessonlib.calc.goodput import stall_account
+
+    # two processes, 5 steps of 0.1 s, step 2 stalled to 1.1 s on both (the all-reduce waits)
+    wall = [0.1, 0.2, 1.3, 1.4, 1.5]
+    runs = [{"wall": wall, "cpu": [0.1, 0.2, 0.25, 0.35, 0.45]}, {"wall": wall, "cpu": [0.1] * 5}]
+    a = stall_account(runs, 2)
+    assert abs(a.normal_s - 0.1) < 1e-9 and abs(a.stalled_s - 1.1) < 1e-9
+    assert abs(a.paid_s - 2 * 1.5) < 1e-9 and abs(a.useful_s - 2 * 0.1 * 5) < 1e-9
+    assert abs(a.goodput - 1.0 / 3.0) < 1e-9 and abs(a.cpu_share - 0.05 / 1.1) < 1e-9
+    with pytest.raises(ValueError, match="stall_step"):
+        stall_account(runs, 5)
+    with pytest.raises(ValueError, match="runs"):
+        stall_account([], 1)
