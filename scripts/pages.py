@@ -7,18 +7,24 @@ What it does to each notebook:
 
 - every myst-nb ``{glue}`` role in a Markdown cell goes: the paragraph (or list,
   or table) that carries it becomes a hidden code cell whose *output* is that
-  Markdown, written as ``say(f"...")`` (``lessonlib.book.say``). The
-  ``glue("name", expr)`` calls become plain assignments ``name = expr``, in the
-  first prose cell that reads them, or in a hidden cell right after their cell
-  when code in between could change what they read;
-- top-level ``assert`` statements leave the visible code for a hidden "Check" cell
-  right after their cell (they still run under nbval and in the book build);
-- quiz and prediction cells, prose cells, check cells, the imports cell and figure
-  cells are hidden in all three places (:func:`hide`): the book's
+  Markdown, written as ``say(rf"...")`` (``lessonlib.book.say``). The
+  ``glue("name", expr)`` calls become plain assignments ``name = expr`` at the top
+  of the first prose cell that reads them (or in a hidden cell right after, when
+  code in between could change what they read). A number the introduction states
+  before any code runs is computed in its prose cell from ``lessonlib.calc`` (EARLY);
+- in a visible cell, trailing lines that only feed the prose (arithmetic on results,
+  no calls) move with the glue; trailing ``print``/``display`` lines move to a hidden
+  "Show the results" cell (their output stays); trailing drawing (``show``,
+  ``plot_*``, ``*_figure``) to a hidden "Draw the figure" cell; ``assert`` statements
+  (and loops of them) to a hidden "Check what the text claims" cell. Calls that
+  measure stay in sight;
+- quiz and prediction cells, prose cells, check cells, the imports cell, figure cells
+  and calculators are hidden in all three places (:func:`hide`): the book's
   ``remove-input``/``hide-input`` tag, ``metadata.jupyter.source_hidden``
   (JupyterLab, Notebook 7) and a first line ``# @title ...`` with
   ``metadata.cellView = "form"`` (Colab).
 
+Running it again changes nothing (``--check`` says so).
 ``tests/test_pages.py`` checks the result on every chapter notebook.
 """
 from __future__ import annotations
