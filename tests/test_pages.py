@@ -119,3 +119,20 @@ def test_pages_script_turns_a_glued_paragraph_into_hidden_prose():
     ns["say"] = shown.append
     exec(prose, ns)
     assert shown[0].strip() == "It is 300.0 % ($\\frac{a}{b}$)."
+
+
+#: Calls that measure something. They are the lesson: they stay in sight.
+MEASURES = re.compile(r"\b(measure_\w+|time_\w+|count_flops|run_\w+|crash_twice|sweep|crossover|memory_multiplier|"
+                      r"record_activation_life|four_layer_census|saved_step_activations|segment_sweep|train_linear|"
+                      r"mixed_precision_step|train|TrainingProcess|time_ratios|peak_step_memory|step_flops|simulate_\w+|"
+                      r"saved_activations|kept_bytes)\(")
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
+def test_every_measurement_call_stays_visible(path):
+    nb = nbformat.read(path, as_version=4)
+    visible = [c.source for c in nb.cells[1:] if c.cell_type == "code" and not any(markers(c).values())]
+    hidden_calls = [m.group(0) for c in nb.cells[1:] if c.cell_type == "code" and any(markers(c).values())
+                    for m in MEASURES.finditer(c.source)]
+    assert not hidden_calls, f"{path.name}: measurements hidden from the reader: {hidden_calls}"
+    assert any(MEASURES.search(s) for s in visible), f"{path.name}: no measurement in sight"
