@@ -141,7 +141,7 @@ def test_code_is_at_most_a_third_of_the_prose_on_every_lesson_page(site, built_b
     assert len(rows) == 12 and not over, f"visible code above 1/3 of the prose: {over}\n{table}"
 
 
-_QUIZ_SECRETS = """() => Array.from(document.querySelectorAll('.wtc-quiz')).map(box => {
+_QUIZ_SECRETS = r"""() => Array.from(document.querySelectorAll('.wtc-quiz')).map(box => {
   const d = JSON.parse(box.querySelector("script[type='application/json']").textContent);
   const ex = box.querySelector('.wtc-explanation');
   const right = (d.verdicts || []).filter(v => v[0]).map(v => v[1].replace(/^Correct\.\s*/, ''));

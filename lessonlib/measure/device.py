@@ -104,18 +104,18 @@ def device_name(device: torch.device | str | None = None) -> str:
 
 
 def environment_report(device: torch.device | str | None = None) -> str:
-    """What measures this page's numbers, in two short lines (short enough that no page cuts them off).
+    """What measures this page's numbers, in three short lines (short enough that no page cuts them off).
 
-    The first line names the device the page measures on (``get_device()``) and how:
-    CUDA events and ``torch.cuda`` memory statistics on a GPU, the wall clock and
-    torch's thread count on a CPU. The second gives torch's and Python's versions.
-    A page that runs something on the CPU regardless (a subprocess job, a
-    two-process gloo run) says so where it does.
+    The first line names the device the page measures on (``get_device()``); the
+    second how it times and counts memory there: CUDA events and ``torch.cuda``
+    memory statistics on a GPU, the wall clock and torch's thread count on a CPU;
+    the third gives torch's and Python's versions. A page that runs something on
+    the CPU regardless (a subprocess job, a two-process gloo run) says so where it does.
     """
     device = torch.device(device) if device is not None else get_device()
     if device.type == "cuda":
-        how = "CUDA event timing, torch.cuda memory statistics"
+        how = "timing: CUDA events | memory: torch.cuda stats"
     else:
-        how = f"wall-clock timing, {torch.get_num_threads()} torch threads"
-    return (f"measures on: {device.type} = {device_name(device)}; {how}\n"
+        how = f"timing: wall clock, {torch.get_num_threads()} torch threads"
+    return (f"measures on: {device.type}, {device_name(device)}\n{how}\n"
             f"torch {torch.__version__} | Python {platform.python_version()}")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ...checks import amount as _check_amount, count as _check_count
+from ...progress import static_build
 
 
 def choose_backend(world_size: int = 2) -> tuple[str, str]:
@@ -127,7 +128,7 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
     ctx = mp.get_context("spawn")
     progress = ctx.SimpleQueue()
     bar = None
-    if progress_total:
+    if progress_total and not static_build():  # the static book shows no bar (lessonlib.progress)
         from tqdm.auto import tqdm
 
         bar = tqdm(total=progress_total, desc=desc or getattr(target, "__name__", "workers"))
