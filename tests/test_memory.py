@@ -6,6 +6,7 @@ from lessonlib.calc import memory
 from lessonlib.book.reports import ledger_table
 from lessonlib.measure.memory import measure_activations, measure_training_memory
 from lessonlib.measure import models
+from lessonlib.measure import memory as memory_measure
 from lessonlib.calc.memory import activation_bytes_per_layer, training_state_bytes
 
 
@@ -187,3 +188,70 @@ def test_plot_ledger_has_title_and_units():
     shown = plots.show(fig, alt="a stacked bar")
     bundle = shown._repr_mimebundle_()
     assert 'alt="a stacked bar"' in bundle["text/html"] and "image/png" in bundle
+
+
+# ---- issue 12, item 6: saved views of intermediate buffers count whole --------
+
+def _graph_saved_bytes(out, params):
+    """An independent count: walk the autograd graph from ``out`` and read each node's
+    ``_saved_*`` tensors; sum each storage once, whole, parameters excluded.
+
+    0-dim tensors are skipped: they are Python numbers autograd wrapped (8 bytes
+    each), which it keeps without passing through saved_tensors_hooks.
+    """
+    pkeys = {p.untyped_storage().data_ptr() for p in params}
+    storages, stack, visited = {}, [out.grad_fn], set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in visited:
+            continue
+        visited.add(fn)
+        for name in dir(fn):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(fn, name)
+            except RuntimeError:
+                continue
+            for t in value if isinstance(value, (tuple, list)) else [value]:
+                if isinstance(t, torch.Tensor) and t.dim() > 0 and t.numel() > 0:
+                    st = t.untyped_storage()
+                    if st.data_ptr() not in pkeys:
+                        storages[st.data_ptr()] = st.nbytes()
+        stack.extend(f for f, _ in fn.next_functions)
+    return sum(storages.values())
+
+
+def _counted_and_graph(module, *args):
+    counter = memory_measure.SavedTensorCounter(exclude=list(module.parameters()))
+    with counter:
+        out = module(*args)
+    out = out[0] if isinstance(out, tuple) else out
+    return counter.bytes, _graph_saved_bytes(out, module.parameters())
+
+
+def test_multihead_attention_counts_the_packed_qkv_buffer():
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(64, 4, dropout=0.1, batch_first=True)
+    x = torch.randn(4, 16, 64)
+    counted, independent = _counted_and_graph(mha, x, x, x)
+    assert counted == independent
+    # q, k and v are views of one packed projection: the whole buffer (3 x b*s*h floats) is kept
+    assert counted >= 3 * 4 * 16 * 64 * 4
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_layer_matches_graph_count(norm_first):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=True, norm_first=norm_first)
+    x = torch.randn(4, 16, 64)
+    counted, independent = _counted_and_graph(layer, x)
+    assert counted == independent
+
+
+def test_float64_lstm_matches_graph_count():
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(8, 16, num_layers=2).double()
+    x = torch.randn(5, 3, 8, dtype=torch.float64)
+    counted, independent = _counted_and_graph(lstm, x)
+    assert counted == independent

@@ -109,6 +109,20 @@ def test_schedule_matches_bubble_formula(p, m, tf, tb):
 
 # --- experts ----------------------------------------------------------------
 
+def test_process_load_imbalance():
+    from lessonlib.calc.experts import process_load_imbalance
+
+    # two experts a process: process 0 runs 25 + 5 tokens, process 1 runs 5 + 5
+    assert process_load_imbalance([25, 5, 5, 5], 2) == pytest.approx(1.5)
+    assert process_load_imbalance([25, 5, 5, 5], 1) == pytest.approx(2.5)
+    # a busy expert beside an idle one on the same process: balanced processes
+    assert process_load_imbalance([20, 0, 10, 10], 2) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="experts_per_process"):
+        process_load_imbalance([1, 2, 3], 2)
+    with pytest.raises(ValueError, match="experts_per_process"):
+        process_load_imbalance([1, 2], 0)
+
+
 def test_expert_load_imbalance():
     assert expert_load_imbalance([10, 10, 10, 10]) == 1.0
     assert expert_load_imbalance([25, 5, 5, 5]) == 2.5
@@ -147,6 +161,18 @@ def test_tensor_and_expert_parallel_two_processes():
         for r in runs:
             assert r["allclose"]
             assert sum(r["tokens_per_expert"]) == 2 * 64
+    # issue 12, item 5: what the step waits for is the busiest process, counted and timed
+    from lessonlib.calc.experts import process_load_imbalance
+
+    for runs in (balanced, skewed):
+        wait = P.expert_step_wait(runs)
+        per_expert = runs[0]["tokens_per_expert"]
+        # each process's experts handled what was routed to them: experts 2r and 2r + 1
+        assert wait["tokens_per_process"] == [sum(per_expert[2 * r:2 * r + 2]) for r in range(2)]
+        assert wait["process_imbalance"] == pytest.approx(max(wait["tokens_per_process"]) / 64)
+        assert wait["process_imbalance"] == process_load_imbalance(per_expert, 2)
+        assert wait["process_imbalance"] <= wait["expert_imbalance"]
+        assert all(s > 0 for s in wait["seconds_per_process"]) and wait["time_imbalance"] >= 1.0
     # every token that left one rank arrived at the other
     assert balanced[0]["sent_tokens"][1] == balanced[1]["received_tokens"][0]
     assert expert_load_imbalance(skewed[0]["tokens_per_expert"]) > expert_load_imbalance(
@@ -164,6 +190,52 @@ def test_data_parallel_two_processes():
         for key in ("single", "ddp", "half_compute", "optimizer", "allreduce"):
             assert row[key] > 0
         assert row["predicted"] == pytest.approx(row["half_compute"] + row["optimizer"] + row["allreduce"])
+        # issue 12, item 2: every derived number is computed from the medians shown
+        assert row["speedup"] == pytest.approx(row["single"] / row["ddp"])
+        assert row["predicted_speedup"] == pytest.approx(row["single"] / row["predicted"])
+        assert row["predicted_over_measured"] == pytest.approx(row["predicted"] / row["ddp"])
+    assert len(res["per_round"]) == 2 and len(res["per_round"][0]) == 2
+    _check_table_reconciles(res)
+
+
+def _table_cells(html):
+    import re
+
+    rows = re.findall(r"<tr>(.*?)</tr>", html)
+    head = re.findall(r"<th>(.*?)</th>", rows[0])
+    body = [[c.replace(",", "").replace("×", "") for c in re.findall(r"<td>(.*?)</td>", r)] for r in rows[1:]]
+    return head, [[float(c) for c in r] for r in body]
+
+
+def _check_table_reconciles(res):
+    """The numbers printed in the data-parallel table add up and divide as the caption says."""
+    from lessonlib.book.reports import data_parallel_table
+
+    html = data_parallel_table(res)
+    assert "median" in html  # the statistic is named
+    head, body = _table_cells(html)
+    assert len(body) == len(res["rows"])
+    for gb, single, half, opt, ar, pred, ddp, pred_speedup, speedup in body:
+        assert pred == pytest.approx(half + opt + ar, abs=1e-9)       # the sum of the shown pieces
+        assert speedup == pytest.approx(round(single / ddp, 2), abs=1e-9)  # the ratio of the shown steps
+        assert pred_speedup == pytest.approx(round(single / pred, 2), abs=1e-9)
+
+
+def test_data_parallel_table_reconciles_on_skewed_rounds():
+    """Medians of sums are not sums of medians: the table must still add up (issue 12, item 2)."""
+    from lessonlib.book.reports import data_parallel_display_rows
+
+    # rows as run_data_parallel builds them, from rounds where the per-round sum's median
+    # (1.21 + 1.11 + 1.14 != 3.88 was the old bug) differs from the sum of medians
+    row = {"global_batch": 32, "single": 0.04460, "ddp": 0.03116, "half_compute": 0.00121,
+           "optimizer": 0.00111, "allreduce": 0.00114, "ddp_backward": 0.002}
+    row["predicted"] = row["half_compute"] + row["optimizer"] + row["allreduce"]
+    row["speedup"] = row["single"] / row["ddp"]
+    row["predicted_speedup"] = row["single"] / row["predicted"]
+    res = {"world_size": 2, "rounds": 11, "rows": [row]}
+    _check_table_reconciles(res)
+    shown = data_parallel_display_rows(res)[0]
+    assert shown["predicted"] == pytest.approx(3.46) and shown["speedup"] == pytest.approx(1.43)
 
 
 def test_worker_failure_is_raised_and_children_cleaned_up():

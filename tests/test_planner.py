@@ -25,7 +25,8 @@ def test_time_failure():
     r = planner.plan(**P7, batch_per_device=1, seq_len=1024, recompute="full", device_bytes=141e9,
                      train_tokens=150_000_000_000, device_flops_per_s=4e14)
     assert r.failure == "time" and "different data" in r.answer
-    assert r.days == pytest.approx(6 * 7.5e9 * 150e9 / 4e14 / 86400)
+    # full recomputation: 8 x parameters x tokens (one more forward pass than 6 N T)
+    assert r.days == pytest.approx(8 * 7.5e9 * 150e9 / 4e14 / 86400)
 
 
 def test_fits():
@@ -65,3 +66,76 @@ def test_plan_html_every_preset():
         assert "<table>" in html
     with pytest.raises(ValueError, match="model"):
         plan_html("nope", "adam", "mixed", 1, 1024, "none", 80)
+
+
+# --- issue 12, item 3: precision, recomputation's time, presets' shapes ---
+
+def test_precision_changes_the_activations_and_the_state_breakdown():
+    mixed = planner.plan(**P7, batch_per_device=2, seq_len=2048, precision="mixed", device_bytes=400e9)
+    fp32 = planner.plan(**P7, batch_per_device=2, seq_len=2048, precision="fp32", device_bytes=400e9)
+    # Adam: 2+2+4+8 = 4+4+0+8 = 16 bytes/param either way, so the state total is the same...
+    assert mixed.state_bytes == fp32.state_bytes
+    # ...but fp32 activations take 4 bytes a value (dropout masks stay 1 byte): 66 sbh + 9 as^2b per layer
+    s, b, h, a, L = 2048, 2, 4096, 32, 32
+    assert mixed.activation_bytes == L * (34 * s * b * h + 5 * a * s * s * b)
+    assert fp32.activation_bytes == L * (66 * s * b * h + 9 * a * s * s * b)
+    assert fp32.max_batch_that_fits < mixed.max_batch_that_fits
+    # SGD: mixed keeps 2 + 2 + 4 master = 8, fp32 4 + 4 = 8: the same total; the breakdown differs
+    html_m = plan_html("1.3B", "adam", "mixed", 8, 1024, "none", 80)
+    html_f = plan_html("1.3B", "adam", "fp32", 8, 1024, "none", 80)
+    assert "master copy 4" in html_m and "no master copy" in html_f
+    assert "2 bytes per value" in html_m and "4 bytes per value" in html_f
+
+
+def test_every_explorer_combination_differs_between_mixed_and_fp32():
+    """The planner page's 432 combinations: mixed and fp32 never give the same report."""
+    import itertools
+
+    for model, opt, batch, seq, rec, dev in itertools.product(
+            planner.PRESETS, ["adam", "sgd"], [1, 8, 64], [1024, 4096], ["none", "selective", "full"], [24, 80, 141]):
+        assert plan_html(model, opt, "mixed", batch, seq, rec, dev) != plan_html(model, opt, "fp32", batch, seq, rec, dev)
+
+
+def test_fp32_can_fail_where_mixed_fits():
+    # 1.3B, batch 4 of 2048 tokens on 80 GB: fits in mixed precision, not in fp32
+    pr = planner.PRESETS["1.3B"]
+    args = dict(batch_per_device=4, seq_len=2048, layers=pr["layers"], hidden=pr["hidden"], heads=pr["heads"],
+                device_bytes=80e9)
+    assert planner.plan(pr["n_params"], precision="mixed", **args).failure == "none"
+    assert planner.plan(pr["n_params"], precision="fp32", **args).failure == "activations"
+
+
+def test_recomputation_adds_its_forward_to_the_time():
+    kw = dict(**P7, batch_per_device=1, seq_len=2048, device_bytes=141e9, train_tokens=150_000_000_000,
+              device_flops_per_s=4e14)
+    none = planner.plan(**kw, recompute="none")
+    full = planner.plan(**kw, recompute="full")
+    sel = planner.plan(**kw, recompute="selective")
+    # full recomputation: forward 2 + recomputed forward 2 + backward 4 = 8 N T instead of 6 N T
+    assert full.days / none.days == pytest.approx(8 / 6)
+    assert full.flops == 8 * 7.5e9 * 150e9
+    # selective: only the attention scores, 4 s h FLOPs per token and layer (about 2.7 % here)
+    assert sel.flops - none.flops == pytest.approx(4 * 2048 * 4096 * 32 * 150e9)
+    assert 1.02 < sel.days / none.days < 1.04
+    html_none = plan_html("7.5B", "adam", "mixed", 1, 1024, "none", 141)
+    html_full = plan_html("7.5B", "adam", "mixed", 1, 1024, "full", 141)
+    assert "one forward pass recomputed" in html_full and html_none != html_full
+
+
+def test_presets_count_matches_shape():
+    for name, pr in planner.PRESETS.items():
+        n = planner.transformer_params(pr["layers"], pr["hidden"], positions=1024 if "GPT-2" in name else 2048)
+        assert pr["n_params"] == n
+        # the name is the count, rounded to its leading two digits
+        stated = float(name.split()[0].rstrip("MB")) * (1e6 if name.split()[0].endswith("M") else 1e9)
+        assert abs(n / stated - 1) < 0.05, (name, n)
+        assert pr["hidden"] % pr["heads"] == 0
+    # GPT-2 small's published count
+    assert planner.PRESETS["124M (GPT-2 small)"]["n_params"] == 124_439_808
+
+
+def test_training_flops_selective_needs_the_shape():
+    with pytest.raises(ValueError, match="seq_len"):
+        planner.training_flops(10, 100, recompute="selective")
+    with pytest.raises(ValueError, match="recompute"):
+        planner.training_flops(10, 100, recompute="some")

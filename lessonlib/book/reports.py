@@ -10,7 +10,7 @@ import math
 
 from ..calc.amdahl import amdahl_time, speedup_from_share
 from ..calc.goodput import SECONDS_PER_HOUR, goodput
-from ..calc.memory import RECOMPUTE_CHOICES, format_bytes
+from ..calc.memory import ACTIVATION_BYTES_PER_VALUE, RECOMPUTE_CHOICES, format_bytes, training_state_bytes
 from ..calc.planner import PRESETS, plan
 from ..measure.memory import MemoryLedger
 from ..measure.timing import PHASES, StepTiming
@@ -47,25 +47,51 @@ def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
     )
 
 
+DATA_PARALLEL_PIECES = ("half_compute", "optimizer", "allreduce")
+
+
+def data_parallel_display_rows(result: dict) -> list:
+    """The numbers :func:`data_parallel_table` shows, one dict per batch size.
+
+    Times are the medians of :func:`run_data_parallel`, in milliseconds,
+    rounded to 0.01 ms; ``predicted`` is the sum of the three rounded pieces
+    and both speedups are ratios of the rounded steps, rounded to 0.01, so a
+    reader who adds or divides the shown numbers gets the shown results.
+    """
+    out = []
+    for row in result["rows"]:
+        ms = {k: round(1e3 * row[k], 2) for k in ("single", "ddp") + DATA_PARALLEL_PIECES}
+        predicted = round(sum(ms[k] for k in DATA_PARALLEL_PIECES), 2)
+        out.append({"global_batch": row["global_batch"], **ms, "predicted": predicted,
+                    "predicted_speedup": round(ms["single"] / predicted, 2),
+                    "speedup": round(ms["single"] / ms["ddp"], 2)})
+    return out
+
+
 def data_parallel_table(result: dict) -> str:
-    """An HTML table of :func:`run_data_parallel`'s rows (times in milliseconds)."""
+    """An HTML table of :func:`run_data_parallel`'s rows (times in milliseconds).
+
+    Every time is a median over rounds; the predicted step is the sum of the
+    three pieces shown and each speedup is the ratio of two steps shown
+    (see :func:`data_parallel_display_rows`).
+    """
+    world = result.get("world_size", 2)
+    share = "half" if world == 2 else f"1/{world}"
     cols = [("global_batch", "global batch", "{:,}"), ("single", "1 process: step", "{:.2f}"),
-            ("half_compute", "2 proc.: compute on half", "{:.2f}"), ("optimizer", "optimizer step", "{:.2f}"),
-            ("allreduce", "all-reduce", "{:.2f}"), ("predicted", "predicted step", "{:.2f}"),
+            ("half_compute", f"{world} proc.: compute on {share}", "{:.2f}"), ("optimizer", "+ optimizer step", "{:.2f}"),
+            ("allreduce", "+ all-reduce", "{:.2f}"), ("predicted", "= predicted step", "{:.2f}"),
             ("ddp", "measured step", "{:.2f}"), ("predicted_speedup", "predicted speedup", "{:.2f}×"),
             ("speedup", "measured speedup", "{:.2f}×")]
     head = "".join(f"<th>{label}</th>" for _, label, _ in cols)
     body = []
-    for row in result["rows"]:
-        cells = []
-        for key, _, fmt in cols:
-            v = row[key]
-            if key in ("single", "half_compute", "optimizer", "allreduce", "predicted", "ddp"):
-                v = 1e3 * v  # seconds -> ms
-            cells.append(f"<td>{fmt.format(v)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return ("<table><caption>Medians over rounds; times in ms; speedup = one-process step / "
-            "two-process step</caption><tr>" + head + "</tr>" + "".join(body) + "</table>")
+    for row in data_parallel_display_rows(result):
+        body.append("<tr>" + "".join(f"<td>{fmt.format(row[key])}</td>" for key, _, fmt in cols) + "</tr>")
+    rounds = result.get("rounds")
+    over = f"over {rounds} rounds " if rounds else "over rounds "
+    return (f"<table><caption>Times in ms: each one the median {over}(per round, the slowest process). "
+            f"Predicted step = compute on {share} + optimizer step + all-reduce, the sum of the three medians; "
+            f"speedup = one-process step / {world}-process step (predicted or measured), the ratio of the medians "
+            "shown.</caption><tr>" + head + "</tr>" + "".join(body) + "</table>")
 
 
 TORCHRUN_SNIPPET = """\
@@ -154,13 +180,22 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     label = {"none": "fits", "time": "fits, but too slow", "activations": "activations do not fit",
              "state": "state does not fit"}[r.failure]
     days = f"{r.days:,.1f} days" if r.days < 1000 else f"{r.days / 365:,.0f} years"
+    per = training_state_bytes(1, optimizer, precision)
+    parts = [f"weights {per.weights}", f"gradients {per.gradients}"]
+    parts += [f"master copy {per.master_weights}"] if per.master_weights else ["no master copy"]
+    parts += [f"optimizer {per.optimizer_state}"]
+    e = ACTIVATION_BYTES_PER_VALUE[precision]
+    extra = {"none": "", "full": ", + one forward pass recomputed",
+             "selective": ", + attention scores recomputed"}[recompute]
     rows = [
-        ("state (weights, gradients, master, optimizer)", gb(r.state_bytes)),
-        (f"activations at batch {batch_per_device} x {seq_len} tokens", gb(r.activation_bytes)),
+        (f"state: {' + '.join(parts)} = {per.total} bytes/parameter", gb(r.state_bytes)),
+        (f"activations at batch {batch_per_device} x {seq_len} tokens, {e} bytes per value", gb(r.activation_bytes)),
         ("state + activations", gb(r.state_bytes + r.activation_bytes)),
         ("device memory", gb(r.device_bytes)),
         ("largest batch per device that fits", str(r.max_batch_that_fits)),
-        (f"one device, {tokens_per_param:g} tokens/param at {device_flops_per_s:.0e} FLOP/s", days),
+        (f"training compute ({p['n_params'] / 1e9:,.2f}B parameters, {tokens_per_param:g} tokens/param{extra})",
+         f"{r.flops:.3g} FLOPs"),
+        (f"one device at {device_flops_per_s:.0e} FLOP/s", days),
     ]
     answer = r.answer
     if r.failure == "activations":

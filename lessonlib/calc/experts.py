@@ -10,9 +10,11 @@ from ..checks import amount as _check_amount
 def expert_load_imbalance(tokens_per_expert) -> float:
     """Busiest expert's tokens / mean tokens per expert (dimensionless, >= 1).
 
-    Experts run in parallel and the layer finishes when the busiest one does,
-    so this ratio is how much longer the expert layer takes than it would
-    with the same tokens spread evenly. 1.0 is perfect balance.
+    This is the step's wait only when every expert has a device of its own:
+    experts on different devices run at the same time and the layer finishes
+    when the busiest one does. When a device hosts several experts it runs
+    them one after another, so what the step waits for is the busiest
+    *device*: see :func:`process_load_imbalance`. 1.0 is perfect balance.
 
     >>> expert_load_imbalance([10, 10, 10, 10])
     1.0
@@ -31,3 +33,30 @@ def expert_load_imbalance(tokens_per_expert) -> float:
     if mean == 0:
         raise ValueError("tokens_per_expert sums to zero: no tokens were routed")
     return max(counts) / mean
+
+
+def process_load_imbalance(tokens_per_expert, experts_per_process: int) -> float:
+    """Busiest process's tokens / mean tokens per process (dimensionless, >= 1).
+
+    Experts are placed in order, ``experts_per_process`` to a process (experts
+    0..k-1 on process 0, and so on). A process runs its experts one after
+    another, and the all-to-all that brings the results back completes only
+    when every process has finished, so the expert layer takes as long as the
+    busiest process: this ratio is how much longer that is than an even
+    spread of the same tokens over the processes.
+
+    >>> process_load_imbalance([25, 5, 5, 5], experts_per_process=2)
+    1.5
+    >>> process_load_imbalance([25, 5, 5, 5], experts_per_process=1)
+    2.5
+    """
+    if isinstance(experts_per_process, bool) or not isinstance(experts_per_process, int) or experts_per_process < 1:
+        raise ValueError(f"experts_per_process must be a positive whole number, got {experts_per_process!r}")
+    counts = list(tokens_per_expert) if not isinstance(tokens_per_expert, (str, bytes)) else None
+    if counts is None:
+        raise ValueError(f"tokens_per_expert must be a sequence of counts, got {tokens_per_expert!r}")
+    if len(counts) % experts_per_process:
+        raise ValueError(f"tokens_per_expert has {len(counts)} experts, not a multiple of "
+                         f"experts_per_process={experts_per_process}")
+    per_process = [sum(counts[i:i + experts_per_process]) for i in range(0, len(counts), experts_per_process)]
+    return expert_load_imbalance(per_process)

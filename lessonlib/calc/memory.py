@@ -93,18 +93,32 @@ def serving_bytes(n_params, bytes_per_weight: int = 2) -> int:
     return n * b
 
 
-def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "none") -> int:
+#: Bytes per activation value by training precision: 16-bit activations in
+#: mixed precision, 4-byte ones in fp32. (Dropout masks take 1 byte in both.)
+ACTIVATION_BYTES_PER_VALUE = {"mixed": 2, "fp32": 4}
+
+
+def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "none",
+                               bytes_per_value: int = 2) -> int:
     """Activation bytes one transformer layer keeps for backward (Korthikanti et al., 2022).
 
-    Formula (16-bit activations; s = seq_len, b = batch, h = hidden, a = heads):
+    Formula (s = seq_len, b = batch, h = hidden, a = heads), for 16-bit
+    activations (``bytes_per_value=2``, the paper's case):
 
     * ``"none"``:      s*b*h*(34 + 5*a*s/h)  = 34*s*b*h + 5*a*s**2*b
     * ``"selective"``: 34*s*b*h  (the attention scores, softmax and its dropout
       are recomputed, so the s**2 term goes)
     * ``"full"``:      2*s*b*h   (only the layer's input is kept)
 
+    Where the 34 and the 5 come from: per layer the paper keeps 16*s*b*h
+    activation values plus 2*s*b*h one-byte dropout masks, and 2*a*s*s*b
+    values plus a*s*s*b mask bytes for the attention scores. With ``e`` =
+    ``bytes_per_value`` bytes per value that is s*b*h*(16e + 2) +
+    a*s*s*b*(2e + 1): 34 and 5 for e = 2, 66 and 9 for fp32 (e = 4); "full"
+    keeps the layer's input, e*s*b*h.
+
     The paper's assumptions, which a measurement must match to agree:
-    activations in 2 bytes; dropout masks in 1 byte; an MLP of width 4h;
+    dropout masks in 1 byte; an MLP of width 4h;
     standard ("math") attention that materialises the a x s x s scores; no
     tensor or sequence parallelism; embeddings, the output layer and the loss
     left out; small tensors such as LayerNorm's mean and variance ignored.
@@ -112,24 +126,29 @@ def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "
     Returns bytes (an int).
 
     >>> activation_bytes_per_layer(2048, 1, 4096, 32) // 2**20
-    592
+    912
+    >>> activation_bytes_per_layer(2048, 1, 4096, 32, bytes_per_value=4) // 2**20
+    1680
     """
     s = check_count("seq_len", seq_len)
     b = check_count("batch", batch)
     h = check_count("hidden", hidden)
     a = check_count("heads", heads)
+    e = check_count("bytes_per_value", bytes_per_value)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    if recompute == "full":
+        return e * s * b * h
+    per_layer = (16 * e + 2) * s * b * h
     if recompute == "none":
-        return 34 * s * b * h + 5 * a * s * s * b
-    if recompute == "selective":
-        return 34 * s * b * h
-    return 2 * s * b * h
+        per_layer += (2 * e + 1) * a * s * s * b
+    return per_layer
 
 
-def activation_bytes(seq_len, batch, hidden, heads, layers, recompute: str = "none") -> int:
-    """Activation bytes for ``layers`` identical transformer layers (bytes)."""
+def activation_bytes(seq_len, batch, hidden, heads, layers, recompute: str = "none",
+                     bytes_per_value: int = 2) -> int:
+    """Activation bytes for ``layers`` identical transformer layers (bytes); see :func:`activation_bytes_per_layer`."""
     n = check_count("layers", layers)
-    return n * activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute)
+    return n * activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute, bytes_per_value)
 
 
 def format_bytes(n: float) -> str:

@@ -23,26 +23,80 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import count as check_count, positive as check_positive
-from .memory import activation_bytes, training_state_bytes
+from ..checks import choice as check_choice, count as check_count, positive as check_positive
+from .memory import ACTIVATION_BYTES_PER_VALUE, RECOMPUTE_CHOICES, activation_bytes, training_state_bytes
 
 
 SECONDS_PER_DAY = 86_400
 
+#: Vocabulary of the GPT-2 tokenizer, used by the presets' embeddings.
+GPT2_VOCAB = 50_257
+
+
+def transformer_params(layers, hidden, vocab=GPT2_VOCAB, positions=2048) -> int:
+    """Parameters of a GPT-style decoder from its shape (a count).
+
+    Per layer 12*h**2 + 13*h: attention's four h x h matrices and the MLP's
+    two h x 4h matrices, with their biases and two LayerNorms; plus the token
+    and position embeddings ((vocab + positions) x h, the output layer
+    sharing the token embedding) and a final LayerNorm (2h).
+
+    GPT-2 small (12 layers of 768, 1024 positions) has 124,439,808:
+
+    >>> transformer_params(12, 768, positions=1024)
+    124439808
+    """
+    L = check_count("layers", layers)
+    h = check_count("hidden", hidden)
+    v = check_count("vocab", vocab)
+    p = check_count("positions", positions)
+    return 12 * L * h * h + 13 * L * h + (v + p) * h + 2 * h
+
+
+def _preset(layers, hidden, heads, positions=2048):
+    return dict(n_params=transformer_params(layers, hidden, positions=positions),
+                layers=layers, hidden=hidden, heads=heads)
+
 
 #: Model shapes for the interactive planner: parameters, layers, width, heads.
-#: (Shapes of well-known GPT-style sizes, rounded.)
+#: The parameter count is computed from the shape (:func:`transformer_params`);
+#: each name is that count, rounded: 124.4M, 1.32B, 7.46B, 69.7B.
 PRESETS = {
-    "124M (GPT-2 small)": dict(n_params=124_000_000, layers=12, hidden=768, heads=12),
-    "1.3B": dict(n_params=1_300_000_000, layers=24, hidden=2048, heads=16),
-    "7.5B": dict(n_params=7_500_000_000, layers=32, hidden=4096, heads=32),
-    "70B": dict(n_params=70_000_000_000, layers=80, hidden=8192, heads=64),
+    "124M (GPT-2 small)": _preset(12, 768, 12, positions=1024),
+    "1.3B": _preset(24, 2048, 16),
+    "7.5B": _preset(36, 4096, 32),
+    "70B": _preset(86, 8192, 64),
 }
 
 
-def training_flops(n_params, tokens) -> float:
-    """Total training compute in FLOPs: 6 x parameters x tokens (forward 2, backward 4 per parameter per token)."""
-    return 6.0 * check_count("n_params", n_params) * check_count("tokens", tokens)
+def training_flops(n_params, tokens, recompute: str = "none", seq_len=None, hidden=None, layers=None) -> float:
+    """Total training compute in FLOPs for ``tokens`` tokens.
+
+    Without recomputation, 6 x parameters x tokens (forward 2, backward 4
+    per parameter per token; attention's own matrix products left out, as in
+    the usual estimate). Recomputation runs forward work a second time:
+
+    * ``"full"`` repeats the whole forward: 8 x parameters x tokens;
+    * ``"selective"`` repeats only the attention scores and their product
+      with the values, 4 x seq_len x hidden FLOPs per token per layer (needs
+      ``seq_len``, ``hidden`` and ``layers``).
+
+    >>> training_flops(10, 100)
+    6000.0
+    >>> training_flops(10, 100, recompute="full")
+    8000.0
+    """
+    n = check_count("n_params", n_params)
+    t = check_count("tokens", tokens)
+    check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    flops = 6.0 * n * t
+    if recompute == "full":
+        flops += 2.0 * n * t
+    elif recompute == "selective":
+        if seq_len is None or hidden is None or layers is None:
+            raise ValueError("recompute='selective' needs seq_len, hidden and layers")
+        flops += 4.0 * check_count("seq_len", seq_len) * check_count("hidden", hidden) * check_count("layers", layers) * t
+    return flops
 
 
 def single_device_seconds(total_flops, device_flops_per_s) -> float:
@@ -64,6 +118,7 @@ class Plan:
     failure: str
     answer: str
     max_batch_that_fits: int  # largest batch per device whose activations fit (0: none)
+    flops: float | None = None  # total training FLOPs, recomputation included (None without tokens)
 
 
 ANSWERS = {
@@ -85,15 +140,23 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
     Sizes are counts; ``device_bytes`` is bytes; ``device_flops_per_s`` is the
     FLOP/s one device sustains; ``max_days`` is how long one device may take.
     The time check runs only when both ``train_tokens`` and ``device_flops_per_s`` are given.
+
+    ``precision`` changes both numbers: "mixed" keeps 16-bit weights and
+    gradients plus an fp32 master copy and 2-byte activations; "fp32" keeps
+    no master copy and 4-byte activations. ``recompute`` shrinks the
+    activations and adds its forward work to the time (:func:`training_flops`).
     """
     state = training_state_bytes(n_params, optimizer, precision).total
-    act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute)
+    e = ACTIVATION_BYTES_PER_VALUE[precision]
+    act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute, e)
     dev = check_count("device_bytes", device_bytes)
     max_days = check_positive("max_days", max_days)
-    days = None
-    if train_tokens is not None and device_flops_per_s is not None:
-        days = single_device_seconds(training_flops(n_params, train_tokens), device_flops_per_s) / SECONDS_PER_DAY
-    per_sample = activation_bytes(seq_len, 1, hidden, heads, layers, recompute)
+    days = flops = None
+    if train_tokens is not None:
+        flops = training_flops(n_params, train_tokens, recompute, seq_len, hidden, layers)
+    if flops is not None and device_flops_per_s is not None:
+        days = single_device_seconds(flops, device_flops_per_s) / SECONDS_PER_DAY
+    per_sample = activation_bytes(seq_len, 1, hidden, heads, layers, recompute, e)
     max_batch = max(0, (dev - state) // per_sample) if dev > state else 0
     if state > dev:
         failure = "state"
@@ -103,4 +166,4 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
         failure = "time"
     else:
         failure = "none"
-    return Plan(state, act, dev, days, failure, ANSWERS[failure], int(max_batch))
+    return Plan(state, act, dev, days, failure, ANSWERS[failure], int(max_batch), flops)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
+import torch.utils._pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 @dataclass
@@ -50,6 +51,38 @@ def _storage_key(t):
     return (t.device.type, t.device.index, st.data_ptr()), st.nbytes()
 
 
+class _CreatedStorages(TorchDispatchMode):
+    """Notes which storages come out of an operation inside its block (created there).
+
+    A storage first seen as an operation's *input* existed before (an input, a
+    dataset, a buffer); one first seen as an *output* was allocated inside
+    the block. Views share their base's storage, and their base is an input
+    of the view operation, so a view of an older tensor never counts as new.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.created: set = set()
+        self.older: set = set()
+
+    def _see(self, tree, into):
+        for t in torch.utils._pytree.tree_leaves(tree):
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
+                try:
+                    key = _storage_key(t)[0]
+                except (RuntimeError, NotImplementedError):  # tensors without a plain storage
+                    continue
+                if key not in self.created and key not in self.older:
+                    into.add(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self._see((args, kwargs), self.older)
+        out = func(*args, **kwargs)
+        self._see(out, self.created)
+        return out
+
+
 class SavedTensorCounter:
     """Context manager that counts bytes saved for backward inside its block.
 
@@ -57,9 +90,19 @@ class SavedTensorCounter:
     keeps is seen by the pack hook. Tensors are de-duplicated by storage (a view
     of a kept tensor costs nothing extra) and storages of ``exclude``
     (the parameters) are not counted - they exist whether or not we train.
-    For each storage the counted bytes are the span its saved views cover
-    (all of it for a tensor saved whole; only the rows of a batch sliced
-    out of a bigger dataset tensor).
+
+    How much of a storage counts depends on where it came from:
+
+    * a storage allocated inside the block (an intermediate result) counts
+      whole, even when autograd keeps only a view of it: the whole buffer
+      stays alive (``nn.MultiheadAttention`` keeps q, k and v as views of
+      one packed projection, for example);
+    * a storage that existed before the block (an input, a batch sliced out
+      of a bigger dataset tensor) counts only for the span its saved views
+      cover: the rest of it is not there because of training.
+
+    Which storages were allocated inside the block is recorded with a
+    ``TorchDispatchMode`` that sees every operation's inputs and outputs.
 
     After the block, ``.bytes`` is the total and ``.items`` lists
     ``(module, shape, dtype, bytes)`` for each tensor that added bytes;
@@ -72,6 +115,7 @@ class SavedTensorCounter:
         self._spans: dict = {}
         self._stack: list = []
         self._handles: list = []
+        self._mode = _CreatedStorages()
         self.items: list = []
 
     def watch(self, model) -> "SavedTensorCounter":
@@ -103,9 +147,12 @@ class SavedTensorCounter:
         key, nbytes = _storage_key(t)
         if key in self._exclude or t.numel() == 0:
             return t
-        es = t.element_size()
-        lo = t.storage_offset() * es
-        hi = lo + es * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())))
+        if key in self._mode.created:
+            lo, hi = 0, nbytes  # allocated during the forward: the whole buffer stays alive
+        else:
+            es = t.element_size()
+            lo = t.storage_offset() * es
+            hi = lo + es * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())))
         old = self._spans.get(key)
         new = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
         added = (new[1] - new[0]) - (0 if old is None else old[1] - old[0])
@@ -118,9 +165,11 @@ class SavedTensorCounter:
     def __enter__(self):
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._ctx.__enter__()
+        self._mode.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -176,11 +176,14 @@ def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup
     (``replica_grads_equal``, ``replica_weights_equal``: bitwise;
     ``full_batch_grad_max_diff``: largest difference between the DDP gradient
     and one process's whole-batch gradient) and ``rows``: one dict per batch
-    size with the medians over rounds, in seconds, of ``single`` (one process,
-    whole batch), ``ddp`` (measured data-parallel step), ``half_compute``,
-    ``optimizer``, ``allreduce``, ``predicted`` (= half_compute + optimizer +
-    allreduce), and the medians of the per-round ratios ``speedup`` (= single
-    / ddp) and ``predicted_over_measured``.
+    size. Each time in a row is the median over ``rounds`` rounds (per round,
+    the slowest process), in seconds: ``single`` (one process, whole batch),
+    ``ddp`` (measured data-parallel step), ``half_compute``, ``optimizer``,
+    ``allreduce``. The rest are computed from those medians, so that they
+    reconcile exactly: ``predicted`` = half_compute + optimizer + allreduce,
+    ``speedup`` = single / ddp, ``predicted_speedup`` = single / predicted,
+    ``predicted_over_measured`` = predicted / ddp. The per-round times are in
+    ``per_round`` (one list per batch size) for whoever wants another statistic.
     """
     world_size = _check_count("world_size", world_size, minimum=2)
     rounds = _check_count("rounds", rounds)
@@ -197,7 +200,7 @@ def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup
         args=(sizes, rounds, warmup, hidden), timeout=timeout,
         progress_total=len(sizes) * (rounds + warmup), desc="DDP rounds",
     )
-    rows = []
+    rows, per_round = [], []
     for i, b in enumerate(sizes):
         rounds_by_rank = [res["sweep"][i]["rounds"] for res in per_rank]
         merged = []
@@ -206,12 +209,17 @@ def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup
             t["predicted"] = t["half_compute"] + t["optimizer"] + t["allreduce"]
             merged.append(t)
         row = {"global_batch": b, "per_process_batch": b // world_size}
-        for key in ("single", "ddp", "half_compute", "optimizer", "allreduce", "predicted", "ddp_backward"):
+        for key in ("single", "ddp", "half_compute", "optimizer", "allreduce", "ddp_backward"):
             row[key] = statistics.median([t[key] for t in merged])
-        row["speedup"] = statistics.median([t["single"] / t["ddp"] for t in merged])
-        row["predicted_speedup"] = statistics.median([t["single"] / t["predicted"] for t in merged])
-        row["predicted_over_measured"] = statistics.median([t["predicted"] / t["ddp"] for t in merged])
+        # Everything below is derived from the medians above, so that the
+        # numbers a page shows add up: predicted = the sum of the three
+        # medians, each speedup = the ratio of two medians.
+        row["predicted"] = row["half_compute"] + row["optimizer"] + row["allreduce"]
+        row["speedup"] = row["single"] / row["ddp"]
+        row["predicted_speedup"] = row["single"] / row["predicted"]
+        row["predicted_over_measured"] = row["predicted"] / row["ddp"]
         rows.append(row)
+        per_round.append(merged)
     r0 = per_rank[0]
     return {
         "world_size": world_size,
@@ -225,4 +233,5 @@ def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup
         "full_batch_grad_max": r0["full_batch_grad_max"],
         "rounds": rounds,
         "rows": rows,
+        "per_round": per_round,
     }

@@ -63,13 +63,15 @@ def _route(x, gate_w, bias):
     return (x @ gate_w + bias).argmax(dim=1)
 
 
-def _expert_parallel_worker(rank, world, device, progress, tokens, d_model, experts_per_rank, skew):
+def _expert_parallel_worker(rank, world, device, progress, tokens, d_model, experts_per_rank, skew, repeats=7):
     """Tokens on every rank routed (top-1) to experts spread over the ranks.
 
     Each rank owns ``experts_per_rank`` experts (small MLPs). A token whose
     expert lives on another rank travels there in an all-to-all, is processed,
     and travels back in a second all-to-all. ``skew`` is added to expert 0's
-    gate score, sending it more tokens (load imbalance).
+    gate score, sending it more tokens (load imbalance). The local experts'
+    compute is timed (seconds, median of ``repeats`` runs): the second
+    all-to-all cannot finish before the busiest process has finished it.
     """
     import torch
     import torch.distributed as dist
@@ -101,11 +103,19 @@ def _expert_parallel_worker(rank, world, device, progress, tokens, d_model, expe
         payload = torch.cat([x[order], expert_of[order].to(x.dtype).unsqueeze(1)], dim=1)
         received = torch.empty(sum(recv_split), d_model + 1, device=device)
         dist.all_to_all_single(received, payload, output_split_sizes=recv_split, input_split_sizes=send_split)
-        # 3. the local experts process what arrived
+        # 3. the local experts process what arrived, one after another; timed
+        #    (median of ``repeats`` runs) because the step waits for the busiest process
         rx, rexp = received[:, :-1], received[:, -1].long()
         out = torch.empty_like(rx)
-        for e in range(rank * experts_per_rank, (rank + 1) * experts_per_rank):
-            out[rexp == e] = experts[e](rx[rexp == e])
+        times = []
+        for _ in range(repeats):
+            _sync(device)
+            t0 = time.perf_counter()
+            for e in range(rank * experts_per_rank, (rank + 1) * experts_per_rank):
+                out[rexp == e] = experts[e](rx[rexp == e])
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        expert_seconds = sorted(times)[len(times) // 2]
         local_load = torch.bincount(rexp - rank * experts_per_rank, minlength=experts_per_rank)
         # 4. all-to-all back, then undo the sort
         back = torch.empty(tokens, d_model, device=device)
@@ -119,6 +129,8 @@ def _expert_parallel_worker(rank, world, device, progress, tokens, d_model, expe
     return {
         "rank": rank,
         "tokens_per_expert": torch.cat(loads).tolist(),
+        "tokens_processed": int(local_load.sum()),
+        "expert_seconds": expert_seconds,
         "sent_tokens": send_split,
         "received_tokens": recv_split,
         "bytes_sent_out": (tokens - send_split[rank]) * (d_model + 1) * itemsize,
@@ -133,7 +145,10 @@ def run_expert_parallel(tokens: int = 256, d_model: int = 32, experts_per_rank: 
     """Route ``tokens`` tokens per process to experts on ``world_size`` processes.
 
     ``skew`` (>= 0, gate-score units) favours expert 0 to create imbalance.
-    Returns one dict per rank: ``tokens_per_expert`` (all experts, in order),
+    Returns one dict per rank: ``tokens_per_expert`` (all experts, in order;
+    expert e lives on rank e // experts_per_rank), ``tokens_processed`` (tokens
+    this rank's experts handled), ``expert_seconds`` (seconds its experts
+    took, one after another: the step waits for the largest of these),
     ``sent_tokens``/``received_tokens`` per rank, ``bytes_sent_out`` (bytes
     this rank sent to other ranks in the first all-to-all), and
     ``max_diff``/``allclose``: the routed result against computing every
@@ -239,3 +254,29 @@ def run_stalled_job(steps: int = 60, stall_step: int = 30, stall_seconds: float 
     return launch(_stall_worker, world_size,
                   args=(steps, stall_step, stall_seconds, stall_rank, hidden, batch),
                   timeout=timeout, progress_total=steps, desc="DDP steps")
+
+
+def expert_step_wait(per_rank: list) -> dict:
+    """What an expert-parallel step waits for, from :func:`run_expert_parallel`'s per-rank dicts.
+
+    Returns ``tokens_per_process`` (tokens each process's experts handled),
+    ``process_imbalance`` (busiest process / mean, counted), ``expert_imbalance``
+    (busiest expert / mean: the wait only if every expert had its own
+    process), ``seconds_per_process`` (each process's expert compute,
+    seconds) and ``time_imbalance`` (slowest process / mean, measured).
+    """
+    from ...calc.experts import expert_load_imbalance, process_load_imbalance
+
+    if not per_rank:
+        raise ValueError("per_rank must not be empty")
+    per_expert = per_rank[0]["tokens_per_expert"]
+    tokens = [r["tokens_processed"] for r in sorted(per_rank, key=lambda r: r["rank"])]
+    seconds = [r["expert_seconds"] for r in sorted(per_rank, key=lambda r: r["rank"])]
+    k = len(per_expert) // len(per_rank)
+    return {
+        "tokens_per_process": tokens,
+        "process_imbalance": process_load_imbalance(per_expert, k),
+        "expert_imbalance": expert_load_imbalance(per_expert),
+        "seconds_per_process": seconds,
+        "time_imbalance": max(seconds) / (sum(seconds) / len(seconds)),
+    }
