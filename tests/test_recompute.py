@@ -165,3 +165,29 @@ def test_census_is_not_fooled_by_a_reused_address():
         del junk[:-20]
         census = four_layer.four_layer_census(checkpointed=True)
         assert census["kept"] == ["a2", "a4"] and census["recomputed"] == ["a1", "a3"], (i, census["kept"])
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_predicted_flops_ratio_with_first_layer_fed_by_data(n):
+    """Issue 12, item 9: the first layer's input needs no gradient, so 4/3 does not hold exactly."""
+    from lessonlib.measure.recompute import step_flops
+
+    torch.manual_seed(0)
+    chain = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(n)])
+    x = torch.randn(16, 32)  # data: no gradient needed
+    plain = step_flops(chain, x, "none", early_stop=False)
+    ckpt = step_flops(chain, x, "per-block", early_stop=False)
+    measured = ckpt / plain
+    # FLOP counts are exact integers: equality up to float rounding
+    assert measured == pytest.approx(predicted_flops_ratio(no_input_grad_share=1 / n), rel=1e-12)
+    assert measured == pytest.approx((4 - 1 / n) / (3 - 1 / n), rel=1e-12)
+    assert measured > 4 / 3
+    # with an input that needs a gradient (the chain inside a bigger model), exactly 4/3
+    xg = torch.randn(16, 32, requires_grad=True)
+    assert step_flops(chain, xg, "per-block", early_stop=False) / step_flops(chain, xg, "none", early_stop=False) \
+        == pytest.approx(predicted_flops_ratio(), rel=1e-12)
+
+
+def test_predicted_flops_ratio_bad_share():
+    with pytest.raises(ValueError, match="no_input_grad_share"):
+        predicted_flops_ratio(no_input_grad_share=1.5)

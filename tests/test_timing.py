@@ -75,3 +75,66 @@ def test_plot_timing_has_title_and_units():
     ax = fig.axes[0]
     assert ax.get_title() and "ms" in ax.get_ylabel() and ax.get_xlabel()
     plots.show(fig, alt="timing bars")
+
+
+# ---- issue 12, item 8: count_flops names what it cannot count -----------------
+
+def test_count_flops_counts_linear_models_without_warning():
+    import warnings
+
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = timing.count_flops(m, torch.randn(3, 4))
+    assert c.uncounted == () and c.forward == 2 * 3 * (4 * 8 + 8 * 1)
+
+
+def test_count_flops_names_the_mkldnn_lstm_and_ratio_is_a_clear_error():
+    lstm = torch.nn.LSTM(8, 16)
+
+    class Out(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = lstm
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    x = torch.randn(5, 3, 8)
+    with pytest.warns(timing.UncountedFlopsWarning, match="rnn"):
+        c = timing.count_flops(Out(), x)
+    assert any("rnn" in name for name in c.uncounted)
+    if c.forward == 0:  # the mkldnn kernel: nothing counted, and no ZeroDivisionError
+        with pytest.raises(ValueError, match="no forward FLOPs"):
+            c.ratio
+    with pytest.raises(ValueError, match="no FLOP formula"):
+        timing.count_flops(Out(), x, strict=True)
+
+
+def test_count_flops_names_cpu_flash_attention():
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, q):
+            q = self.proj(q)
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+    q = torch.randn(2, 4, 16, 8)
+    with pytest.warns(timing.UncountedFlopsWarning, match="attention"):
+        c = timing.count_flops(Attn(), q)
+    assert any("attention" in name for name in c.uncounted)
+    assert c.forward > 0  # the projection is still counted
+
+
+def test_count_flops_names_transformer_encoder_fast_path():
+    torch.manual_seed(0)
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2,
+                                      enable_nested_tensor=False).eval()
+    for p in enc.parameters():
+        p.requires_grad_(False)  # eval + nothing needs a gradient: PyTorch takes the fused fast path
+    x = torch.randn(2, 5, 32)
+    with pytest.warns(timing.UncountedFlopsWarning, match="transformer_encoder_layer"):
+        with pytest.raises(ValueError, match="gradient"):
+            timing.count_flops(enc, x)

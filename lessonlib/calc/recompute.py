@@ -12,22 +12,37 @@ NAMES = ("activation checkpointing", "gradient checkpointing", "activation recom
 
 
 def predicted_flops_ratio(recomputed_forward_fraction: float = 1.0,
-                          backward_to_forward: float = 2.0) -> float:
+                          backward_to_forward: float = 2.0,
+                          no_input_grad_share: float = 0.0) -> float:
     """FLOPs of a checkpointed training step divided by those of a plain step.
 
-    A plain step costs one forward (F) plus a backward of ``backward_to_forward``
-    × F (about 2 for layers whose input gradient is needed). Recomputation adds
-    ``recomputed_forward_fraction`` × F. With the defaults, (1 + 2 + 1) / 3 = 4/3.
+    A plain step costs one forward (F) plus a backward. A layer whose input
+    needs a gradient costs ``backward_to_forward`` x its forward in backward
+    (about 2: the gradient of its weights and of its input). A layer whose
+    input needs no gradient - the first layer, fed straight from the data -
+    computes only its weight gradient, half that. ``no_input_grad_share`` is
+    the share of the forward FLOPs in such layers, so the plain step is
+    F x (1 + b - b x share / 2). Recomputation adds
+    ``recomputed_forward_fraction`` x F.
+
+    4/3 holds when every layer's input needs a gradient (share 0: the layers
+    sit inside a bigger model) and the whole forward is recomputed:
+    (1 + 2 + 1) / 3. When the first of n equal layers reads the data, the
+    share is 1/n and the ratio is (4 - 1/n) / (3 - 1/n), a little above 4/3.
 
     >>> predicted_flops_ratio()
     1.3333333333333333
+    >>> round(predicted_flops_ratio(no_input_grad_share=1 / 8), 4)
+    1.3478
     """
     if not 0 <= recomputed_forward_fraction <= 1:
         raise ValueError(
             f"recomputed_forward_fraction must be in [0, 1], got {recomputed_forward_fraction!r}")
     if backward_to_forward <= 0:
         raise ValueError(f"backward_to_forward must be positive, got {backward_to_forward!r}")
-    plain = 1.0 + backward_to_forward
+    if not 0 <= no_input_grad_share <= 1:
+        raise ValueError(f"no_input_grad_share must be in [0, 1], got {no_input_grad_share!r}")
+    plain = 1.0 + backward_to_forward * (1.0 - no_input_grad_share / 2.0)
     return (plain + recomputed_forward_fraction) / plain
 
 

@@ -1,19 +1,27 @@
 """Work and time of a training step, phase by phase.
 
 * :func:`count_flops` - FLOPs of the forward pass and of forward + backward,
-  counted by ``torch.utils.flop_counter.FlopCounterMode`` (matrix products;
-  elementwise work such as activations or the optimizer update is not counted).
+  counted by ``torch.utils.flop_counter.FlopCounterMode``. What it counts:
+  matrix products (mm, addmm, bmm, baddbmm), convolutions and the attention
+  kernels it has formulas for. Elementwise work (activations, the loss, the
+  optimizer update) is not counted, by design. Fused kernels it has no
+  formula for - the mkldnn LSTM/GRU on CPU, scaled_dot_product_attention's
+  flash kernel on CPU, ``nn.TransformerEncoder``'s fast path - would count
+  as zero: :func:`count_flops` names them in an :class:`UncountedFlopsWarning`
+  (or refuses, with ``strict=True``).
 * :func:`time_training_step` - medians of each phase's time (seconds) and of
   per-round ratios, from interleaved rounds after a warm-up.
 """
 from __future__ import annotations
 
 import statistics
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from .device import Timer, synchronize, threads
 from ..checks import count as check_count
@@ -25,21 +33,58 @@ def _as_args(inputs):
     return inputs if isinstance(inputs, tuple) else (inputs,)
 
 
+class UncountedFlopsWarning(UserWarning):
+    """A step ran matrix-product-like operations that FlopCounterMode has no formula for."""
+
+
+#: Words in an operation's name that mark arithmetic-heavy work (products,
+#: convolutions, recurrent and attention kernels). Such an op without a
+#: FlopCounterMode formula is reported as uncounted; elementwise ops are not.
+HEAVY_OP_WORDS = ("mm", "matmul", "dot", "mv", "linear", "einsum", "conv", "rnn", "lstm", "gru",
+                  "attention", "transformer")
+
+
+class _OpsSeen(TorchDispatchMode):
+    """Records the name of every operation that runs inside its block."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _uncounted(ops) -> list:
+    names = set()
+    for op in ops:
+        if op in flop_registry or op.overloadpacket in flop_registry:
+            continue
+        name = str(op.overloadpacket).split(".")[-1]
+        if any(w in name.lower() for w in HEAVY_OP_WORDS):
+            names.add(str(op))
+    return sorted(names)
+
+
 @dataclass
 class FlopCount:
     """FLOPs (floating-point operations, multiply and add counted separately) of one step.
 
-    forward:  the model's forward pass
-    loss:     the loss function (usually ~0: the counter counts matrix products)
-    backward: the backward pass
-    total:    forward + loss + backward
-    ratio:    (forward + backward) / forward - 3 for a model whose every matrix
-              product also needs the gradient of its input
+    forward:   the model's forward pass
+    loss:      the loss function (usually ~0: the counter counts matrix products)
+    backward:  the backward pass
+    total:     forward + loss + backward
+    ratio:     (forward + backward) / forward - 3 for a model whose every matrix
+               product also needs the gradient of its input
+    uncounted: names of heavy operations that ran but have no formula, so
+               their FLOPs are missing from the counts (empty: nothing missed)
     """
 
     forward: int
     loss: int
     backward: int
+    uncounted: tuple = ()
 
     @property
     def total(self) -> int:
@@ -47,27 +92,53 @@ class FlopCount:
 
     @property
     def ratio(self) -> float:
+        if self.forward == 0:
+            raise ValueError("no forward FLOPs were counted"
+                             + (f" (uncounted operations: {', '.join(self.uncounted)})" if self.uncounted else "")
+                             + ": the ratio (forward + backward) / forward is undefined")
         return (self.forward + self.backward) / self.forward
 
 
-def count_flops(model, inputs, targets=None, loss_fn=None) -> FlopCount:
+def count_flops(model, inputs, targets=None, loss_fn=None, strict: bool = False) -> FlopCount:
     """Count FLOPs of forward, loss and backward for one batch (gradients are cleared after).
 
-    Without ``loss_fn`` the backward starts from ``output.sum()``.
+    Without ``loss_fn`` the backward starts from ``output.sum()``. Counted are
+    the operations ``FlopCounterMode`` has formulas for (matrix products,
+    convolutions, some attention kernels); elementwise work is not. When a
+    heavy operation without a formula runs (an mkldnn LSTM on CPU, the CPU
+    flash-attention kernel, ``nn.TransformerEncoder``'s fast path), its FLOPs
+    are missing: the result names it in ``.uncounted`` and an
+    :class:`UncountedFlopsWarning` is issued, or, with ``strict=True``, a
+    ``ValueError`` is raised instead.
     """
     args = _as_args(inputs)
-    with FlopCounterMode(display=False) as fc:
+    seen = _OpsSeen()
+    with FlopCounterMode(display=False) as fc, seen:
         out = model(*args)
     fwd = fc.get_total_flops()
-    with FlopCounterMode(display=False) as fc:
+    with FlopCounterMode(display=False) as fc, seen:
         loss = loss_fn(out, targets) if loss_fn is not None else out.float().sum()
     lss = fc.get_total_flops()
-    with FlopCounterMode(display=False) as fc:
+    missed = tuple(_uncounted(seen.ops))
+    if not loss.requires_grad:
+        if missed:
+            warnings.warn(f"FlopCounterMode has no FLOP formula for {', '.join(missed)}", UncountedFlopsWarning,
+                          stacklevel=2)
+        raise ValueError("the loss does not require a gradient, so there is no backward to count "
+                         "(is the model in eval mode under torch.no_grad(), or are its parameters frozen?)")
+    with FlopCounterMode(display=False) as fc, seen:
         loss.backward()
     bwd = fc.get_total_flops()
     for p in model.parameters():
         p.grad = None
-    return FlopCount(forward=int(fwd), loss=int(lss), backward=int(bwd))
+    missed = tuple(_uncounted(seen.ops))
+    if missed:
+        msg = (f"FlopCounterMode has no FLOP formula for {', '.join(missed)}: their work is missing from the "
+               "count (forward {0:,}, backward {1:,} FLOPs counted)".format(int(fwd), int(bwd)))
+        if strict:
+            raise ValueError(msg)
+        warnings.warn(msg, UncountedFlopsWarning, stacklevel=2)
+    return FlopCount(forward=int(fwd), loss=int(lss), backward=int(bwd), uncounted=missed)
 
 
 @dataclass
