@@ -231,6 +231,9 @@ def ledger_table(ledgers, formula: dict | None = None) -> str:
             f = formula.get(r)
             cells += f"{('' if f is None else format_bytes(f)):>14s}"
         lines.append(f"{r:16s}" + cells)
+    if any(l.peak is not None for l in ledgers.values()):
+        lines.append("peak: on a GPU the allocator's peak; on a CPU tensors only, a lower bound "
+                     "(scratch buffers inside kernels are not seen)")
     return "\n".join(lines)
 
 

@@ -12,7 +12,8 @@ Everything here uses PyTorch's own tools:
 * :class:`torch.utils.flop_counter.FlopCounterMode` for FLOPs;
 * ``torch.distributed._tools.mem_tracker.MemTracker`` for the peak memory of a
   step on CPU (private, but the only deterministic CPU peak PyTorch offers; it
-  is documented in its source), and ``torch.cuda.max_memory_allocated`` on a GPU.
+  is documented in its source; it counts tensors only, so it is a lower bound
+  of what the allocator held), and ``torch.cuda.max_memory_allocated`` on a GPU.
 
 Units: bytes for memory, FLOPs (floating-point operations, a multiply-add is 2)
 for compute, seconds for time. Ratios are plain numbers.
@@ -180,7 +181,9 @@ def peak_step_memory(model, x, strategy="none") -> int:
 
     On CUDA: ``torch.cuda.max_memory_allocated`` minus the memory held before
     the step. On CPU: PyTorch's ``MemTracker``, whose peak total (parameters,
-    gradients, activations, temporaries) minus the parameter bytes is returned.
+    gradients, activations, temporaries) minus the parameter bytes is returned:
+    tensors only, a lower bound, since scratch buffers that kernels allocate
+    inside themselves are not seen.
     Gradients are set to ``None`` before and after, so they count once.
     """
     model.zero_grad(set_to_none=True)
