@@ -284,3 +284,120 @@ def multiplier_figure(ratios: dict, slogan: float = 3.0):
     lo, hi = min(ratios.values()), max(ratios.values())
     return show(fig, alt=f"Bars of the ratio on a log scale, from {lo:.1f} for SGD at batch 1 to {hi:.0f} for Adam "
                 "in mixed precision with long sequences; the dashed slogan line matches none in particular.")
+
+
+def plot_activation_sweep(results: dict, sweeps: dict, names: dict | None = None,
+                          title: str = "Saved activations of the GPT's layers: measured against Korthikanti et al."):
+    """Measured and formula activation bytes against each size, on log-log axes.
+
+    ``sweeps`` maps a size ("batch", "seq", ...) to the values tried;
+    ``results[(size, value)]`` is ``(measured_bytes, formula_bytes)``. Both
+    axes are logarithmic, so a quantity proportional to the size is a straight
+    line of slope 1: a dotted slope-1 guide through each panel's first point
+    shows it. The s**2 attention term makes the sequence panel steeper than the
+    guide; a part that does not grow (width's s**2 term) makes a panel flatter.
+    Returns the figure.
+    """
+    names = names or {}
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(3.4 * len(sweeps), 3.6), squeeze=False)
+    for ax, (knob, values) in zip(axes[0], sweeps.items()):
+        measured = [results[(knob, v)][0] / MIB for v in values]
+        formula = [results[(knob, v)][1] / MIB for v in values]
+        guide = [measured[0] * v / values[0] for v in values]
+        ax.plot(values, guide, ":", color="black", lw=1, label="∝ size (slope 1)")
+        ax.plot(values, formula, "-", color="grey", label="formula")
+        ax.plot(values, measured, "o", color="#C44E52", label="measured")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xticks(values, [str(v) for v in values])
+        lo, hi = min(guide + measured), max(guide + measured)
+        ticks = [2.0 ** k for k in range(int(_floor_log2(lo)), int(_floor_log2(hi)) + 2)]
+        ax.set_yticks(ticks, [_mib_label(t) for t in ticks])
+        ax.minorticks_off()
+        name = names.get(knob, knob)
+        ax.set_xlabel(f"{name[:-1]}, log scale)" if name.endswith(")") else f"{name} (log scale)")
+        ax.set_title(f"varying {knob}", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("activations (MiB, log scale)")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(title, y=1.02)
+    fig.tight_layout()
+    return fig
+
+
+def _floor_log2(x: float) -> float:
+    import math
+
+    return math.floor(math.log2(x))
+
+
+def _mib_label(v: float) -> str:
+    return f"{v:g}" if v >= 1 else f"1/{1 / v:g}"
+
+
+def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
+                           title: str = "Training memory as a multiple of the weights: it depends on the choices"):
+    """Bars of training memory / weight memory, one per configuration, each labelled with its value.
+
+    ``ratios`` maps a configuration label to the ratio (×). The axis is
+    logarithmic (the values span more than tenfold) with ticks at 1, 2, 5,
+    10, 20, 50...; each bar carries its value, so none has to be read off
+    the axis. A dashed line marks the slogan's multiplier. Returns the figure.
+    """
+    labels, vals = list(ratios), list(ratios.values())
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    bars = ax.bar(labels, vals, color="#8172B3")
+    for bar, v in zip(bars, vals):
+        ax.text(bar.get_x() + bar.get_width() / 2, v * 1.06, f"{v:.1f}×", ha="center", va="bottom", fontsize=9,
+                bbox=dict(facecolor="white", edgecolor="none", pad=1.0), zorder=4)
+    ax.axhline(slogan, color="black", linestyle="--", label=f'the slogan: "{slogan:g} × the weights"')
+    ax.set_yscale("log")
+    top = max(vals + [slogan]) * 1.6
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top]
+    ax.set_yticks(ticks, [f"{t}×" for t in ticks])
+    ax.minorticks_off()
+    ax.set_ylim(1, top)
+    ax.set_ylabel("training memory / weight memory (×, log scale)")
+    ax.set_xlabel("optimizer, precision, batch × sequence length")
+    ax.set_title(title)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def plot_goodput_failures(devices: list, rows: dict, no_failure: list, title: str = ""):
+    """Two panels on what failures cost a synchronous job as it grows.
+
+    ``devices`` is the device counts; ``rows`` maps a curve label (e.g. a
+    device MTBF) to a list of :class:`lessonlib.calc.goodput.Goodput`, one
+    per device count; ``no_failure`` is speedup / devices alone (Amdahl).
+    Left: share of wall-clock time lost to saves, redone work and restarts
+    (%, linear). Right: useful progress per paid device-hour on a log axis,
+    with the no-failure line drawn on top, so the gap that failures open is
+    visible beside Amdahl's fall. Returns the figure.
+    """
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    styles = ["-", "--", "-."]
+    for i, (label, gs) in enumerate(rows.items()):
+        left.plot(devices, [100 * (1 - g.useful_fraction) for g in gs], styles[i % 3], marker="o", label=label)
+        right.plot(devices, [g.per_device_hour for g in gs], styles[i % 3], marker="o", label=label)
+    right.plot(devices, no_failure, ":", color="black", lw=2, zorder=5, label="no failures (Amdahl alone)")
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xticks(devices, [f"{n:,}" for n in devices], rotation=30)
+        ax.minorticks_off()
+        ax.set_xlabel("devices (count, log scale)")
+        ax.grid(alpha=0.3)
+    left.set_ylim(0, 100)
+    left.set_ylabel("time lost to saves, redone work, restarts (%)")
+    left.set_title("What failures take from the wall-clock time", fontsize=10)
+    right.set_yscale("log")
+    right.set_ylabel("one-device hours per paid device-hour (log scale)")
+    right.set_title("Useful progress per paid device-hour", fontsize=10)
+    left.legend(fontsize=8, loc="upper left")
+    right.legend(fontsize=8, loc="lower left")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

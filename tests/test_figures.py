@@ -1,0 +1,85 @@
+"""The three figures issue 12 asked to redraw (items 11-13): the shapes they must show."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+
+from lessonlib.book import plots
+from lessonlib.calc import amdahl
+from lessonlib.calc.goodput import goodput
+from lessonlib.calc.memory import activation_bytes
+
+
+def _sweep():
+    base = dict(batch=2, seq=64, layers=2, hidden=128, heads=4)
+    sweeps = {"batch": [1, 2, 4, 8], "seq": [32, 64, 128, 256], "layers": [1, 2, 4], "hidden": [64, 128, 256]}
+    results = {}
+    for knob, values in sweeps.items():
+        for v in values:
+            c = {**base, knob: v}
+            f = activation_bytes(c["seq"], c["batch"], c["hidden"], c["heads"], c["layers"])
+            results[(knob, v)] = (f, f)
+    return sweeps, results
+
+
+def _slope(line):
+    import math
+
+    (x0, x1), (y0, y1) = line.get_xdata()[[0, -1]], line.get_ydata()[[0, -1]]
+    return math.log(y1 / y0) / math.log(x1 / x0)
+
+
+def test_activation_sweep_is_log_log_with_a_slope_one_guide():
+    sweeps, results = _sweep()
+    fig = plots.plot_activation_sweep(results, sweeps, {"batch": "batch (sequences)"})
+    for ax, knob in zip(fig.axes, sweeps):
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        guide, formula, measured = ax.get_lines()
+        assert guide.get_label().endswith("(slope 1)") and _slope(guide) == pytest.approx(1.0)
+        s = _slope(formula)
+        if knob in ("batch", "layers"):
+            assert s == pytest.approx(1.0)      # exactly linear: on the guide
+        elif knob == "seq":
+            assert s > 1.2                       # the s**2 term: steeper than the guide
+        else:
+            assert 0.5 < s < 1.0                 # width: the s**2 term does not grow with h
+        assert ax.get_xlabel() and "log scale" in ax.get_xlabel()
+    assert fig.axes[0].get_ylabel() == "activations (MiB, log scale)"
+    assert fig.axes[0].get_xlabel() == "batch (sequences, log scale)"
+    assert fig._suptitle.get_text()
+    plots.show(fig, alt="four log-log panels")
+
+
+def test_memory_multiplier_bars_are_labelled_with_their_values():
+    ratios = {"SGD, fp32": 2.77, "Adam, fp32": 4.77, "Adam, mixed": 8.84, "long sequences": 50.7}
+    fig = plots.plot_memory_multiplier(ratios)
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["2.8×", "4.8×", "8.8×", "50.7×"]  # every value readable without the axis
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(ticks) >= 5 and "10×" in ticks and "50×" in ticks  # more than a single "10"
+    assert ax.get_title() and "×" in ax.get_ylabel()
+    plots.show(fig, alt="bars")
+
+
+def test_goodput_failure_figure_separates_the_reliability_curves():
+    ns = [1, 8, 64, 512, 4096, 16384, 65536]
+    rows = {f"{mt:,} h": [goodput(n, amdahl.speedup_from_share(0.001, n), mt, 60, 600) for n in ns]
+            for mt in (5_000, 50_000, 500_000)}
+    no_fail = [amdahl.speedup_from_share(0.001, n) / n for n in ns]
+    fig = plots.plot_goodput_failures(ns, rows, no_fail, title="t")
+    left, right = fig.axes
+    lost = [line.get_ydata() for line in left.get_lines()]
+    # at the largest job the three reliabilities lose clearly different shares (points, not a hair apart)
+    last = sorted(y[-1] for y in lost)
+    assert last[1] - last[0] > 5 and last[2] - last[1] > 5
+    assert left.get_ylim() == (0, 100) and "%" in left.get_ylabel()
+    # the no-failure line is drawn on top of the others, and lies above every failure curve
+    top = max(right.get_lines(), key=lambda line: line.get_zorder())
+    assert top.get_label().startswith("no failures")
+    for line in right.get_lines():
+        if line is not top:
+            assert all(y <= t + 1e-12 for y, t in zip(line.get_ydata(), top.get_ydata()))
+    assert right.get_yscale() == "log"
+    plots.show(fig, alt="two panels")
