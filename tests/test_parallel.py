@@ -74,6 +74,20 @@ def test_bad_input_names_the_argument(call, name):
 
 # --- communication volume ---------------------------------------------------
 
+def test_amdahl_report_prints_numbers_as_people_write_them():
+    """Issue 12, prose slips: no "256.00× (not 256×)", no "1.00× (not 1×)", 62.5 % not 62 %."""
+    import re
+
+    from lessonlib.book.reports import amdahl_report
+
+    text = lambda *a: re.sub(r"<[^>]+>", " ", amdahl_report(*a))  # noqa: E731
+    assert "256× (all 256 devices fully used)" in text(256, 0.0) and "not 256" not in text(256, 0.0)
+    assert "1× (one device" in text(1, 0.2) and "not 1×" not in text(1, 0.2)
+    four = text(4, 0.2)
+    assert "2.5× (not 4×)" in four and "62.5 %" in four and "5×" in four
+    assert "4.71× (not 8×)" in text(8, 0.1) and "58.8 %" in text(8, 0.1)
+
+
 def test_ring_allreduce_bytes():
     assert ring_allreduce_bytes(1000, 1) == 0
     assert ring_allreduce_bytes(1000, 2) == 1000

@@ -17,6 +17,20 @@ from ..measure.timing import PHASES, StepTiming
 from ..checks import amount as _check_amount, choice as check_choice, count as _check_count, share as _check_share
 
 
+def _trim(x: float, digits: int = 2) -> str:
+    """``2.50`` -> ``'2.5'``, ``256.0`` -> ``'256'``, ``62.5`` -> ``'62.5'``: no trailing zeros."""
+    text = f"{x:.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _speedup_text(speedup: float, devices: int) -> str:
+    if devices == 1:
+        return "1× (one device: nothing to divide)"
+    if abs(speedup - devices) < 0.005:
+        return f"{devices}× (all {devices} devices fully used)"
+    return f"{_trim(speedup)}× (not {devices}×)"
+
+
 def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
     """The Amdahl calculator's answer as a short HTML table (for :class:`lessonlib.book.interactive.Explorer`).
 
@@ -32,7 +46,7 @@ def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
     total = amdahl_time(serial_share, parallel, devices, communication_share)
     s = speedup_from_share(serial_share, devices, communication_share)
     ceiling = (1.0 / (serial_share + communication_share)) if serial_share + communication_share > 0 else math.inf
-    ceiling_txt = "no limit (nothing serial, no communication)" if math.isinf(ceiling) else f"{ceiling:.2f}×"
+    ceiling_txt = "no limit (nothing serial, no communication)" if math.isinf(ceiling) else f"{_trim(ceiling)}×"
     return (
         "<table>"
         f"<tr><td>serial part</td><td>{100 * serial_share:.0f} % of the one-device time</td></tr>"
@@ -40,8 +54,8 @@ def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
         f"<td>{100 * parallel:.0f} % / {devices} = {100 * parallel / devices:.1f} %</td></tr>"
         f"<tr><td>communication</td><td>{100 * comm:.0f} %</td></tr>"
         f"<tr><th>new time</th><th>{100 * total:.1f} % of the one-device time</th></tr>"
-        f"<tr><th>speedup</th><th>{s:.2f}× (not {devices}×)</th></tr>"
-        f"<tr><td>efficiency (speedup / devices)</td><td>{100 * s / devices:.0f} %</td></tr>"
+        f"<tr><th>speedup</th><th>{_speedup_text(s, devices)}</th></tr>"
+        f"<tr><td>efficiency (speedup / devices)</td><td>{_trim(100 * s / devices, 1)} %</td></tr>"
         f"<tr><td>ceiling with unlimited devices</td><td>{ceiling_txt}</td></tr>"
         "</table>"
     )
