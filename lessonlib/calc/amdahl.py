@@ -21,7 +21,7 @@ def amdahl_time(serial, parallel, devices, communication=0.0) -> float:
 
         time = serial + parallel / devices + (communication if devices > 1 else 0)
 
-    The seed's example: 20 serial units and 80 parallel units on 4 devices
+    The course's 80/20 example: 20 serial units and 80 parallel units on 4 devices
     take 20 + 80/4 = 40 units.
 
     >>> amdahl_time(20, 80, 4)
