@@ -12,7 +12,7 @@ from ..calc.amdahl import speedup_from_share
 from ..calc.collectives import ring_allreduce_bytes
 from ..calc.goodput import goodput
 from ..calc.pipeline import pipeline_bubble_fraction
-from .plots import show
+from .plots import plot_goodput_failures, show
 
 
 def growing_communication(share: float, ns, per_step: float) -> list[float]:
@@ -162,20 +162,21 @@ def stall_figure(runs: list, stall_step: int, stall_s: float, stalled_rank: int 
                 "again. The flat stretch is shaded as paid time with no progress.")
 
 
-def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtbfs=(10_000, 50_000, 200_000)):
-    """One-device hours per paid device-hour against the device count, for device MTBFs ``mtbfs`` (hours)."""
-    fig, ax = plt.subplots(figsize=(7.5, 3.9))
-    for mt in mtbfs:
-        ax.plot(ns, [goodput(n, speedup_from_share(serial_share, n), mt, ckpt_s, restart_s).per_device_hour
-                     for n in ns], marker="o", label=f"device MTBF {mt:,} h")
-    ax.plot(ns, [speedup_from_share(serial_share, n) / n for n in ns], color="grey", ls=":",
-            label="speedup / devices alone (no failures)")
-    ax.set(xscale="log", xlabel="devices (count, log scale)", ylabel="one-device hours per paid device-hour",
-           title=f"Useful progress per paid device-hour (serial share {serial_share:.1%}, save {ckpt_s} s, "
-                 f"restart {restart_s // 60} min)", ylim=(0, 1.05))
-    ax.set_xticks(ns, [f"{n:,}" for n in ns])
-    ax.legend(fontsize=8)
-    return show(fig, alt="Useful progress per paid device-hour against device count, for device mean times between "
-                "failures of " + ", ".join(f"{m:,}" for m in mtbfs) + " hours. All curves start near 1 for one "
-                "device and fall as devices are added; the less reliable the device, the faster the fall. A dotted "
-                "line shows the loss from the serial share alone.")
+def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtbfs=(5_000, 50_000, 500_000)):
+    """What failures cost as a job grows, for device MTBFs ``mtbfs`` (hours): the share of time lost, and
+    one-device hours per paid device-hour beside the no-failure line (see :func:`lessonlib.book.plots.plot_goodput_failures`)."""
+    rows = {f"device MTBF {mt:,} h": [goodput(n, speedup_from_share(serial_share, n), mt, ckpt_s, restart_s)
+                                      for n in ns] for mt in mtbfs}
+    no_failure = [speedup_from_share(serial_share, n) / n for n in ns]
+    fig = plot_goodput_failures(list(ns), rows, no_failure,
+                                title=f"Serial share {serial_share:.1%}, saves of {ckpt_s} s, restarts of "
+                                      f"{restart_s / 60:g} min")
+    lost = ", ".join(f"{100 * (1 - gs[-1].useful_fraction):.0f} % with {mt:,}-hour devices"
+                     for mt, gs in zip(mtbfs, rows.values()))
+    return show(fig, alt=f"Two panels against the device count, from {ns[0]:,} to {ns[-1]:,} on a log axis, for "
+                "device mean times between failures of " + ", ".join(f"{m:,}" for m in mtbfs) + " hours. Left: "
+                "the share of wall-clock time lost to saves, redone work and restarts; it grows with the device "
+                "count, because a job on n devices fails n times as often, and the less reliable the devices the "
+                f"faster: at {ns[-1]:,} devices {lost}. Right: one-device hours of progress per paid device-hour, "
+                "on a log axis. The dotted no-failure line (the serial share alone) lies on top; each failure "
+                "curve falls further below it as devices are added.")
