@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 
 from ..calc.amdahl import amdahl_time, speedup_from_share
-from ..calc.goodput import SECONDS_PER_HOUR, goodput
+from ..calc.devices import sustained_flops_per_s
+from ..calc.goodput import SECONDS_PER_HOUR, goodput, job_mtbf_seconds
 from ..calc.memory import RECOMPUTE_CHOICES, format_bytes
 from ..calc.planner import PRESETS, plan
+from ..calc.reliability import young_interval
 from ..measure.memory import MemoryLedger
 from ..measure.timing import PHASES, StepTiming
 from ..checks import amount as _check_amount, choice as check_choice, count as _check_count, share as _check_share
@@ -103,31 +105,43 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:.0f} days"
 
 
-INTERVALS = {"Young/Daly optimum": None, "every 10 min": 600.0, "every 2 h": 7200.0}
+INTERVALS = {"exact optimum": None, "Young's sqrt(2CM)": "young", "every 10 min": 600.0, "every 2 h": 7200.0}
+
+#: The goodput calculator warns when the chosen interval loses this much more wall time
+#: (a share of wall time, 0.01 = one percentage point) than the exact optimum would.
+WORSE_THAN_OPTIMUM = 0.01
 
 
 def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds, interval, restart_seconds) -> str:
     """The goodput calculator's answer as a short HTML table (for an Explorer).
 
     ``serial_share`` (0 to 1) gives the speedup by Amdahl's law;
-    ``interval`` is a key of :data:`INTERVALS` or a number of seconds.
+    ``interval`` is a key of :data:`INTERVALS` or a number of seconds. The
+    time lost is exact for exponential failures
+    (:func:`lessonlib.calc.reliability.expected_overhead`); a note appears
+    when the chosen interval loses more than :data:`WORSE_THAN_OPTIMUM` of
+    wall time above the optimum, naming what the optimum would lose.
     """
     speed = speedup_from_share(serial_share, devices)
     if isinstance(interval, str):
         if interval not in INTERVALS:
             raise ValueError(f"interval must be one of {list(INTERVALS)} or seconds, got {interval!r}")
         interval = INTERVALS[interval]
+        if interval == "young":
+            interval = young_interval(checkpoint_seconds, job_mtbf_seconds(device_mtbf_hours, devices))
     g = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds, interval)
+    best = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds)
     warn = ""
-    if g.interval_s > g.job_mtbf_s / 2:
-        warn = ("<tr><td colspan='2'><em>The interval is not small next to the job's MTBF: "
-                "this first-order estimate is rough here.</em></td></tr>")
+    if best.useful_fraction - g.useful_fraction > WORSE_THAN_OPTIMUM:
+        warn = (f"<tr><td colspan='2'><em>This interval loses {100 * (best.useful_fraction - g.useful_fraction):.1f} "
+                f"percentage points more than the optimum ({_duration(best.interval_s)}), which loses "
+                f"{100 * (1 - best.useful_fraction):.1f} %.</em></td></tr>")
     return (
         "<table>"
         f"<tr><td>speedup on {g.devices:,} device{'s' if g.devices > 1 else ''}</td><td>{g.speedup:.1f}×</td></tr>"
         f"<tr><td>job's mean time between failures</td><td>{_duration(g.job_mtbf_s)}</td></tr>"
         f"<tr><td>checkpoint interval</td><td>{_duration(g.interval_s)}</td></tr>"
-        f"<tr><td>time lost to saves, redone work, restarts</td><td>{100 * (1 - g.useful_fraction):.1f} % of wall time</td></tr>"
+        f"<tr><td>time lost to saves, redone work, restarts (exact, exponential failures)</td><td>{100 * (1 - g.useful_fraction):.1f} % of wall time</td></tr>"
         f"<tr><th>progress per wall-clock hour</th><th>{g.progress_per_hour:,.1f} one-device hours</th></tr>"
         f"<tr><th>progress per paid device-hour</th><th>{g.per_device_hour:.2f} one-device hours</th></tr>"
         f"<tr><td>paid device-hours per hour of progress</td><td>{g.paid_per_useful_hour:.2f}</td></tr>"
@@ -137,12 +151,15 @@ def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds,
 
 def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int, seq_len: int,
               recompute: str, device_GB: int, tokens_per_param: float = 20.0,
-              device_flops_per_s: float = 4e14, max_days: float = 30.0) -> str:
+              device_flops_per_s: float | None = None, max_days: float = 30.0) -> str:
     """The planner for one preset model, as a small HTML report (for ``lessonlib.book.interactive.Explorer``).
 
     ``device_GB`` is device memory in 10^9 bytes; training tokens are
-    ``tokens_per_param`` x parameters; ``device_flops_per_s`` is the sustained rate.
+    ``tokens_per_param`` x parameters; ``device_flops_per_s`` is the sustained rate
+    (default: the course's device at its stated utilisation, :func:`lessonlib.calc.devices.sustained_flops_per_s`).
     """
+    if device_flops_per_s is None:
+        device_flops_per_s = sustained_flops_per_s()
     check_choice("model", model, PRESETS)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
     p = PRESETS[model]
