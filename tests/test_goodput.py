@@ -10,7 +10,7 @@ from lessonlib.book.reports import goodput_report
 from lessonlib.book import reports as P
 from lessonlib.measure.distributed.splits import run_stalled_job
 from lessonlib.calc.amdahl import speedup_from_share
-from lessonlib.calc.reliability import expected_overhead, optimal_interval, young_interval
+from lessonlib.calc.reliability import daly_interval, expected_overhead, optimal_interval, young_interval
 
 
 def test_job_mtbf_divides_by_devices():
@@ -84,8 +84,8 @@ def test_reports():
         for key in P.INTERVALS:
             html = goodput_report(n, 0.001, 10_000, 300, key, 1200)
             mtbf = G.job_mtbf_seconds(10_000, n)
-            t = {"exact optimum": optimal_interval(300, mtbf), "Young's sqrt(2CM)": young_interval(300, mtbf)}.get(
-                key, P.INTERVALS[key])
+            t = {"exact optimum": optimal_interval(300, mtbf), "Young's sqrt(2CM)": young_interval(300, mtbf),
+                 "Daly (2006)": daly_interval(300, mtbf)}.get(key, P.INTERVALS[key])
             worse = 1 / (1 + expected_overhead(optimal_interval(300, mtbf), 300, mtbf, 1200)) - \
                 1 / (1 + expected_overhead(t, 300, mtbf, 1200))
             assert ("more than the optimum" in html) == (worse > P.WORSE_THAN_OPTIMUM)

@@ -13,7 +13,7 @@ from ..calc.devices import sustained_flops_per_s
 from ..calc.goodput import SECONDS_PER_HOUR, goodput, job_mtbf_seconds
 from ..calc.memory import RECOMPUTE_CHOICES, format_bytes
 from ..calc.planner import PRESETS, plan
-from ..calc.reliability import young_interval
+from ..calc.reliability import daly_interval, young_interval
 from ..measure.memory import MemoryLedger
 from ..measure.timing import PHASES, StepTiming
 from ..checks import amount as _check_amount, choice as check_choice, count as _check_count, share as _check_share
@@ -105,7 +105,8 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:.0f} days"
 
 
-INTERVALS = {"exact optimum": None, "Young's sqrt(2CM)": "young", "every 10 min": 600.0, "every 2 h": 7200.0}
+INTERVALS = {"exact optimum": None, "Young's sqrt(2CM)": "young", "Daly (2006)": "daly", "every 10 min": 600.0,
+             "every 2 h": 7200.0}
 
 #: The goodput calculator warns when the chosen interval loses this much more wall time
 #: (a share of wall time, 0.01 = one percentage point) than the exact optimum would.
@@ -127,8 +128,9 @@ def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds,
         if interval not in INTERVALS:
             raise ValueError(f"interval must be one of {list(INTERVALS)} or seconds, got {interval!r}")
         interval = INTERVALS[interval]
-        if interval == "young":
-            interval = young_interval(checkpoint_seconds, job_mtbf_seconds(device_mtbf_hours, devices))
+        if interval in ("young", "daly"):
+            rule = young_interval if interval == "young" else daly_interval
+            interval = rule(checkpoint_seconds, job_mtbf_seconds(device_mtbf_hours, devices))
     g = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds, interval)
     best = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds)
     warn = ""
