@@ -225,3 +225,19 @@ def timing_table(t: StepTiming) -> str:
         share = f"{100 * t.shares[k]:.1f} %" if k in t.shares else ""
         lines.append(f"{k:12s}{1000 * t.seconds[k]:11.3f}{t.ratios[k]:14.2f}{share:>15s}")
     return "\n".join(lines)
+
+
+class HTMLTable(str):
+    """An HTML table that Jupyter, Colab and the book all display as a table (``_repr_html_``)."""
+
+    def _repr_html_(self) -> str:
+        return str(self)
+
+
+def html_table(header, rows) -> HTMLTable:
+    """A plain HTML table from a header (strings) and rows (sequences of values, shown with ``str``; escaped)."""
+    import html
+
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return HTMLTable(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")

@@ -28,7 +28,7 @@ LLAMA31_CARD = ("Meta (2024). Llama 3.1 model card. github.com/meta-llama/llama-
 LLAMA2_CARD = "Meta (2023). Llama 2 model card. github.com/meta-llama/llama, MODEL_CARD.md"
 
 _CARD_READ = "read in the model card's text"
-_SECONDARY = "quoted from the report by secondary summaries (not read in the report itself)"
+_SECONDARY = "quoted by secondary summaries (report itself not read)"
 
 #: Llama 3.1 405B, the page's run.
 LLAMA3_405B = {
@@ -38,7 +38,7 @@ LLAMA3_405B = {
     "heads": Figure(128, "attention heads", LLAMA3_PAPER, "Table 3", _SECONDARY),
     "tokens": Figure(15.6e12, "training tokens", LLAMA3_PAPER, "Section 3 (pre-training on 15.6T tokens)",
                      _SECONDARY + "; the model card says only '15T+'"),
-    "flops": Figure(3.8e25, "training FLOPs of the flagship model ('3.8 x 10^25')", LLAMA3_PAPER, "Section 1",
+    "flops": Figure(3.8e25, "training FLOPs of the flagship model", LLAMA3_PAPER, "Section 1",
                     _SECONDARY),
     "gpus": Figure(16384, "H100-80GB GPUs", LLAMA3_PAPER, "Section 3.3.1 and Table 4", _SECONDARY),
     "tp": Figure(8, "tensor-parallel degree", LLAMA3_PAPER, "Table 4", _SECONDARY),
@@ -95,7 +95,8 @@ def format_value(figure: Figure) -> str:
     if x < 1:
         text = f"{100 * x:g} %"
     elif x >= 1e9:
-        text = f"{x:.4g}".replace("e+", " × 10^")
+        mantissa, exponent = f"{x:.4g}".split("e+")
+        text = f"{mantissa} × 10" + str(int(exponent)).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
     elif x >= 1e6:
         text = f"{x / 1e6:g} million"
     else:
