@@ -137,3 +137,26 @@ def test_simulation_is_seeded_and_checks_input():
         simulate_overhead(best, c, m, 0)
     with pytest.raises(ValueError, match="iterations"):
         optimal_interval(c, m, iterations=0)
+
+
+def test_chapter_2_interval_calculator_shows_the_exact_loss():
+    from lessonlib.book.reports import interval_report
+
+    html = interval_report(5, 1)          # a 5-minute save, one failure an hour
+    assert "55.5%" in html                # exact, at Young's interval
+    assert "40.8%" in html                # the first-order figure, named as such
+    assert "Daly" in html and "exact optimum" in html and "55.0%" in html
+    with pytest.raises(ValueError, match="save_minutes"):
+        interval_report(0, 1)
+    with pytest.raises(ValueError, match="mtbf_hours"):
+        interval_report(5, -1)
+
+
+def test_chapter_2_no_longer_credits_young_s_formula_to_daly():
+    import nbformat
+    from conftest import ROOT
+
+    nb = nbformat.read(ROOT / "chapters/02-two-checkpoints/04-how-often-and-which-kind.ipynb", as_version=4)
+    text = "\n".join(c.source for c in nb.cells)
+    assert "refined by\nDaly" not in text and "refined by Daly" not in text
+    assert "optimal_interval" in text and "daly_interval" in text

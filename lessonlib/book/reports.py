@@ -13,7 +13,8 @@ from ..calc.devices import sustained_flops_per_s
 from ..calc.goodput import SECONDS_PER_HOUR, goodput, job_mtbf_seconds
 from ..calc.memory import RECOMPUTE_CHOICES, format_bytes
 from ..calc.planner import PRESETS, plan
-from ..calc.reliability import daly_interval, young_interval
+from ..calc.reliability import (daly_interval, expected_overhead, first_order_overhead, optimal_interval,
+                                 young_interval)
 from ..measure.memory import MemoryLedger
 from ..measure.timing import PHASES, StepTiming
 from ..checks import amount as _check_amount, choice as check_choice, count as _check_count, share as _check_share
@@ -241,3 +242,19 @@ def html_table(header, rows) -> HTMLTable:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
     return HTMLTable(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+
+def interval_report(save_minutes, mtbf_hours) -> str:
+    """Chapter 2's checkpoint-interval calculator as HTML: Young's, Daly's and the exact optimal interval,
+    each with its exact expected extra time (exponential failures, no restart time), and what the
+    first-order formula would say at Young's interval."""
+    c = _check_amount("save_minutes", save_minutes, allow_zero=False) * 60
+    m = _check_amount("mtbf_hours", mtbf_hours, allow_zero=False) * SECONDS_PER_HOUR
+    rows = [("Young: √(2CM)", young_interval(c, m)), ("Daly (2006)", daly_interval(c, m)),
+            ("exact optimum", optimal_interval(c, m))]
+    body = "".join(f"<tr><td>{name}</td><td align=right>{t / 60:,.1f} min</td>"
+                   f"<td align=right>{expected_overhead(t, c, m):.1%}</td></tr>" for name, t in rows)
+    first = first_order_overhead(rows[0][1], c, m)
+    return (f"<table><tr><th>interval</th><th>save every</th><th>extra time (exact)</th></tr>{body}</table>"
+            f"<p>At Young's interval the first-order formula C/τ + τ/(2M) would say {first:.1%}. Extra time is a "
+            f"share of the useful work time, for exponential failures with no restart time.</p>")
