@@ -1,11 +1,10 @@
 """The reader's own model-FLOPs utilisation (MFU): achieved FLOP/s over a peak FLOP/s, both measured here.
 
-* :func:`matmul_flops_per_s` - the peak: FLOP/s of a large square matrix
+* :func:`measure_matmul_flops` - the peak: FLOP/s of a large square matrix
   multiply, the operation a device is fastest at (FLOPs counted by
-  ``FlopCounterMode``, 2 n^3 for an n x n product).
-* :func:`training_step_flops_per_s` - the achieved rate: a training step's
-  counted FLOPs (:func:`lessonlib.measure.timing.count_flops`: forward, loss and
-  backward matrix products) over its median time
+  ``FlopCounterMode``: 2 n^3 for an n x n product).
+* the achieved rate is a training step's counted FLOPs
+  (:func:`lessonlib.measure.timing.count_flops`) over its median time
   (:func:`lessonlib.measure.timing.time_training_step`).
 
 Their ratio is the MFU the published runs report (Meta: 38-43 % for Llama 3 405B).
@@ -19,16 +18,15 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from .device import Timer, synchronize, threads
-from .timing import count_flops, time_training_step
 from ..checks import count as check_count
 
 
-def matmul_flops_per_s(size: int = 1024, dtype=torch.float32, device=None, repeats: int = 10,
-                       warmup: int = 2, num_threads: int | None = 1) -> float:
+def measure_matmul_flops(size: int = 1024, dtype=torch.float32, device=None, repeats: int = 10,
+                         warmup: int = 2, num_threads: int | None = 1) -> float:
     """Median FLOP/s of ``size`` x ``size`` matrix products (``dtype``, on ``device``; CPU by default).
 
-    ``num_threads`` sets torch's CPU threads for the measurement (1 by default,
-    to match :func:`training_step_flops_per_s`; None keeps the current setting).
+    ``num_threads`` sets torch's CPU threads for the measurement (1 by default, as
+    :func:`lessonlib.measure.timing.time_training_step` uses; None keeps the current setting).
     """
     n = check_count("size", size)
     repeats = check_count("repeats", repeats)
@@ -49,16 +47,3 @@ def matmul_flops_per_s(size: int = 1024, dtype=torch.float32, device=None, repea
             if i >= warmup:
                 times.append(t.seconds)
     return flops / statistics.median(times)
-
-
-def training_step_flops_per_s(model, inputs, targets, loss_fn, optimizer, rounds: int = 10,
-                              num_threads: int | None = 1) -> tuple[int, float]:
-    """(counted FLOPs of one training step, median seconds of the step) for ``model`` on this batch.
-
-    FLOPs are the forward, loss and backward matrix products; the step time is
-    forward + loss + backward + optimizer (the optimizer's elementwise work is
-    paid for in time but not counted as model FLOPs, as in published MFU).
-    """
-    flops = count_flops(model, inputs, targets, loss_fn).total
-    timing = time_training_step(model, inputs, targets, loss_fn, optimizer, rounds=rounds, num_threads=num_threads)
-    return flops, timing.seconds["step"]
