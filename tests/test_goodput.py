@@ -10,7 +10,7 @@ from lessonlib.book.reports import goodput_report
 from lessonlib.book import reports as P
 from lessonlib.measure.distributed.splits import run_stalled_job
 from lessonlib.calc.amdahl import speedup_from_share
-from lessonlib.calc.reliability import expected_overhead, young_daly_interval
+from lessonlib.calc.reliability import daly_interval, expected_overhead, optimal_interval, young_interval
 
 
 def test_job_mtbf_divides_by_devices():
@@ -22,18 +22,26 @@ def test_goodput_combines_speedup_failures_and_checkpoints():
     g = G.goodput(64, 50.0, 50_000, checkpoint_seconds=60, restart_seconds=600)
     mtbf = 50_000 * 3600 / 64
     assert g.job_mtbf_s == pytest.approx(mtbf)
-    assert g.interval_s == pytest.approx(young_daly_interval(60, mtbf))
+    assert g.interval_s == pytest.approx(optimal_interval(60, mtbf))
     assert g.overhead == pytest.approx(expected_overhead(g.interval_s, 60, mtbf, 600))
     assert g.useful_fraction == pytest.approx(1 / (1 + g.overhead))
     assert g.per_device_hour == pytest.approx(50.0 / 64 * g.useful_fraction)
     assert g.paid_per_useful_hour == pytest.approx(1 / g.per_device_hour)
 
 
-def test_young_daly_interval_is_the_best_interval():
+def test_the_default_interval_is_the_best_interval():
     best = G.goodput(512, 300.0, 50_000, 60, 600)
-    for factor in (0.25, 0.5, 2.0, 4.0):
+    for factor in (0.25, 0.5, 0.95, 1.05, 2.0, 4.0):
         other = G.goodput(512, 300.0, 50_000, 60, 600, interval_seconds=best.interval_s * factor)
         assert other.per_device_hour < best.per_device_hour
+
+
+def test_goodput_uses_the_exact_loss_not_the_first_order_one():
+    # One device failing once an hour, 5-minute saves at Young's interval: 55.5 % extra time
+    # (the first-order formula said 40.8 %), so 1 / 1.555 = 64.3 % of wall time is useful.
+    g = G.goodput(1, 1.0, 1.0, 300, 0.0, interval_seconds=young_interval(300, 3600))
+    assert g.overhead == pytest.approx(0.555, abs=5e-4)
+    assert g.useful_fraction == pytest.approx(1 / 1.555, abs=5e-4)
 
 
 def test_one_reliable_device_scores_about_one():
@@ -67,9 +75,20 @@ def test_goodput_rejects_bad_input(kwargs, name):
 
 
 def test_reports():
-    html = goodput_report(512, 0.001, 50_000, 30, "Young/Daly optimum", 1200)
-    assert "paid device-hour" in html
-    assert "rough" in goodput_report(4096, 0.0, 10_000, 300, "every 2 h", 1200)
+    html = goodput_report(512, 0.001, 50_000, 30, "exact optimum", 1200)
+    assert "paid device-hour" in html and "more than the optimum" not in html
+    # The note appears exactly when the interval loses more than WORSE_THAN_OPTIMUM over the optimum.
+    far = goodput_report(4096, 0.0, 10_000, 300, "every 2 h", 1200)
+    assert "more than the optimum" in far
+    for n in (1, 8, 64, 512, 4096):
+        for key in P.INTERVALS:
+            html = goodput_report(n, 0.001, 10_000, 300, key, 1200)
+            mtbf = G.job_mtbf_seconds(10_000, n)
+            t = {"exact optimum": optimal_interval(300, mtbf), "Young's sqrt(2CM)": young_interval(300, mtbf),
+                 "Daly (2006)": daly_interval(300, mtbf)}.get(key, P.INTERVALS[key])
+            worse = 1 / (1 + expected_overhead(optimal_interval(300, mtbf), 300, mtbf, 1200)) - \
+                1 / (1 + expected_overhead(t, 300, mtbf, 1200))
+            assert ("more than the optimum" in html) == (worse > P.WORSE_THAN_OPTIMUM)
     with pytest.raises(ValueError, match="serial_share"):
         goodput_report(8, 1.5, 50_000, 30, "every 10 min", 120)
     with pytest.raises(ValueError, match="interval"):

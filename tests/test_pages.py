@@ -34,8 +34,8 @@ def markers(cell) -> dict:
     }
 
 
-def test_there_are_twelve_chapter_notebooks():
-    assert len(CHAPTERS) == 12, IDS
+def test_there_are_thirteen_chapter_notebooks():
+    assert len(CHAPTERS) == 13, IDS
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)

@@ -15,48 +15,6 @@ import pytest
 import torch
 
 from lessonlib.measure import recovery
-from lessonlib.calc.reliability import expected_overhead, simulate_overhead, young_daly_interval
-
-
-# --- how often to save -------------------------------------------------------
-
-def test_young_daly_interval():
-    assert young_daly_interval(300, 86400) == 7200
-    assert young_daly_interval(50, 1) == pytest.approx(10.0)
-
-
-@pytest.mark.parametrize("bad, name", [((0, 86400), "checkpoint_seconds"), ((-1, 86400), "checkpoint_seconds"),
-                                       ((300, 0), "mtbf_seconds"), ((300, -5), "mtbf_seconds"),
-                                       ((float("nan"), 1), "checkpoint_seconds"), ((1, float("inf")), "mtbf_seconds"),
-                                       ((True, 1), "checkpoint_seconds"), (("300", 1), "checkpoint_seconds")])
-def test_young_daly_refuses_bad_input(bad, name):
-    with pytest.raises(ValueError, match=name):
-        young_daly_interval(*bad)
-
-
-def test_expected_overhead_is_smallest_at_young_daly():
-    c, m = 300.0, 86400.0
-    best = young_daly_interval(c, m)
-    at_best = expected_overhead(best, c, m)
-    assert at_best == pytest.approx(2 * c / best)  # the two costs are equal there
-    for factor in (0.5, 0.9, 1.1, 2.0):
-        assert expected_overhead(best * factor, c, m) > at_best
-    assert expected_overhead(best, c, m, restart_seconds=864) == pytest.approx(at_best + 0.01)
-    with pytest.raises(ValueError, match="interval_seconds"):
-        expected_overhead(0, c, m)
-    with pytest.raises(ValueError, match="restart_seconds"):
-        expected_overhead(best, c, m, restart_seconds=-1)
-
-
-def test_simulation_agrees_with_the_formula_near_the_optimum():
-    c, m = 300.0, 86400.0
-    best = young_daly_interval(c, m)
-    sim = simulate_overhead(best, c, m, work_seconds=10 * 86400, trials=200, seed=1)
-    assert abs(sim - expected_overhead(best, c, m)) / expected_overhead(best, c, m) < 0.10
-    assert simulate_overhead(best, c, m, 86400, trials=20, seed=3) == \
-        simulate_overhead(best, c, m, 86400, trials=20, seed=3)
-    with pytest.raises(ValueError, match="trials"):
-        simulate_overhead(best, c, m, 86400, trials=0)
 
 
 # --- what to save and how ------------------------------------------------------

@@ -9,9 +9,12 @@ from __future__ import annotations
 import math
 
 from ..calc.amdahl import amdahl_time, speedup_from_share
-from ..calc.goodput import SECONDS_PER_HOUR, goodput
+from ..calc.devices import sustained_flops_per_s
+from ..calc.goodput import SECONDS_PER_HOUR, goodput, job_mtbf_seconds
 from ..calc.memory import ACTIVATION_BYTES_PER_VALUE, RECOMPUTE_CHOICES, format_bytes, training_state_bytes
 from ..calc.planner import PRESETS, plan
+from ..calc.reliability import (daly_interval, expected_overhead, first_order_overhead, optimal_interval,
+                                 young_interval)
 from ..measure.memory import MemoryLedger
 from ..measure.timing import PHASES, StepTiming
 from ..checks import amount as _check_amount, choice as check_choice, count as _check_count, share as _check_share
@@ -143,31 +146,45 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:.0f} days"
 
 
-INTERVALS = {"Young/Daly optimum": None, "every 10 min": 600.0, "every 2 h": 7200.0}
+INTERVALS = {"exact optimum": None, "Young's sqrt(2CM)": "young", "Daly (2006)": "daly", "every 10 min": 600.0,
+             "every 2 h": 7200.0}
+
+#: The goodput calculator warns when the chosen interval loses this much more wall time
+#: (a share of wall time, 0.01 = one percentage point) than the exact optimum would.
+WORSE_THAN_OPTIMUM = 0.01
 
 
 def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds, interval, restart_seconds) -> str:
     """The goodput calculator's answer as a short HTML table (for an Explorer).
 
     ``serial_share`` (0 to 1) gives the speedup by Amdahl's law;
-    ``interval`` is a key of :data:`INTERVALS` or a number of seconds.
+    ``interval`` is a key of :data:`INTERVALS` or a number of seconds. The
+    time lost is exact for exponential failures
+    (:func:`lessonlib.calc.reliability.expected_overhead`); a note appears
+    when the chosen interval loses more than :data:`WORSE_THAN_OPTIMUM` of
+    wall time above the optimum, naming what the optimum would lose.
     """
     speed = speedup_from_share(serial_share, devices)
     if isinstance(interval, str):
         if interval not in INTERVALS:
             raise ValueError(f"interval must be one of {list(INTERVALS)} or seconds, got {interval!r}")
         interval = INTERVALS[interval]
+        if interval in ("young", "daly"):
+            rule = young_interval if interval == "young" else daly_interval
+            interval = rule(checkpoint_seconds, job_mtbf_seconds(device_mtbf_hours, devices))
     g = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds, interval)
+    best = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds)
     warn = ""
-    if g.interval_s > g.job_mtbf_s / 2:
-        warn = ("<tr><td colspan='2'><em>The interval is not small next to the job's MTBF: "
-                "this first-order estimate is rough here.</em></td></tr>")
+    if best.useful_fraction - g.useful_fraction > WORSE_THAN_OPTIMUM:
+        warn = (f"<tr><td colspan='2'><em>This interval loses {100 * (best.useful_fraction - g.useful_fraction):.1f} "
+                f"percentage points more than the optimum ({_duration(best.interval_s)}), which loses "
+                f"{100 * (1 - best.useful_fraction):.1f} %.</em></td></tr>")
     return (
         "<table>"
         f"<tr><td>speedup on {g.devices:,} device{'s' if g.devices > 1 else ''}</td><td>{g.speedup:.1f}×</td></tr>"
         f"<tr><td>job's mean time between failures</td><td>{_duration(g.job_mtbf_s)}</td></tr>"
         f"<tr><td>checkpoint interval</td><td>{_duration(g.interval_s)}</td></tr>"
-        f"<tr><td>time lost to saves, redone work, restarts</td><td>{100 * (1 - g.useful_fraction):.1f} % of wall time</td></tr>"
+        f"<tr><td>time lost to saves, redone work, restarts (exact, exponential failures)</td><td>{100 * (1 - g.useful_fraction):.1f} % of wall time</td></tr>"
         f"<tr><th>progress per wall-clock hour</th><th>{g.progress_per_hour:,.1f} one-device hours</th></tr>"
         f"<tr><th>progress per paid device-hour</th><th>{g.per_device_hour:.2f} one-device hours</th></tr>"
         f"<tr><td>paid device-hours per hour of progress</td><td>{g.paid_per_useful_hour:.2f}</td></tr>"
@@ -177,12 +194,15 @@ def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds,
 
 def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int, seq_len: int,
               recompute: str, device_GB: int, tokens_per_param: float = 20.0,
-              device_flops_per_s: float = 4e14, max_days: float = 30.0) -> str:
+              device_flops_per_s: float | None = None, max_days: float = 30.0) -> str:
     """The planner for one preset model, as a small HTML report (for ``lessonlib.book.interactive.Explorer``).
 
     ``device_GB`` is device memory in 10^9 bytes; training tokens are
-    ``tokens_per_param`` x parameters; ``device_flops_per_s`` is the sustained rate.
+    ``tokens_per_param`` x parameters; ``device_flops_per_s`` is the sustained rate
+    (default: the course's device at its stated utilisation, :func:`lessonlib.calc.devices.sustained_flops_per_s`).
     """
+    if device_flops_per_s is None:
+        device_flops_per_s = sustained_flops_per_s()
     check_choice("model", model, PRESETS)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
     p = PRESETS[model]
@@ -258,3 +278,35 @@ def timing_table(t: StepTiming) -> str:
         share = f"{100 * t.shares[k]:.1f} %" if k in t.shares else ""
         lines.append(f"{k:12s}{1000 * t.seconds[k]:11.3f}{t.ratios[k]:14.2f}{share:>15s}")
     return "\n".join(lines)
+
+
+class HTMLTable(str):
+    """An HTML table that Jupyter, Colab and the book all display as a table (``_repr_html_``)."""
+
+    def _repr_html_(self) -> str:
+        return str(self)
+
+
+def html_table(header, rows) -> HTMLTable:
+    """A plain HTML table from a header (strings) and rows (sequences of values, shown with ``str``; escaped)."""
+    import html
+
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return HTMLTable(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+
+def interval_report(save_minutes, mtbf_hours) -> str:
+    """Chapter 2's checkpoint-interval calculator as HTML: Young's, Daly's and the exact optimal interval,
+    each with its exact expected extra time (exponential failures, no restart time), and what the
+    first-order formula would say at Young's interval."""
+    c = _check_amount("save_minutes", save_minutes, allow_zero=False) * 60
+    m = _check_amount("mtbf_hours", mtbf_hours, allow_zero=False) * SECONDS_PER_HOUR
+    rows = [("Young: √(2CM)", young_interval(c, m)), ("Daly (2006)", daly_interval(c, m)),
+            ("exact optimum", optimal_interval(c, m))]
+    body = "".join(f"<tr><td>{name}</td><td align=right>{t / 60:,.1f} min</td>"
+                   f"<td align=right>{expected_overhead(t, c, m):.1%}</td></tr>" for name, t in rows)
+    first = first_order_overhead(rows[0][1], c, m)
+    return (f"<table><tr><th>interval</th><th>save every</th><th>extra time (exact)</th></tr>{body}</table>"
+            f"<p>At Young's interval the first-order formula C/τ + τ/(2M) would say {first:.1%}. Extra time is a "
+            f"share of the useful work time, for exponential failures with no restart time.</p>")

@@ -17,15 +17,16 @@ The combination (pure Python, no torch needed):
 * failures: a synchronous job stops when any one device fails, so the job's
   mean time between failures is the device's divided by the device count;
 * recovery checkpoints: time lost to saves, to work redone after a failure and
-  to restarts, from :func:`lessonlib.calc.reliability.expected_overhead` at the
-  interval chosen, by default :func:`lessonlib.calc.reliability.young_daly_interval`.
+  to restarts, from :func:`lessonlib.calc.reliability.expected_overhead` (exact
+  for exponential failures) at the interval chosen, by default the exact
+  optimum :func:`lessonlib.calc.reliability.optimal_interval`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..checks import amount as _check_amount, count as _check_count
-from .reliability import expected_overhead, young_daly_interval
+from .reliability import expected_overhead, optimal_interval
 
 
 SECONDS_PER_HOUR = 3600.0
@@ -81,7 +82,7 @@ def goodput(devices, speedup, device_mtbf_hours, checkpoint_seconds, restart_sec
     ``checkpoint_seconds`` how long one recovery save stalls training;
     ``restart_seconds`` how long a restart after a failure takes (re-queue,
     reload, warm up); ``interval_seconds`` the work between saves (default:
-    Young/Daly's optimum for this job).
+    the exact optimum for this job, :func:`lessonlib.calc.reliability.optimal_interval`).
 
     Raises ``ValueError`` naming the argument for non-positive speedup, MTBF
     or save time, negative restart time, or a device count below 1.
@@ -92,7 +93,7 @@ def goodput(devices, speedup, device_mtbf_hours, checkpoint_seconds, restart_sec
     restart_seconds = _check_amount("restart_seconds", restart_seconds)
     mtbf = job_mtbf_seconds(device_mtbf_hours, devices)
     if interval_seconds is None:
-        interval = young_daly_interval(checkpoint_seconds, mtbf)
+        interval = optimal_interval(checkpoint_seconds, mtbf)
     else:
         interval = _check_amount("interval_seconds", interval_seconds, allow_zero=False)
     overhead = expected_overhead(interval, checkpoint_seconds, mtbf, restart_seconds)

@@ -1,0 +1,84 @@
+"""Pricing a published training run with the course's formulas. Pure Python.
+
+Each function is one step of the bill: compute to GPU-hours at a utilisation,
+the utilisation a published bill implies, the state and activations one device
+holds under a tensor x pipeline layout, the job's MTBF from a count of
+failures, and a save time from checkpoint bytes and storage bandwidth.
+"""
+from __future__ import annotations
+
+import math
+
+from ..checks import count, positive, share
+from .memory import activation_bytes, training_state_bytes
+
+SECONDS_PER_HOUR = 3600.0
+
+
+def gpu_hours(total_flops, peak_flops_per_s, utilisation) -> float:
+    """Device-hours to do ``total_flops`` on devices of ``peak_flops_per_s`` running at ``utilisation`` (0 to 1]."""
+    u = positive("utilisation", share("utilisation", utilisation))
+    return positive("total_flops", total_flops) / (positive("peak_flops_per_s", peak_flops_per_s) * u) / SECONDS_PER_HOUR
+
+
+def implied_utilisation(total_flops, device_hours, peak_flops_per_s) -> float:
+    """The utilisation a bill implies: ``total_flops`` / (``device_hours`` x 3600 x ``peak_flops_per_s``).
+
+    Over a whole bill it counts every paid hour (failures, restarts, evaluation,
+    other phases), so it is lower than the MFU of a running step.
+    """
+    return positive("total_flops", total_flops) / (
+        positive("device_hours", device_hours) * SECONDS_PER_HOUR * positive("peak_flops_per_s", peak_flops_per_s))
+
+
+def state_bytes_per_device(n_params, tensor=1, pipeline=1, optimizer="adam", precision="mixed") -> float:
+    """Training-state bytes one device holds when the weights are split ``tensor`` x ``pipeline`` ways.
+
+    Tensor parallelism splits each layer's matrices, pipeline parallelism
+    splits the layers, so each device holds 1 / (tensor x pipeline) of the
+    weights, gradients, master copy and optimizer state (data-parallel copies
+    are left whole here; sharding them too is ZeRO/FSDP).
+    """
+    t, p = count("tensor", tensor), count("pipeline", pipeline)
+    return training_state_bytes(n_params, optimizer, precision).total / (t * p)
+
+
+def activation_bytes_per_device(seq_len, micro_batch, hidden, heads, layers, tensor=1, pipeline=1,
+                                recompute="none") -> float:
+    """Activation bytes on the busiest device of a tensor x pipeline layout (Korthikanti et al., 2022).
+
+    The first pipeline stage holds ``layers / pipeline`` layers and, in a
+    1F1B schedule, up to ``pipeline`` micro-batches in flight: together about the
+    activations of all ``layers`` for one micro-batch (``ceil(layers / pipeline)``
+    layers x ``pipeline`` micro-batches). Tensor parallelism with
+    sequence parallelism divides every term by ``tensor``. Uses
+    :func:`lessonlib.calc.memory.activation_bytes` (a GPT-shaped layer).
+    """
+    t, p = count("tensor", tensor), count("pipeline", pipeline)
+    stage_layers = math.ceil(count("layers", layers) / p)  # the first stage's share, rounded up
+    one_stage = activation_bytes(seq_len, micro_batch, hidden, heads, stage_layers, recompute)
+    return one_stage * p / t
+
+
+def mtbf_seconds(span_seconds, failures) -> float:
+    """The mean time between failures observed: ``span_seconds`` / ``failures``."""
+    return positive("span_seconds", span_seconds) / count("failures", failures)
+
+
+def save_seconds(checkpoint_bytes, bandwidth_bytes_per_s) -> float:
+    """Seconds to write ``checkpoint_bytes`` at ``bandwidth_bytes_per_s`` (the storage's aggregate rate)."""
+    return positive("checkpoint_bytes", checkpoint_bytes) / positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+
+
+def restart_for_useful_fraction(useful_fraction, interval_seconds, checkpoint_seconds, mtbf_seconds_) -> float:
+    """The restart time (seconds) at which the expected useful share of wall time equals ``useful_fraction``.
+
+    Inverts :func:`lessonlib.calc.reliability.expected_overhead`: useful =
+    τ / ((M + R)(exp((τ + C)/M) - 1)), so R = τ / (useful (exp((τ + C)/M) - 1)) - M.
+    Returns a negative number when saves and redone work alone already cost more.
+    """
+    f = positive("useful_fraction", share("useful_fraction", useful_fraction))
+    t = positive("interval_seconds", interval_seconds)
+    c = positive("checkpoint_seconds", checkpoint_seconds)
+    m = positive("mtbf_seconds", mtbf_seconds_)
+    return t / (f * math.expm1((t + c) / m)) - m

@@ -1,0 +1,104 @@
+"""Published figures of real training runs, each with its source: the inputs of the "price a real run" page.
+
+These are data, not results: the page computes everything else from them with
+the course's calculators. Each :class:`Figure` names its document, the table or
+section, and how it was checked when it was entered (``checked``). Where a
+figure could be read only in a secondary source that quotes the document, or
+is derived from other figures, ``checked`` says so. Pure Python.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One published number: ``value`` in ``unit``, from ``source`` at ``where``; ``checked`` says how it was verified."""
+
+    value: float
+    unit: str
+    source: str
+    where: str
+    checked: str
+
+
+LLAMA3_PAPER = ("Llama Team, AI @ Meta (2024). The Llama 3 Herd of Models. arXiv:2407.21783")
+LLAMA31_CARD = ("Meta (2024). Llama 3.1 model card. github.com/meta-llama/llama-models, "
+                "models/llama3_1/MODEL_CARD.md")
+LLAMA2_CARD = "Meta (2023). Llama 2 model card. github.com/meta-llama/llama, MODEL_CARD.md"
+
+_CARD_READ = "read in the model card's text"
+_SECONDARY = "quoted by secondary summaries (report itself not read)"
+
+#: Llama 3.1 405B, the page's run.
+LLAMA3_405B = {
+    "params": Figure(405e9, "parameters", LLAMA31_CARD, "model table (405B)", _CARD_READ),
+    "layers": Figure(126, "layers", LLAMA3_PAPER, "Table 3", _SECONDARY),
+    "hidden": Figure(16384, "model dimension", LLAMA3_PAPER, "Table 3", _SECONDARY),
+    "heads": Figure(128, "attention heads", LLAMA3_PAPER, "Table 3", _SECONDARY),
+    "tokens": Figure(15.6e12, "training tokens", LLAMA3_PAPER, "Section 3 (pre-training on 15.6T tokens)",
+                     _SECONDARY + "; the model card says only '15T+'"),
+    "flops": Figure(3.8e25, "training FLOPs of the flagship model", LLAMA3_PAPER, "Section 1",
+                    _SECONDARY),
+    "gpus": Figure(16384, "H100-80GB GPUs", LLAMA3_PAPER, "Section 3.3.1 and Table 4", _SECONDARY),
+    "tp": Figure(8, "tensor-parallel degree", LLAMA3_PAPER, "Table 4", _SECONDARY),
+    "pp": Figure(16, "pipeline-parallel degree", LLAMA3_PAPER, "Table 4", _SECONDARY),
+    "cp_long": Figure(16, "context-parallel degree in the 128K-context stage", LLAMA3_PAPER, "Table 4", _SECONDARY),
+    "seq_len": Figure(8192, "tokens per sequence (main pre-training stage)", LLAMA3_PAPER,
+                      "Table 4 and Section 3.4.1 (8K context before long-context training)", _SECONDARY),
+    "tokens_per_batch": Figure(16e6, "tokens per global batch", LLAMA3_PAPER, "Table 4", _SECONDARY),
+    # Table 4's three configurations: TFLOPs per GPU (quoted from the table as shown in a talk by Meta,
+    # Balaji, SC'24), and the range of BF16 MFU the report prints beside them.
+    "tflops_8k_gpus": Figure(430, "TFLOP/s per GPU on 8,192 GPUs", LLAMA3_PAPER, "Table 4", _SECONDARY),
+    "gpus_first_stage": Figure(8192, "GPUs in the first configuration", LLAMA3_PAPER, "Table 4", _SECONDARY),
+    "tflops_16k_gpus": Figure(400, "TFLOP/s per GPU on 16,384 GPUs", LLAMA3_PAPER, "Table 4", _SECONDARY),
+    "tflops_16k_long": Figure(380, "TFLOP/s per GPU on 16,384 GPUs, 128K context (CP 16)", LLAMA3_PAPER,
+                              "Table 4", _SECONDARY),
+    "mfu_low": Figure(0.38, "BF16 MFU, lowest of the three configurations", LLAMA3_PAPER, "Table 4",
+                      "the 38-43 % range is quoted by secondary summaries; the three per-row values were not seen"),
+    "mfu_high": Figure(0.43, "BF16 MFU, highest of the three configurations", LLAMA3_PAPER, "Table 4",
+                       "the 38-43 % range is quoted by secondary summaries; the three per-row values were not seen"),
+    "gpu_hours": Figure(30.84e6, "H100-80GB GPU-hours (Llama 3.1 405B)", LLAMA31_CARD,
+                        "Hardware and Software, training-time table", _CARD_READ),
+    "snapshot_days": Figure(54, "days of pre-training in the reliability snapshot", LLAMA3_PAPER,
+                            "Section 3.3.4 and Table 5", _SECONDARY),
+    "interruptions": Figure(466, "job interruptions in the snapshot", LLAMA3_PAPER, "Section 3.3.4", _SECONDARY),
+    "planned": Figure(47, "planned interruptions", LLAMA3_PAPER, "Section 3.3.4", _SECONDARY),
+    "unexpected": Figure(419, "unexpected interruptions", LLAMA3_PAPER, "Section 3.3.4 and Table 5", _SECONDARY),
+    "effective_training": Figure(0.90, "effective training time, a lower bound ('higher than 90 %')",
+                                 LLAMA3_PAPER, "Section 3.3.4", _SECONDARY),
+    "ckpt_per_gpu_max": Figure(4e9, "bytes per GPU in a checkpoint, the largest ('1 MB to 4 GB')",
+                               LLAMA3_PAPER, "Section 3.3.1 (Storage)", _SECONDARY),
+    "storage_sustained": Figure(2e12, "bytes/s sustained throughput of the storage (Tectonic)", LLAMA3_PAPER,
+                                "Section 3.3.1 (Storage)", _SECONDARY),
+    "storage_peak": Figure(7e12, "bytes/s peak throughput of the storage", LLAMA3_PAPER,
+                           "Section 3.3.1 (Storage)", _SECONDARY),
+}
+
+#: Llama 2, the check on utilisation (and the exercise's run). All from the model card's tables.
+LLAMA2 = {
+    "7B": {"params": Figure(7e9, "parameters", LLAMA2_CARD, "model table", _CARD_READ),
+           "gpu_hours": Figure(184_320, "A100-80GB GPU-hours", LLAMA2_CARD, "CO2 table, Time (GPU hours)", _CARD_READ)},
+    "13B": {"params": Figure(13e9, "parameters", LLAMA2_CARD, "model table", _CARD_READ),
+            "gpu_hours": Figure(368_640, "A100-80GB GPU-hours", LLAMA2_CARD, "CO2 table, Time (GPU hours)", _CARD_READ)},
+    "70B": {"params": Figure(70e9, "parameters", LLAMA2_CARD, "model table", _CARD_READ),
+            "gpu_hours": Figure(1_720_320, "A100-80GB GPU-hours", LLAMA2_CARD, "CO2 table, Time (GPU hours)", _CARD_READ)},
+}
+LLAMA2_TOKENS = Figure(2.0e12, "training tokens (every size)", LLAMA2_CARD, "model table, Tokens", _CARD_READ)
+LLAMA2_DEVICE = "A100 SXM 80GB"  # the card: "hardware of type A100-80GB"
+LLAMA3_DEVICE = "H100 SXM 80GB"  # the card: "H100-80GB (TDP of 700W)"
+
+
+def format_value(figure: Figure) -> str:
+    """The value as a reader would write it, with its unit: '126 layers', '30.84 million GPU-hours', '38 %'."""
+    x = figure.value
+    if x < 1:
+        text = f"{100 * x:g} %"
+    elif x >= 1e9:
+        mantissa, exponent = f"{x:.4g}".split("e+")
+        text = f"{mantissa} × 10" + str(int(exponent)).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+    elif x >= 1e6:
+        text = f"{x / 1e6:g} million"
+    else:
+        text = f"{x:,.0f}" if float(x).is_integer() else f"{x:,g}"
+    return f"{text} {figure.unit}"
