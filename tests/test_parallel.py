@@ -114,14 +114,24 @@ def test_expert_load_imbalance():
     assert expert_load_imbalance([25, 5, 5, 5]) == 2.5
 
 
-def test_backend_choice_on_cpu():
+@pytest.mark.parametrize("gpus,nccl,world_size,expected", [
+    (0, True, 2, ("gloo", "cpu")),     # no GPU: gloo on CPU processes
+    (1, True, 2, ("gloo", "cpu")),     # one GPU cannot be shared by two NCCL ranks
+    (2, False, 2, ("gloo", "cpu")),    # a torch build without NCCL
+    (2, True, 2, ("nccl", "cuda")),    # one GPU per process
+    (8, True, 4, ("nccl", "cuda")),
+])
+def test_backend_choice(monkeypatch, gpus, nccl, world_size, expected):
     import torch
+    import torch.distributed as dist
 
-    backend, device = choose_backend(2)
-    if torch.cuda.device_count() >= 2:
-        assert (backend, device) == ("nccl", "cuda")
-    else:
-        assert (backend, device) == ("gloo", "cpu")
+    monkeypatch.delenv("LESSONLIB_DIST_BACKEND", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: nccl)
+    assert choose_backend(world_size) == expected
+    monkeypatch.setenv("LESSONLIB_DIST_BACKEND", "gloo")  # forced, even with GPUs
+    assert choose_backend(world_size) == ("gloo", "cpu")
     with pytest.raises(ValueError, match="world_size"):
         choose_backend(0)
 
@@ -135,8 +145,8 @@ def test_torchrun_snippet_is_python():
 def test_tensor_and_expert_parallel_two_processes():
     out = P.run_splits(
         tp=dict(batch=16, d_in=64, d_out=32),
-        ep=(dict(tokens=64, d_model=16, experts_per_rank=2, skew=0.0),
-            dict(tokens=64, d_model=16, experts_per_rank=2, skew=4.0)),
+        ep=(dict(tokens=64, hidden=16, experts_per_rank=2, skew=0.0),
+            dict(tokens=64, hidden=16, experts_per_rank=2, skew=4.0)),
         timeout=120,
     )
     for r in out["tensor"]:
@@ -155,15 +165,20 @@ def test_tensor_and_expert_parallel_two_processes():
 
 def test_data_parallel_two_processes():
     res = run_data_parallel(batch_sizes=(16, 64), rounds=2, warmup=1, hidden=64, timeout=120)
-    assert res["backend"] in ("gloo", "nccl")
-    assert res["replica_grads_equal"] and res["replica_weights_equal"]
+    assert res.backend in ("gloo", "nccl") and res.world_size == 2 and res.rounds == 2
+    assert res.replica_grads_equal and res.replica_weights_equal
     # DDP's averaged gradient is one process's whole-batch gradient, up to rounding
-    assert res["full_batch_grad_max_diff"] <= 1e-5 * max(1.0, res["full_batch_grad_max"])
-    assert res["grad_bytes"] == 4 * res["n_params"]
-    for row in res["rows"]:
+    assert res.full_batch_grad_max_diff <= 1e-5 * max(1.0, res.full_batch_grad_max)
+    assert res.grad_bytes == 4 * res.n_params
+    assert [(r.global_batch, r.per_process_batch) for r in res.rows] == [(16, 8), (64, 32)]
+    for row in res.rows:
         for key in ("single", "ddp", "half_compute", "optimizer", "allreduce"):
-            assert row[key] > 0
-        assert row["predicted"] == pytest.approx(row["half_compute"] + row["optimizer"] + row["allreduce"])
+            assert getattr(row, key) > 0
+        # With two rounds statistics.median is the mean, which is linear: the
+        # median of the per-round sums equals the sum of the medians.
+        assert row.predicted == pytest.approx(row.half_compute + row.optimizer + row.allreduce)
+        # per round the slowest rank's step is at most its slowest backward + slowest update
+        assert row.ddp <= (row.ddp_backward + row.optimizer) * (1 + 1e-9)
 
 
 def test_worker_failure_is_raised_and_children_cleaned_up():
@@ -184,7 +199,7 @@ def test_data_parallel_rejects_bad_input():
         P.run_expert_parallel(skew=-1)
 
 
-def _one_rank_fails(rank, world, device, progress):
+def _one_rank_fails(rank, world_size, device, progress):
     """Rank 1 raises while rank 0 waits in a collective for it."""
     import torch
     import torch.distributed as dist
@@ -214,7 +229,7 @@ def test_timeout_kills_the_children():
     assert multiprocessing.active_children() == []
 
 
-def _sleeper(rank, world, device, progress, seconds):
+def _sleeper(rank, world_size, device, progress, seconds):
     import time
 
     time.sleep(seconds)

@@ -47,8 +47,9 @@ def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
     )
 
 
-def data_parallel_table(result: dict) -> str:
-    """An HTML table of :func:`run_data_parallel`'s rows (times in milliseconds)."""
+def data_parallel_table(result) -> str:
+    """An HTML table of a :class:`~lessonlib.measure.distributed.data_parallel.DataParallelRun`'s
+    rows (times in milliseconds)."""
     cols = [("global_batch", "global batch", "{:,}"), ("single", "1 process: step", "{:.2f}"),
             ("half_compute", "2 proc.: compute on half", "{:.2f}"), ("optimizer", "optimizer step", "{:.2f}"),
             ("allreduce", "all-reduce", "{:.2f}"), ("predicted", "predicted step", "{:.2f}"),
@@ -56,10 +57,10 @@ def data_parallel_table(result: dict) -> str:
             ("speedup", "measured speedup", "{:.2f}×")]
     head = "".join(f"<th>{label}</th>" for _, label, _ in cols)
     body = []
-    for row in result["rows"]:
+    for row in result.rows:
         cells = []
         for key, _, fmt in cols:
-            v = row[key]
+            v = getattr(row, key)
             if key in ("single", "half_compute", "optimizer", "allreduce", "predicted", "ddp"):
                 v = 1e3 * v  # seconds -> ms
             cells.append(f"<td>{fmt.format(v)}</td>")
