@@ -87,6 +87,7 @@ def test_reports():
         P.amdahl_report(4, 0.2, -0.1)
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_stalled_job_every_process_waits():
     stall = 0.3
     runs = run_stalled_job(steps=6, stall_step=3, stall_seconds=stall, hidden=32, batch=16, timeout=120)

@@ -142,6 +142,7 @@ def test_torchrun_snippet_is_python():
 
 # --- real gloo runs with two processes ----------------------------------------
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_tensor_and_expert_parallel_two_processes():
     out = P.run_splits(
         tp=dict(batch=16, d_in=64, d_out=32),
@@ -163,6 +164,7 @@ def test_tensor_and_expert_parallel_two_processes():
         balanced[0]["tokens_per_expert"])
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_data_parallel_two_processes():
     res = run_data_parallel(batch_sizes=(16, 64), rounds=2, warmup=1, hidden=64, timeout=120)
     assert res.backend in ("gloo", "nccl") and res.world_size == 2 and res.rounds == 2
@@ -181,6 +183,7 @@ def test_data_parallel_two_processes():
         assert row.ddp <= (row.ddp_backward + row.optimizer) * (1 + 1e-9)
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_worker_failure_is_raised_and_children_cleaned_up():
     import multiprocessing
 
@@ -210,6 +213,7 @@ def _one_rank_fails(rank, world_size, device, progress):
     return "unreachable"
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_a_failing_rank_does_not_hang_its_peer():
     import multiprocessing
     import time
@@ -221,6 +225,7 @@ def test_a_failing_rank_does_not_hang_its_peer():
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_timeout_kills_the_children():
     import multiprocessing
 
@@ -235,6 +240,7 @@ def _sleeper(rank, world_size, device, progress, seconds):
     time.sleep(seconds)
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_port_taken_meanwhile_is_retried(monkeypatch):
     import socket
 
