@@ -4,9 +4,11 @@ Phases and markers. Every collected test gets its phase's markers, and the run
 goes phase by phase: unit tests, then the notebooks under nbval (marked
 ``notebooks``), then the grader tests on the real exercises (``notebooks``),
 then the book build (``book``), then the built pages in Chromium
-(``browser``). Everything but the unit tests is also marked ``slow``, and so
-are the few unit tests that start processes (marked in their files):
-``pytest -m "not slow"`` is the inner loop.
+(``browser``), then the tests that build extra environments
+(``environments``, marked in their files). Everything but the unit tests is
+also marked ``slow``, and so are the few unit tests that start processes
+(marked in their files): ``pytest -m "not slow"`` is the inner loop. The run
+ends with a table of seconds by phase.
 
 Each notebook runs once. nbval is the notebook test; this file keeps the
 outputs of every notebook whose cells all passed under nbval in this run, and
@@ -14,8 +16,8 @@ the book build (``built_book`` in tests/conftest.py) renders those instead of
 executing the notebook again. A notebook that failed, was skipped or did not
 run under nbval is executed by the book build as before, so a failing cell
 fails the run twice rather than never. The notebooks run under nbval as the
-book build runs them (``LESSONLIB_STATIC_BUILD=1``: progress bars print one
-summary line).
+book build runs them (``LESSONLIB_STATIC_BUILD=1``, the static-page mode of
+:mod:`lessonlib.progress`; its live mode is tested in tests/test_progress.py).
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ PHASES = {
     "exercises": (2, ("notebooks", "slow")),
     "book": (3, ("book", "slow")),
     "browser": (4, ("browser", "slow")),
+    # tests that build an extra environment (a Colab-like venv, JupyterLab,
+    # nbgrader) carry @pytest.mark.environments; CI runs them, timed on their own
+    "environments": (5, ("environments", "slow")),
 }
 
 
@@ -45,6 +50,8 @@ def _is_nbval(item) -> bool:
 def phase_of(item) -> str:
     if _is_nbval(item):
         return "notebooks"
+    if item.get_closest_marker("environments"):
+        return "environments"
     if Path(str(item.fspath)).name == "test_browser.py" or item.get_closest_marker("browser"):
         return "browser"
     if "built_book" in getattr(item, "fixturenames", ()):
