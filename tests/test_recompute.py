@@ -7,16 +7,15 @@ import pytest
 import torch
 
 from lessonlib.measure import four_layer, recompute
+from lessonlib.measure.device import threads
 from lessonlib.calc.recompute import chain_memory_units, predicted_flops_ratio
 from lessonlib.book.plots import plot_activation_life, plot_segment_sweep
 
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+    with threads(1):
+        yield
 
 
 def test_predicted_flops_ratio():
