@@ -172,6 +172,7 @@ def test_free_text_key_points():
 # grading: scores and robustness
 # --------------------------------------------------------------------------
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_instructor_version_full_marks_student_copy_zero(toy_course, tmp_path):
     src = nbformat.read(toy_course / "toy.ipynb", as_version=4)
     full = grading.grade_notebook(toy_course / "toy.ipynb", src, cell_timeout=20)
@@ -225,6 +226,7 @@ def test_student_cannot_weaken_a_check(toy_course, tmp_path):
     assert "restored" in r.problem
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_grader_survives_loop_syntax_error_dead_kernel_and_junk(toy_course, tmp_path):
     src = nbformat.read(toy_course / "toy.ipynb", as_version=4)
     sub = tmp_path / "sub"
@@ -266,6 +268,7 @@ def test_grader_survives_loop_syntax_error_dead_kernel_and_junk(toy_course, tmp_
     assert (tmp_path / "grades-details.csv").exists()
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_instructor_command_end_to_end(toy_course, tmp_path):
     script = EXERCISES / "instructor.py"
     out = tmp_path / "student"

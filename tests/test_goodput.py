@@ -106,13 +106,22 @@ def test_reports():
         P.amdahl_report(4, 0.2, -0.1)
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_stalled_job_every_process_waits():
     stall = 0.3
-    runs = run_stalled_job(steps=6, stall_step=3, stall_seconds=stall, hidden=32, batch=16, timeout=120)
+    runs = run_stalled_job(steps=6, stall_step=3, stall_seconds=stall, stall_rank=1, hidden=32, batch=16,
+                           timeout=120)
     for r in runs:
         assert len(r["wall"]) == 6
-        # the stalled step lasts at least the stall on every rank, stalled or not
-        assert r["wall"][3] - r["wall"][2] >= stall
+        steps = [b - a for a, b in zip([0.0] + r["wall"][:-1], r["wall"])]
+        if r["rank"] == 1:  # the stalled process sleeps inside its step: at least the stall, always
+            assert steps[3] >= stall
+        else:
+            # The other process waits in the all-reduce for the stall, less however
+            # much later than the stalled one it finished the step before (scheduling
+            # on a loaded machine: 15 ms was seen, with 20 processes on 2 cores).
+            # Half the stall bounds that with a wide margin.
+            assert steps[3] >= stall / 2
     with pytest.raises(ValueError, match="stall_step"):
         run_stalled_job(steps=5, stall_step=5)
     with pytest.raises(ValueError, match="stall_rank"):

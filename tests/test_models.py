@@ -6,7 +6,7 @@ from lessonlib.measure import models
 
 
 def test_forecast_mlp_shapes_and_params():
-    m = models.ForecastMLP(window=28, hidden=64, depth=2)
+    m = models.ForecastMLP(window=28, hidden=64, layers=2)
     assert m(torch.zeros(5, 28)).shape == (5, 1)
     assert models.n_params(m) == 28 * 64 + 64 + 64 * 64 + 64 + 64 + 1
 

@@ -142,14 +142,24 @@ def test_expert_load_imbalance():
     assert expert_load_imbalance([25, 5, 5, 5]) == 2.5
 
 
-def test_backend_choice_on_cpu():
+@pytest.mark.parametrize("gpus,nccl,world_size,expected", [
+    (0, True, 2, ("gloo", "cpu")),     # no GPU: gloo on CPU processes
+    (1, True, 2, ("gloo", "cpu")),     # one GPU cannot be shared by two NCCL ranks
+    (2, False, 2, ("gloo", "cpu")),    # a torch build without NCCL
+    (2, True, 2, ("nccl", "cuda")),    # one GPU per process
+    (8, True, 4, ("nccl", "cuda")),
+])
+def test_backend_choice(monkeypatch, gpus, nccl, world_size, expected):
     import torch
+    import torch.distributed as dist
 
-    backend, device = choose_backend(2)
-    if torch.cuda.device_count() >= 2:
-        assert (backend, device) == ("nccl", "cuda")
-    else:
-        assert (backend, device) == ("gloo", "cpu")
+    monkeypatch.delenv("LESSONLIB_DIST_BACKEND", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: nccl)
+    assert choose_backend(world_size) == expected
+    monkeypatch.setenv("LESSONLIB_DIST_BACKEND", "gloo")  # forced, even with GPUs
+    assert choose_backend(world_size) == ("gloo", "cpu")
     with pytest.raises(ValueError, match="world_size"):
         choose_backend(0)
 
@@ -160,11 +170,12 @@ def test_torchrun_snippet_is_python():
 
 # --- real gloo runs with two processes ----------------------------------------
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_tensor_and_expert_parallel_two_processes():
     out = P.run_splits(
         tp=dict(batch=16, d_in=64, d_out=32),
-        ep=(dict(tokens=64, d_model=16, experts_per_rank=2, skew=0.0),
-            dict(tokens=64, d_model=16, experts_per_rank=2, skew=4.0)),
+        ep=(dict(tokens=64, hidden=16, experts_per_rank=2, skew=0.0),
+            dict(tokens=64, hidden=16, experts_per_rank=2, skew=4.0)),
         timeout=120,
     )
     for r in out["tensor"]:
@@ -193,22 +204,24 @@ def test_tensor_and_expert_parallel_two_processes():
         balanced[0]["tokens_per_expert"])
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_data_parallel_two_processes():
     res = run_data_parallel(batch_sizes=(16, 64), rounds=2, warmup=1, hidden=64, timeout=120)
-    assert res["backend"] in ("gloo", "nccl")
-    assert res["replica_grads_equal"] and res["replica_weights_equal"]
+    assert res.backend in ("gloo", "nccl") and res.world_size == 2 and res.rounds == 2
+    assert res.replica_grads_equal and res.replica_weights_equal
     # DDP's averaged gradient is one process's whole-batch gradient, up to rounding
-    assert res["full_batch_grad_max_diff"] <= 1e-5 * max(1.0, res["full_batch_grad_max"])
-    assert res["grad_bytes"] == 4 * res["n_params"]
-    for row in res["rows"]:
+    assert res.full_batch_grad_max_diff <= 1e-5 * max(1.0, res.full_batch_grad_max)
+    assert res.grad_bytes == 4 * res.n_params
+    assert [(r.global_batch, r.per_process_batch) for r in res.rows] == [(16, 8), (64, 32)]
+    for row in res.rows:
         for key in ("single", "ddp", "half_compute", "optimizer", "allreduce"):
-            assert row[key] > 0
-        assert row["predicted"] == pytest.approx(row["half_compute"] + row["optimizer"] + row["allreduce"])
+            assert getattr(row, key) > 0
+        assert row.predicted == pytest.approx(row.half_compute + row.optimizer + row.allreduce)
         # issue 12, item 2: every derived number is computed from the medians shown
-        assert row["speedup"] == pytest.approx(row["single"] / row["ddp"])
-        assert row["predicted_speedup"] == pytest.approx(row["single"] / row["predicted"])
-        assert row["predicted_over_measured"] == pytest.approx(row["predicted"] / row["ddp"])
-    assert len(res["per_round"]) == 2 and len(res["per_round"][0]) == 2
+        assert row.speedup == pytest.approx(row.single / row.ddp)
+        assert row.predicted_speedup == pytest.approx(row.single / row.predicted)
+        assert row.predicted_over_measured == pytest.approx(row.predicted / row.ddp)
+    assert len(res.per_round) == 2 and all(len(v) == 2 for v in res.per_round[0].values())
     _check_table_reconciles(res)
 
 
@@ -228,7 +241,7 @@ def _check_table_reconciles(res):
     html = data_parallel_table(res)
     assert "median" in html  # the statistic is named
     head, body = _table_cells(html)
-    assert len(body) == len(res["rows"])
+    assert len(body) == len(res.rows)
     for gb, single, half, opt, ar, pred, ddp, pred_speedup, speedup in body:
         assert pred == pytest.approx(half + opt + ar, abs=1e-9)       # the sum of the shown pieces
         assert speedup == pytest.approx(round(single / ddp, 2), abs=1e-9)  # the ratio of the shown steps
@@ -241,17 +254,22 @@ def test_data_parallel_table_reconciles_on_skewed_rounds():
 
     # rows as run_data_parallel builds them, from rounds where the per-round sum's median
     # (1.21 + 1.11 + 1.14 != 3.88 was the old bug) differs from the sum of medians
-    row = {"global_batch": 32, "single": 0.04460, "ddp": 0.03116, "half_compute": 0.00121,
-           "optimizer": 0.00111, "allreduce": 0.00114, "ddp_backward": 0.002}
-    row["predicted"] = row["half_compute"] + row["optimizer"] + row["allreduce"]
-    row["speedup"] = row["single"] / row["ddp"]
-    row["predicted_speedup"] = row["single"] / row["predicted"]
-    res = {"world_size": 2, "rounds": 11, "rows": [row]}
+    from lessonlib.measure.distributed.data_parallel import DataParallelRow, DataParallelRun
+
+    t = dict(single=0.04460, ddp=0.03116, half_compute=0.00121, optimizer=0.00111, allreduce=0.00114)
+    predicted = t["half_compute"] + t["optimizer"] + t["allreduce"]
+    row = DataParallelRow(global_batch=32, per_process_batch=16, predicted=predicted, ddp_backward=0.002,
+                          speedup=t["single"] / t["ddp"], predicted_speedup=t["single"] / predicted,
+                          predicted_over_measured=predicted / t["ddp"], **t)
+    res = DataParallelRun(world_size=2, backend="gloo", device="cpu", n_params=1, grad_bytes=4,
+                          replica_grads_equal=True, replica_weights_equal=True, full_batch_grad_max_diff=0.0,
+                          full_batch_grad_max=1.0, rounds=11, rows=[row])
     _check_table_reconciles(res)
     shown = data_parallel_display_rows(res)[0]
     assert shown["predicted"] == pytest.approx(3.46) and shown["speedup"] == pytest.approx(1.43)
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_worker_failure_is_raised_and_children_cleaned_up():
     import multiprocessing
 
@@ -270,7 +288,7 @@ def test_data_parallel_rejects_bad_input():
         P.run_expert_parallel(skew=-1)
 
 
-def _one_rank_fails(rank, world, device, progress):
+def _one_rank_fails(rank, world_size, device, progress):
     """Rank 1 raises while rank 0 waits in a collective for it."""
     import torch
     import torch.distributed as dist
@@ -281,6 +299,7 @@ def _one_rank_fails(rank, world, device, progress):
     return "unreachable"
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_a_failing_rank_does_not_hang_its_peer():
     import multiprocessing
     import time
@@ -292,6 +311,7 @@ def test_a_failing_rank_does_not_hang_its_peer():
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_timeout_kills_the_children():
     import multiprocessing
 
@@ -300,12 +320,13 @@ def test_timeout_kills_the_children():
     assert multiprocessing.active_children() == []
 
 
-def _sleeper(rank, world, device, progress, seconds):
+def _sleeper(rank, world_size, device, progress, seconds):
     import time
 
     time.sleep(seconds)
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_port_taken_meanwhile_is_retried(monkeypatch):
     import socket
 

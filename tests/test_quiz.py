@@ -170,6 +170,8 @@ def test_explorer_live_and_static_agree_on_outputs():
 
 # ----- the static page in a real browser ----------------------------------
 
+@pytest.mark.browser
+@pytest.mark.slow  # starts Chromium
 def test_static_verdicts_equal_python_verdicts_in_chromium(tmp_path):
     from lessonlib.book.interactive import _STYLE
 

@@ -7,21 +7,15 @@ import pytest
 import torch
 
 from lessonlib.measure import four_layer, recompute
-from lessonlib.calc.recompute import NAMES, chain_memory_units, predicted_flops_ratio
+from lessonlib.measure.device import threads
+from lessonlib.calc.recompute import chain_memory_units, predicted_flops_ratio
 from lessonlib.book.plots import plot_activation_life, plot_segment_sweep
 
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-def test_three_names_one_technique():
-    assert len(NAMES) == 3
-    assert "gradient checkpointing" in NAMES and "activation recomputation" in NAMES
+    with threads(1):
+        yield
 
 
 def test_predicted_flops_ratio():
@@ -41,7 +35,7 @@ def test_chain_memory_units_minimum_near_sqrt_n():
     for n in (9, 16, 36, 64, 100):
         best = min(range(1, n + 1), key=lambda k: chain_memory_units(n, k))
         assert best == math.isqrt(n)
-    with pytest.raises(ValueError, match="n_layers"):
+    with pytest.raises(ValueError, match="layers"):
         chain_memory_units(0, 1)
     with pytest.raises(ValueError, match="segments"):
         chain_memory_units(8, 9)
@@ -52,10 +46,10 @@ def test_chain_memory_units_minimum_near_sqrt_n():
 def test_four_layer_example_keeps_4_or_2_and_recomputes_2():
     plain = four_layer.four_layer_census(checkpointed=False)
     ckpt = four_layer.four_layer_census(checkpointed=True)
-    assert plain["kept"] == ["a1", "a2", "a3", "a4"] and plain["recomputed"] == []
-    assert ckpt["kept"] == ["a2", "a4"] and ckpt["recomputed"] == ["a1", "a3"]
-    assert 2 * ckpt["kept_bytes"] == plain["kept_bytes"]
-    assert all(torch.equal(a, b) for a, b in zip(plain["grads"], ckpt["grads"]))
+    assert plain.kept == ["a1", "a2", "a3", "a4"] and plain.recomputed == []
+    assert ckpt.kept == ["a2", "a4"] and ckpt.recomputed == ["a1", "a3"]
+    assert 2 * ckpt.kept_bytes == plain.kept_bytes
+    assert all(torch.equal(a, b) for a, b in zip(plain.grads, ckpt.grads))
 
 
 def test_activation_life_is_recorded_from_hooks():
@@ -78,8 +72,8 @@ def test_plot_activation_life_has_title_and_labels():
 
 
 def test_flops_four_thirds_with_early_stop_off_and_less_with_it_on():
-    model = recompute.block_stack(n_blocks=3, width=16, dropout=0.0)
-    x = recompute.make_input(model, batch=4, seq=8)
+    model = recompute.block_stack(layers=3, hidden=16, dropout=0.0)
+    x = recompute.make_input(model, batch=4, seq_len=8)
     fwd = recompute.forward_flops(model, x)
     plain = recompute.step_flops(model, x, "none")
     full = recompute.step_flops(model, x, "per-block", early_stop=False)
@@ -90,8 +84,8 @@ def test_flops_four_thirds_with_early_stop_off_and_less_with_it_on():
 
 
 def test_gradients_identical_with_and_without_checkpointing_even_with_dropout():
-    model = recompute.block_stack(n_blocks=4, width=16, dropout=0.2)
-    x = recompute.make_input(model, batch=4, seq=8)
+    model = recompute.block_stack(layers=4, hidden=16, dropout=0.2)
+    x = recompute.make_input(model, batch=4, seq_len=8)
     ref = recompute.gradients(model, x, "none")
     for strategy in ("per-block", 2):
         got = recompute.gradients(model, x, strategy)
@@ -100,30 +94,30 @@ def test_gradients_identical_with_and_without_checkpointing_even_with_dropout():
 
 def test_saved_bytes_of_a_chain_match_the_formula():
     n = 8
-    chain = recompute.layer_chain(n_layers=n, width=8)
-    x = recompute.make_input(chain, batch=32, seq=1)
+    chain = recompute.layer_chain(layers=n, hidden=8)
+    x = recompute.make_input(chain, batch=32, seq_len=1)
     unit = x.numel() * x.element_size()
     for segments in (1, 2, 4, 8):
         saved = recompute.saved_step_activations(chain, x, segments)
         assert saved.bytes == chain_memory_units(n, segments) * unit, segments
     # Checkpointing every layer of a plain ReLU chain keeps exactly as much as no checkpointing.
-    relu = recompute.layer_chain(n_layers=n, width=8, activation="relu")
+    relu = recompute.layer_chain(layers=n, hidden=8, activation="relu")
     assert (recompute.saved_step_activations(relu, x, "per-block").bytes
             == recompute.saved_step_activations(relu, x, "none").bytes)
 
 
 def test_peak_memory_falls_with_per_block_checkpointing():
-    model = recompute.block_stack(n_blocks=4, width=32, dropout=0.0)
-    x = recompute.make_input(model, batch=8, seq=16)
+    model = recompute.block_stack(layers=4, hidden=32, dropout=0.0)
+    x = recompute.make_input(model, batch=8, seq_len=16)
     assert recompute.peak_step_memory(model, x, "per-block") < recompute.peak_step_memory(model, x, "none")
 
 
 def test_segment_sweep_rows():
-    chain = recompute.layer_chain(n_layers=4, width=8)
-    x = recompute.make_input(chain, batch=16, seq=1)
+    chain = recompute.layer_chain(layers=4, hidden=8)
+    x = recompute.make_input(chain, batch=16, seq_len=1)
     rows = recompute.segment_sweep(chain, x, [1, 2, 4])
-    assert [r["strategy"] for r in rows] == [1, 2, 4, "per-block"]
-    assert [r["recomputed_forwards"] for r in rows] == [0.0, 0.5, 0.75, 1.0]
+    assert [r.strategy for r in rows] == [1, 2, 4, "per-block"]
+    assert [r.recomputed_forwards for r in rows] == [0.0, 0.5, 0.75, 1.0]
     import matplotlib.pyplot as plt
 
     fig = plot_segment_sweep({"chain": rows})
@@ -132,8 +126,8 @@ def test_segment_sweep_rows():
 
 
 def test_time_ratios_are_ratios_of_one_run():
-    model = recompute.block_stack(n_blocks=2, width=8, dropout=0.0)
-    x = recompute.make_input(model, batch=2, seq=4)
+    model = recompute.block_stack(layers=2, hidden=8, dropout=0.0)
+    x = recompute.make_input(model, batch=2, seq_len=4)
     r = recompute.time_ratios(model, x, ["per-block"], rounds=3, progress=False)
     assert r["none"] == 1.0 and r["per-block"] > 0
     with pytest.raises(ValueError, match="rounds"):
@@ -141,16 +135,16 @@ def test_time_ratios_are_ratios_of_one_run():
 
 
 def test_bad_strategy_and_sizes_are_refused():
-    model = recompute.block_stack(n_blocks=2, width=8)
-    x = recompute.make_input(model, batch=2, seq=4)
+    model = recompute.block_stack(layers=2, hidden=8)
+    x = recompute.make_input(model, batch=2, seq_len=4)
     with pytest.raises(ValueError, match="strategy"):
         recompute.checkpointed_forward(model, x, "everything")
     with pytest.raises(ValueError, match="strategy"):
         recompute.checkpointed_forward(model, x, 3)
     with pytest.raises(ValueError, match="activation"):
         recompute.layer_chain(4, 8, activation="gelu")
-    with pytest.raises(ValueError, match="width"):
-        four_layer.FourLayerNet(width=0)
+    with pytest.raises(ValueError, match="hidden"):
+        four_layer.FourLayerNet(hidden=0)
 
 
 def test_census_is_not_fooled_by_a_reused_address():
@@ -164,7 +158,7 @@ def test_census_is_not_fooled_by_a_reused_address():
         junk.append(torch.randn(i % 7 + 1, 8 * (i % 5 + 1)))
         del junk[:-20]
         census = four_layer.four_layer_census(checkpointed=True)
-        assert census["kept"] == ["a2", "a4"] and census["recomputed"] == ["a1", "a3"], (i, census["kept"])
+        assert census.kept == ["a2", "a4"] and census.recomputed == ["a1", "a3"], (i, census.kept)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])

@@ -93,6 +93,7 @@ def test_in_process_restore_modes(tmp_path):
 
 # --- real processes, real SIGKILL -------------------------------------------------
 
+@pytest.mark.slow  # starts processes: seconds each
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_kill_during_save_always_leaves_the_last_complete_checkpoint(tmp_path):
     """Kill the training process in the middle of a save, several times; every
@@ -135,6 +136,7 @@ def test_kill_during_save_always_leaves_the_last_complete_checkpoint(tmp_path):
     assert [v.hex() for v in resumed.values()] == [v.hex() for v in reference.values()]
 
 
+@pytest.mark.slow  # starts processes: seconds each
 def test_run_training_kills_at_a_step_and_cleans_up(tmp_path):
     result = recovery.run_training(tmp_path / "r", kill_at="step 7", steps=30, save_every=5, step_seconds=0.2)
     assert result["killed"]

@@ -29,7 +29,7 @@ def test_gpt_forward_flops_formula():
 
 
 def test_mlp_ratio_first_layer_needs_no_input_grad():
-    m = models.ForecastMLP(window=28, hidden=64, depth=2)
+    m = models.ForecastMLP(window=28, hidden=64, layers=2)
     X, y = data.make_forecast_dataset(window=28, n_stores=2, n_days=100)
     fc = timing.count_flops(m, X, y, F.mse_loss)
     linears = [l for l in m.modules() if isinstance(l, torch.nn.Linear)]
@@ -65,7 +65,7 @@ def test_time_training_step_bad_input():
         timing.time_training_step(m, torch.zeros(2, 8), torch.zeros(2, 1), F.mse_loss, opt, warmup=-1)
 
 
-def test_plot_timing_has_title_and_units():
+def test_plot_timing_draws_the_measured_medians():
     from lessonlib.book import plots
 
     m = models.ForecastMLP(window=8, hidden=16)
@@ -74,7 +74,45 @@ def test_plot_timing_has_title_and_units():
     fig = plots.plot_timing({"mlp": t})
     ax = fig.axes[0]
     assert ax.get_title() and "ms" in ax.get_ylabel() and ax.get_xlabel()
+    # two bars: prediction alone, then the four phases stacked; their tops are
+    # the measured medians in milliseconds
+    tops = {}
+    for bar in ax.patches:
+        x = round(bar.get_x() + bar.get_width() / 2)
+        tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
+    assert tops[0] == pytest.approx(1e3 * t.seconds["prediction"], rel=1e-9)
+    assert tops[1] == pytest.approx(1e3 * sum(t.seconds[p] for p in timing.PHASES), rel=1e-9)
     plots.show(fig, alt="timing bars")
+
+
+def test_time_rounds_interleaves_and_takes_ratios_within_a_round():
+    from lessonlib.measure.rounds import Rounds, time_rounds
+
+    calls = []
+
+    def one_round(clock):
+        calls.append("round")
+        clock.time("short", sum, range(10))
+        with clock("long"):
+            sum(range(100_000))
+        clock.add("fixed", 2.0)
+
+    ticks = []
+    r = time_rounds(one_round, rounds=4, warmup=2, device="cpu", after_round=lambda: ticks.append(1))
+    assert len(calls) == 6 and len(ticks) == 6          # warm-up rounds run, then are dropped
+    assert {k: len(v) for k, v in r.seconds.items()} == {"short": 4, "long": 4, "fixed": 4}
+    assert r.median("fixed") == 2.0
+    assert r.ratio("long", "long") == 1.0
+    # a ratio is the median of per-round ratios, not a ratio of medians
+    made = Rounds({"a": [1.0, 2.0, 10.0], "b": [1.0, 4.0, 1.0]})
+    assert made.ratio("a", "b") == 1.0 and made.median("a") / made.median("b") == 2.0
+    # several processes: per round, the slowest
+    merged = Rounds.slowest([{"a": [1.0, 5.0]}, Rounds({"a": [3.0, 2.0]})])
+    assert merged.seconds == {"a": [3.0, 5.0]}
+    with pytest.raises(ValueError, match="rounds"):
+        time_rounds(one_round, rounds=0)
+    with pytest.raises(ValueError, match="warmup"):
+        time_rounds(one_round, rounds=1, warmup=-1)
 
 
 # ---- issue 12, item 8: count_flops names what it cannot count -----------------

@@ -158,27 +158,28 @@ def plot_activation_life(recordings: dict, title: str = "The life of each activa
 
 
 def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"):
-    """Plot :func:`segment_sweep` results, one panel per model: peak step
-    memory (MiB) against extra compute (extra forward passes per step).
-    ``sweeps`` maps a model label to its rows. Returns the figure."""
+    """Plot :func:`lessonlib.measure.recompute.segment_sweep` results, one panel
+    per model: peak step memory (MiB) against extra compute (extra forward
+    passes per step). ``sweeps`` maps a model label to its list of
+    :class:`~lessonlib.measure.recompute.SweepPoint`. Returns the figure."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 4.2), squeeze=False)
     for ax, (label, rows) in zip(axes[0], sweeps.items()):
-        seg = [r for r in rows if r["strategy"] != "per-block"]
-        xs = [r["recomputed_forwards"] for r in seg]
-        ys = [r["peak_bytes"] / 2**20 for r in seg]
+        seg = [r for r in rows if r.strategy != "per-block"]
+        xs = [r.recomputed_forwards for r in seg]
+        ys = [r.peak_bytes / 2**20 for r in seg]
         ax.plot(xs, ys, "o-", color="#4C72B0", label="checkpoint_sequential")
         for r, xv, yv in zip(seg, xs, ys):
-            text = "no checkpoint" if r["strategy"] == 1 else f"{r['strategy']} segments"
+            text = "no checkpoint" if r.strategy == 1 else f"{r.strategy} segments"
             ax.annotate(text, (xv, yv), textcoords="offset points", xytext=(4, 6), fontsize=8)
         for r in rows:
-            if r["strategy"] == "per-block":
-                ax.plot(r["recomputed_forwards"], r["peak_bytes"] / 2**20, "*", ms=14,
+            if r.strategy == "per-block":
+                ax.plot(r.recomputed_forwards, r.peak_bytes / 2**20, "*", ms=14,
                         color="#DD8452", label="checkpoint every block")
         ax.set_xlabel("recomputation (extra forward passes per step)")
         ax.set_ylabel("peak step memory above the weights (MiB)")
-        ax.set_ylim(0, max(r["peak_bytes"] for r in rows) / 2**20 * 1.15)
+        ax.set_ylim(0, max(r.peak_bytes for r in rows) / 2**20 * 1.15)
         ax.set_title(label, fontsize=10)
         ax.legend(fontsize=8, loc="lower left")
         ax.grid(alpha=0.3)
@@ -222,7 +223,7 @@ def plot_resume_comparison(reference: dict, resumed: dict, resumed_from: int | N
     return fig
 
 
-_SWEEP_NAMES = {"batch": "batch (sequences)", "seq": "sequence length (tokens)", "layers": "layers", "hidden": "width h"}
+_SWEEP_NAMES = {"batch": "batch (sequences)", "seq_len": "sequence length (tokens)", "layers": "layers", "hidden": "width h"}
 
 
 def activation_sweep_figure(results: dict, sweeps: dict):

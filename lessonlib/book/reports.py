@@ -67,7 +67,7 @@ def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
 DATA_PARALLEL_PIECES = ("half_compute", "optimizer", "allreduce")
 
 
-def data_parallel_display_rows(result: dict) -> list:
+def data_parallel_display_rows(result) -> list:
     """The numbers :func:`data_parallel_table` shows, one dict per batch size.
 
     Times are the medians of :func:`run_data_parallel`, in milliseconds,
@@ -76,23 +76,23 @@ def data_parallel_display_rows(result: dict) -> list:
     reader who adds or divides the shown numbers gets the shown results.
     """
     out = []
-    for row in result["rows"]:
-        ms = {k: round(1e3 * row[k], 2) for k in ("single", "ddp") + DATA_PARALLEL_PIECES}
+    for row in result.rows:
+        ms = {k: round(1e3 * getattr(row, k), 2) for k in ("single", "ddp") + DATA_PARALLEL_PIECES}
         predicted = round(sum(ms[k] for k in DATA_PARALLEL_PIECES), 2)
-        out.append({"global_batch": row["global_batch"], **ms, "predicted": predicted,
+        out.append({"global_batch": row.global_batch, **ms, "predicted": predicted,
                     "predicted_speedup": round(ms["single"] / predicted, 2),
                     "speedup": round(ms["single"] / ms["ddp"], 2)})
     return out
 
 
-def data_parallel_table(result: dict) -> str:
+def data_parallel_table(result) -> str:
     """An HTML table of :func:`run_data_parallel`'s rows (times in milliseconds).
 
     Every time is a median over rounds; the predicted step is the sum of the
     three pieces shown and each speedup is the ratio of two steps shown
     (see :func:`data_parallel_display_rows`).
     """
-    world = result.get("world_size", 2)
+    world = result.world_size
     share = "half" if world == 2 else f"1/{world}"
     cols = [("global_batch", "global batch", "{:,}"), ("single", "1 process: step", "{:.2f}"),
             ("half_compute", f"{world} proc.: compute on {share}", "{:.2f}"), ("optimizer", "+ optimizer step", "{:.2f}"),
@@ -103,7 +103,7 @@ def data_parallel_table(result: dict) -> str:
     body = []
     for row in data_parallel_display_rows(result):
         body.append("<tr>" + "".join(f"<td>{fmt.format(row[key])}</td>" for key, _, fmt in cols) + "</tr>")
-    rounds = result.get("rounds")
+    rounds = result.rounds
     over = f"over {rounds} rounds " if rounds else "over rounds "
     return (f"<table><caption>Times in ms: each one the median {over}(per round, the slowest process). "
             f"Predicted step = compute on {share} + optimizer step + all-reduce, the sum of the three medians; "

@@ -50,12 +50,13 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
                 "the speedup peak and then fall.")
 
 
-def data_parallel_figure(rows: list, world: int):
+def data_parallel_figure(rows: list, world_size: int):
     """Predicted pieces against the measured two-process step (left) and speedup against batch (right).
 
-    ``rows`` are :func:`lessonlib.measure.distributed.data_parallel.run_data_parallel`'s rows (seconds).
+    ``rows`` are the :class:`~lessonlib.measure.distributed.data_parallel.DataParallelRow` of a
+    :func:`~lessonlib.measure.distributed.data_parallel.run_data_parallel` run (seconds).
     """
-    labels = [f"{r['global_batch']:,}" for r in rows]
+    labels = [f"{r.global_batch:,}" for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.3))
     xs = range(len(rows))
     w = 0.38
@@ -63,36 +64,36 @@ def data_parallel_figure(rows: list, world: int):
     for key, label, color in (("half_compute", "compute on half the batch", "#4C72B0"),
                               ("optimizer", "optimizer step (repeated)", "#55A868"),
                               ("allreduce", "all-reduce of gradients", "#C44E52")):
-        vals = [r[key] / r["single"] for r in rows]
+        vals = [getattr(r, key) / r.single for r in rows]
         ax1.bar([x - w / 2 for x in xs], vals, w, bottom=bottom, label=label, color=color)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax1.bar([x + w / 2 for x in xs], [r["ddp"] / r["single"] for r in rows], w, color="#8C8C8C",
+    ax1.bar([x + w / 2 for x in xs], [r.ddp / r.single for r in rows], w, color="#8C8C8C",
             label="measured two-process step")
     ax1.axhline(1.0, color="black", lw=1, ls="--", label="one-process step")
     ax1.set_xticks(list(xs), labels)
     ax1.set(xlabel="global batch (examples)", ylabel="time / one-process step time (ratio)",
             title="Two-process step: predicted pieces (left) vs measured (right)")
     ax1.legend(fontsize=8)
-    gb = [r["global_batch"] for r in rows]
-    ax2.plot(gb, [r["speedup"] for r in rows], marker="o", label="measured")
-    ax2.plot(gb, [r["predicted_speedup"] for r in rows], marker="s", ls="--", label="predicted from the pieces")
+    gb = [r.global_batch for r in rows]
+    ax2.plot(gb, [r.speedup for r in rows], marker="o", label="measured")
+    ax2.plot(gb, [r.predicted_speedup for r in rows], marker="s", ls="--", label="predicted from the pieces")
     ax2.axhline(1, color="black", lw=1, ls=":")
-    ax2.axhline(world, color="grey", lw=1, ls=":")
-    ax2.text(gb[0], world * 0.97, f"{world}× (ideal)", va="top", fontsize=8)
+    ax2.axhline(world_size, color="grey", lw=1, ls=":")
+    ax2.text(gb[0], world_size * 0.97, f"{world_size}× (ideal)", va="top", fontsize=8)
     ax2.text(gb[0], 1.03, "1× (no gain)", va="bottom", fontsize=8)
     ax2.set(xscale="log", xlabel="global batch (examples, log scale)", ylabel="speedup (×)",
-            title=f"Speedup of {world} processes over 1, same global batch", ylim=(0, world * 1.1))
+            title=f"Speedup of {world_size} processes over 1, same global batch", ylim=(0, world_size * 1.1))
     ax2.set_xticks(gb, labels)
     ax2.legend(fontsize=8)
     first, last = rows[0], rows[-1]
     return show(fig, alt="Left: for each global batch, a stacked bar of the predicted two-process step (compute on "
                 "half the batch, the repeated optimizer step, the all-reduce) beside the measured two-process step, "
                 "both relative to the one-process step. The measured two-process step takes "
-                f"{first['ddp'] / first['single']:.0%} of the one-process step at a batch of {first['global_batch']} "
-                f"and {last['ddp'] / last['single']:.0%} at {last['global_batch']}; the optimizer and all-reduce "
+                f"{first.ddp / first.single:.0%} of the one-process step at a batch of {first.global_batch} "
+                f"and {last.ddp / last.single:.0%} at {last.global_batch}; the optimizer and all-reduce "
                 "pieces are a large part of the bar at small batch and a small part at large batch. Right: measured "
-                f"and predicted speedup against global batch, with reference lines at 1x and {world}x; measured "
-                f"{first['speedup']:.2f}x at the smallest batch and {last['speedup']:.2f}x at the largest.")
+                f"and predicted speedup against global batch, with reference lines at 1x and {world_size}x; measured "
+                f"{first.speedup:.2f}x at the smallest batch and {last.speedup:.2f}x at the largest.")
 
 
 def allreduce_volume_figure(grad_bytes: int, ns, name: str):

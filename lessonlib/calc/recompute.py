@@ -46,25 +46,25 @@ def predicted_flops_ratio(recomputed_forward_fraction: float = 1.0,
     return (plain + recomputed_forward_fraction) / plain
 
 
-def chain_memory_units(n_layers: int, segments: int) -> int:
-    """Activations a chain of ``n_layers`` equal layers keeps after forward,
+def chain_memory_units(layers: int, segments: int) -> int:
+    """Activations a chain of ``layers`` equal layers keeps after forward,
     in units of one layer's activation, when split into ``segments``
     checkpointed segments by :func:`torch.utils.checkpoint.checkpoint_sequential`.
 
     It keeps the input of every segment but the first (whose input is the
     model's input, which exists anyway): ``segments - 1``; and PyTorch runs the
     last segment without checkpointing, so that segment keeps all of its
-    ``ceil(n_layers / segments)`` activations. The same number of layers is
+    ``ceil(layers / segments)`` activations. The same number of layers is
     alive again while one segment is recomputed in backward. The sum is
-    smallest near ``segments = sqrt(n_layers)``; one segment keeps everything.
+    smallest near ``segments = sqrt(layers)``; one segment keeps everything.
 
     >>> chain_memory_units(16, 4)
     7
     >>> chain_memory_units(16, 1)
     16
     """
-    if not isinstance(n_layers, int) or isinstance(n_layers, bool) or n_layers < 1:
-        raise ValueError(f"n_layers must be a positive integer, got {n_layers!r}")
-    if not isinstance(segments, int) or isinstance(segments, bool) or not 1 <= segments <= n_layers:
-        raise ValueError(f"segments must be an integer in [1, n_layers], got {segments!r}")
-    return (segments - 1) + math.ceil(n_layers / segments)
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        raise ValueError(f"layers must be a positive integer, got {layers!r}")
+    if not isinstance(segments, int) or isinstance(segments, bool) or not 1 <= segments <= layers:
+        raise ValueError(f"segments must be an integer in [1, layers], got {segments!r}")
+    return (segments - 1) + math.ceil(layers / segments)

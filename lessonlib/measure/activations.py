@@ -19,22 +19,22 @@ from .memory import SavedTensorCounter, measure_activations, measure_training_me
 MULTIPLIER_GPT = dict(seq_len=256, hidden=128, heads=4, layers=2)
 
 
-def layers_activations(batch: int = 2, seq: int = 64, layers: int = 2, hidden: int = 128, heads: int = 4,
+def layers_activations(batch: int = 2, seq_len: int = 64, layers: int = 2, hidden: int = 128, heads: int = 4,
                        device=None, **kw) -> SavedTensorCounter:
     """What the GPT's transformer layers save for backward, measured in bf16 (bytes in ``.bytes``).
 
     ``kw`` goes to :class:`lessonlib.measure.models.TinyGPT` (``dropout``, ``dropout_impl``, ``attention``).
     """
     device = torch.device(device) if device is not None else get_device()
-    gpt = models.TinyGPT(seq_len=seq, hidden=hidden, heads=heads, layers=layers, **kw).to(device, torch.bfloat16)
-    x = torch.randn(batch, seq, hidden, dtype=torch.bfloat16, device=device)
+    gpt = models.TinyGPT(seq_len=seq_len, hidden=hidden, heads=heads, layers=layers, **kw).to(device, torch.bfloat16)
+    x = torch.randn(batch, seq_len, hidden, dtype=torch.bfloat16, device=device)
     return measure_activations(gpt.blocks, x)
 
 
 def sweep(base: dict, sweeps: dict, device=None, progress=None) -> dict:
     """Measured and formula bytes of the layers, changing one size of ``base`` at a time.
 
-    ``base`` holds batch, seq, layers, hidden, heads; ``sweeps`` maps one of
+    ``base`` holds batch, seq_len, layers, hidden, heads; ``sweeps`` maps one of
     those names to the values to try. Returns ``{(name, value): (measured, formula)}``
     in bytes. ``progress`` optionally wraps the loop (``lessonlib.progress.progress``).
     """
@@ -47,7 +47,7 @@ def sweep(base: dict, sweeps: dict, device=None, progress=None) -> dict:
         for v in values:
             cfg = {**base, knob: v}
             measured = layers_activations(**cfg, device=device).bytes
-            formula = activation_bytes(cfg["seq"], cfg["batch"], cfg["hidden"], cfg["heads"], cfg["layers"])
+            formula = activation_bytes(cfg["seq_len"], cfg["batch"], cfg["hidden"], cfg["heads"], cfg["layers"])
             results[(knob, v)] = (measured, formula)
     return results
 
@@ -70,15 +70,15 @@ def bytes_by_part(counter: SavedTensorCounter) -> dict:
     return out
 
 
-def crossover(batches, seq: int = 64, device=None, progress=None, **gpt) -> "Crossover":
+def crossover(batches, seq_len: int = 64, device=None, progress=None, **gpt) -> "Crossover":
     """Activations of the whole GPT (bf16, loss included) for each batch, against its training state."""
     device = torch.device(device) if device is not None else get_device()
-    model = models.TinyGPT(seq_len=seq, **gpt).to(device, torch.bfloat16)
+    model = models.TinyGPT(seq_len=seq_len, **gpt).to(device, torch.bfloat16)
     n = models.n_params(model)
     state = training_state_bytes(n).total
     acts = []
     for b in (batches if progress is None else progress(batches, desc="batch sizes")):
-        tok, tgt = (t.to(device) for t in data.make_tokens(b, seq))
+        tok, tgt = (t.to(device) for t in data.make_tokens(b, seq_len))
         acts.append(measure_activations(model, tok, tgt, models.lm_loss).bytes)
     cross = next((b for b, a in zip(batches, acts) if a > state), None)
     return Crossover(list(batches), acts, n, state, serving_bytes(n), cross)
@@ -105,13 +105,13 @@ def _state_fp32(optimizer: str, device) -> tuple[int, int]:
     return led.weights + led.gradients + led.optimizer_state, led.weights
 
 
-def _activations(dtype, batch: int, seq: int, device) -> int:
+def _activations(dtype, batch: int, seq_len: int, device) -> int:
     m = models.TinyGPT(**MULTIPLIER_GPT).to(device, dtype)
-    tok, tgt = (t.to(device) for t in data.make_tokens(batch, seq))
+    tok, tgt = (t.to(device) for t in data.make_tokens(batch, seq_len))
     return measure_activations(m, tok, tgt, models.lm_loss).bytes
 
 
-def memory_multiplier(optimizer: str, precision: str, batch: int, seq: int, device=None) -> float:
+def memory_multiplier(optimizer: str, precision: str, batch: int, seq_len: int, device=None) -> float:
     """Training-step memory (state + activations) over the weights' own bytes, on :data:`MULTIPLIER_GPT`.
 
     fp32: weights, gradients and optimizer state measured, activations measured in
@@ -126,9 +126,9 @@ def memory_multiplier(optimizer: str, precision: str, batch: int, seq: int, devi
     device = torch.device(device) if device is not None else get_device()
     if precision == "fp32":
         state, weights = _state_fp32(optimizer, device)
-        return (state + _activations(torch.float32, batch, seq, device)) / weights
+        return (state + _activations(torch.float32, batch, seq_len, device)) / weights
     if optimizer != "adam":
         raise ValueError("precision='mixed' is measured for optimizer='adam' only")
     n = models.n_params(models.TinyGPT(**MULTIPLIER_GPT))
     state = training_state_bytes(n).total
-    return (state + _activations(torch.bfloat16, batch, seq, device)) / serving_bytes(n)
+    return (state + _activations(torch.bfloat16, batch, seq_len, device)) / serving_bytes(n)

@@ -10,7 +10,7 @@ activation is produced, recomputed, used and freed (the data behind
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -54,11 +54,11 @@ class FourLayerNet(nn.Module):
     recomputed in backward from the nearest kept tensor.
     """
 
-    def __init__(self, width: int = 8):
+    def __init__(self, hidden: int = 8):
         super().__init__()
-        if width < 1:
-            raise ValueError(f"width must be positive, got {width!r}")
-        self.linears = nn.ModuleList(nn.Linear(width, width) for _ in range(4))
+        if hidden < 1:
+            raise ValueError(f"hidden must be positive, got {hidden!r}")
+        self.linears = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(4))
         self.acts = nn.ModuleList(nn.ReLU() for _ in range(4))
 
     def _span(self, start: int, x):
@@ -76,29 +76,42 @@ class FourLayerNet(nn.Module):
         return self.acts[3](z4)
 
 
-def _four_layer_setup(width: int, batch: int, seed: int, device=None):
+def _four_layer_setup(hidden: int, batch: int, seed: int, device=None):
     """The net, an input and a target on ``device`` (default: ``get_device()``), the same on every device."""
     from .device import get_device
 
     device = torch.device(device) if device is not None else get_device()
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    model = FourLayerNet(width).to(device)
-    x = torch.randn(batch, width, generator=g).to(device)
-    target = torch.randn(batch, width, generator=g).to(device)
+    model = FourLayerNet(hidden).to(device)
+    x = torch.randn(batch, hidden, generator=g).to(device)
+    target = torch.randn(batch, hidden, generator=g).to(device)
     return model, x, target
 
 
-def four_layer_census(checkpointed: bool, width: int = 8, batch: int = 4, seed: int = 0, device=None) -> dict:
+@dataclass
+class Census:
+    """What one training step of :class:`FourLayerNet` kept and recomputed.
+
+    kept:        names of the activations autograd saved for backward, e.g. ``["a1", "a2", "a3", "a4"]``
+    recomputed:  names produced again during backward
+    kept_bytes:  bytes of the kept activations
+    grads:       the parameter gradients (tensors), for comparison
+    """
+
+    kept: list
+    recomputed: list
+    kept_bytes: int
+    grads: list = field(repr=False)
+
+
+def four_layer_census(checkpointed: bool, hidden: int = 8, batch: int = 4, seed: int = 0, device=None) -> Census:
     """Which activations of :class:`FourLayerNet` are kept and which recomputed.
 
-    Runs one real training step (forward, MSE loss, backward). Returns a dict:
-    ``kept`` (names of activations that autograd saved for backward, e.g.
-    ``["a1", "a2", "a3", "a4"]``), ``recomputed`` (names produced again during
-    backward), ``kept_bytes`` (bytes of the kept activations) and ``grads``
-    (the parameter gradients, for comparison). ``device`` defaults to ``get_device()``.
+    Runs one real training step (forward, MSE loss, backward) and returns a
+    :class:`Census`. ``device`` defaults to ``get_device()``.
     """
-    model, x, target = _four_layer_setup(width, batch, seed, device)
+    model, x, target = _four_layer_setup(hidden, batch, seed, device)
     owner: dict = {}
     phase = {"now": "forward"}
     recomputed: list[str] = []
@@ -127,12 +140,12 @@ def four_layer_census(checkpointed: bool, width: int = 8, batch: int = 4, seed: 
     finally:
         for h in handles:
             h.remove()
-    return {
-        "kept": sorted(kept),
-        "recomputed": sorted(recomputed),
-        "kept_bytes": sum(kept.values()),
-        "grads": [p.grad.clone() for p in model.parameters()],
-    }
+    return Census(
+        kept=sorted(kept),
+        recomputed=sorted(recomputed),
+        kept_bytes=sum(kept.values()),
+        grads=[p.grad.clone() for p in model.parameters()],
+    )
 
 
 @dataclass
@@ -145,7 +158,7 @@ class Event:
     what: str         #: "produced", "kept", "released", "recomputed", "read"
 
 
-def record_activation_life(checkpointed: bool, width: int = 8, batch: int = 4,
+def record_activation_life(checkpointed: bool, hidden: int = 8, batch: int = 4,
                            seed: int = 0, device=None) -> list[Event]:
     """Record the life of each activation of :class:`FourLayerNet` in one step.
 
@@ -159,7 +172,7 @@ def record_activation_life(checkpointed: bool, width: int = 8, batch: int = 4,
     """
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    model, x, target = _four_layer_setup(width, batch, seed, device)
+    model, x, target = _four_layer_setup(hidden, batch, seed, device)
     events: list[Event] = []
     phase = {"now": "forward"}
     owner: dict = {}

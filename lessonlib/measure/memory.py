@@ -16,7 +16,6 @@ import torch
 import torch.utils._pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-
 @dataclass
 class MemoryLedger:
     """Bytes measured during one training step.
@@ -214,6 +213,60 @@ def optimizer_state_bytes(optimizer) -> int:
                          if isinstance(v, torch.Tensor))
 
 
+@dataclass
+class PeakMemory:
+    """Bytes held when a piece of work started, and the most held while it ran.
+
+    start:  bytes held at the start (GPU: everything allocated on the device;
+            CPU: the tensors of the tracked modules, optimizers and tensors)
+    peak:   the highest bytes held during the work, counted the same way
+    """
+
+    start: int
+    peak: int
+
+    @property
+    def added(self) -> int:
+        """peak - start: what the work itself needed at its worst moment, bytes."""
+        return self.peak - self.start
+
+
+def peak_memory(fn, device=None, track=()):
+    """Run ``fn()`` and measure its peak memory: returns ``(fn's result, PeakMemory or None)``.
+
+    The one peak-memory primitive of the course. On a GPU it uses
+    ``torch.cuda.max_memory_allocated`` (all tensors on the device count). On
+    a CPU it uses PyTorch's ``torch.distributed._tools.mem_tracker.MemTracker``
+    (private, but the only deterministic CPU peak PyTorch offers), which
+    counts the modules, optimizers and tensors in ``track`` plus everything
+    allocated inside ``fn``; the result is None when the tracker is missing
+    from the torch build.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        result = fn()
+        torch.cuda.synchronize(device)
+        return result, PeakMemory(int(start), int(torch.cuda.max_memory_allocated(device)))
+    try:  # private API: may move between torch versions
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        tracker.track_external(*track)
+    except Exception:  # pragma: no cover - depends on the torch build
+        return fn(), None
+
+    def total(kind):
+        return int(sum(d.get("Total", 0) for d in tracker.get_tracker_snapshot(kind).values()))
+
+    start = total("current")
+    with tracker:
+        result = fn()
+    return result, PeakMemory(start, max(start, total("peak")))
+
+
 def measure_training_memory(model, inputs, targets, loss_fn, optimizer, track_peak: bool = True) -> MemoryLedger:
     """Run one training step (forward, loss, backward, optimizer step) and measure its bytes.
 
@@ -246,30 +299,11 @@ def measure_training_memory(model, inputs, targets, loss_fn, optimizer, track_pe
         return grads
 
     counter = SavedTensorCounter(exclude=params)
-    peak = None
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        grads = step(counter)
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device)
+    if track_peak:
+        grads, peak = peak_memory(lambda: step(counter), device=device, track=(model, optimizer, *args))
+        peak = None if peak is None else peak.peak
     else:
-        tracker = None
-        if track_peak:
-            try:  # private API: may move between torch versions
-                from torch.distributed._tools.mem_tracker import MemTracker
-
-                tracker = MemTracker()
-                tracker.track_external(model, optimizer, *args)
-            except Exception:  # pragma: no cover - depends on the torch build
-                tracker = None
-        if tracker is not None:
-            with tracker:
-                grads = step(counter)
-            snap = tracker.get_tracker_snapshot("peak")
-            peak = int(sum(d.get("Total", 0) for d in snap.values()))
-        else:
-            grads = step(counter)
+        grads, peak = step(counter), None
     return MemoryLedger(
         weights=weights,
         gradients=grads,

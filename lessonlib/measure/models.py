@@ -25,19 +25,19 @@ def n_params(model: nn.Module) -> int:
 class ForecastMLP(nn.Module):
     """Recent sales -> next-period demand.
 
-    ``window`` inputs (scaled daily sales), ``depth`` hidden layers of width
-    ``hidden`` with ReLU, one output (scaled demand).
+    ``window`` inputs (scaled daily sales), ``layers`` hidden layers of
+    ``hidden`` units with ReLU, one output (scaled demand).
     """
 
-    def __init__(self, window: int = 28, hidden: int = 256, depth: int = 2):
+    def __init__(self, window: int = 28, hidden: int = 256, layers: int = 2):
         super().__init__()
-        window, hidden, depth = check_count("window", window), check_count("hidden", hidden), check_count("depth", depth)
-        layers, width = [], window
-        for _ in range(depth):
-            layers += [nn.Linear(width, hidden), nn.ReLU()]
-            width = hidden
-        layers.append(nn.Linear(width, 1))
-        self.net = nn.Sequential(*layers)
+        window, hidden, layers = check_count("window", window), check_count("hidden", hidden), check_count("layers", layers)
+        mods, inputs = [], window
+        for _ in range(layers):
+            mods += [nn.Linear(inputs, hidden), nn.ReLU()]
+            inputs = hidden
+        mods.append(nn.Linear(inputs, 1))
+        self.net = nn.Sequential(*mods)
 
     def forward(self, x):
         return self.net(x)

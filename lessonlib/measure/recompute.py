@@ -10,10 +10,9 @@ Everything here uses PyTorch's own tools:
 * :class:`torch.autograd.graph.saved_tensors_hooks` to see which tensors the
   forward pass keeps for backward (counted once per storage, parameters excluded);
 * :class:`torch.utils.flop_counter.FlopCounterMode` for FLOPs;
-* ``torch.distributed._tools.mem_tracker.MemTracker`` for the peak memory of a
-  step on CPU (private, but the only deterministic CPU peak PyTorch offers; it
-  is documented in its source; it counts tensors only, so it is a lower bound
-  of what the allocator held), and ``torch.cuda.max_memory_allocated`` on a GPU.
+* :func:`lessonlib.measure.memory.peak_memory` for the peak memory of a step
+  (``torch.cuda.max_memory_allocated`` on a GPU, PyTorch's ``MemTracker`` on CPU;
+  on CPU it counts tensors only, so it is a lower bound of what the allocator held).
 
 Units: bytes for memory, FLOPs (floating-point operations, a multiply-add is 2)
 for compute, seconds for time. Ratios are plain numbers.
@@ -23,8 +22,6 @@ is in :mod:`lessonlib.measure.four_layer`.
 """
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -33,7 +30,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential, set_checkpoint_early_stop
 from torch.utils.flop_counter import FlopCounterMode
 
-from .memory import SavedTensorCounter
+from .memory import SavedTensorCounter, peak_memory
+from .rounds import time_rounds
 
 
 @dataclass
@@ -71,43 +69,43 @@ class MLPBlock(nn.Module):
     block, so checkpointing each block saves a lot.
     """
 
-    def __init__(self, width: int, dropout: float = 0.1):
+    def __init__(self, hidden: int, dropout: float = 0.1):
         super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.fc1 = nn.Linear(width, 4 * width)
+        self.norm = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(4 * width, width)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x):
         return x + self.drop(self.fc2(self.act(self.fc1(self.norm(x)))))
 
 
-def block_stack(n_blocks: int = 8, width: int = 64, dropout: float = 0.1, seed: int = 0) -> nn.Sequential:
-    """``n_blocks`` :class:`MLPBlock` in an ``nn.Sequential`` (seeded)."""
-    if n_blocks < 1 or width < 1:
-        raise ValueError(f"n_blocks and width must be positive, got {n_blocks!r}, {width!r}")
+def block_stack(layers: int = 8, hidden: int = 64, dropout: float = 0.1, seed: int = 0) -> nn.Sequential:
+    """``layers`` :class:`MLPBlock` of ``hidden`` units in an ``nn.Sequential`` (seeded)."""
+    if layers < 1 or hidden < 1:
+        raise ValueError(f"layers and hidden must be positive, got {layers!r}, {hidden!r}")
     torch.manual_seed(seed)
-    return nn.Sequential(*[MLPBlock(width, dropout) for _ in range(n_blocks)])
+    return nn.Sequential(*[MLPBlock(hidden, dropout) for _ in range(layers)])
 
 
-def layer_chain(n_layers: int = 16, width: int = 32, activation: str = "tanh",
+def layer_chain(layers: int = 16, hidden: int = 32, activation: str = "tanh",
                 seed: int = 0) -> nn.Sequential:
-    """A plain chain of ``n_layers`` layers, each ``Linear`` then ``Tanh`` (or ``ReLU``).
+    """A plain chain of ``layers`` layers of ``hidden`` units, each ``Linear`` then ``Tanh`` (or ``ReLU``).
 
     Each layer keeps one activation the size of its input (the Tanh/ReLU
     output, which is also the next Linear's input): the textbook chain for
     which ``sqrt(n)`` segments is the memory-optimal split, and for which
     checkpointing every layer saves nothing.
     """
-    if n_layers < 1 or width < 1:
-        raise ValueError(f"n_layers and width must be positive, got {n_layers!r}, {width!r}")
+    if layers < 1 or hidden < 1:
+        raise ValueError(f"layers and hidden must be positive, got {layers!r}, {hidden!r}")
     acts = {"tanh": nn.Tanh, "relu": nn.ReLU}
     if activation not in acts:
         raise ValueError(f"activation must be 'tanh' or 'relu', got {activation!r}")
     torch.manual_seed(seed)
-    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), acts[activation]())
-                           for _ in range(n_layers)])
+    return nn.Sequential(*[nn.Sequential(nn.Linear(hidden, hidden), acts[activation]())
+                           for _ in range(layers)])
 
 
 def checkpointed_forward(model: nn.Sequential, x, strategy):
@@ -140,13 +138,13 @@ def train_step(model: nn.Sequential, x: torch.Tensor, strategy="none", early_sto
     return loss
 
 
-def make_input(model: nn.Sequential, batch: int, seq: int, seed: int = 1) -> torch.Tensor:
-    """A seeded input of shape (batch, seq, width) for ``model``, with ``requires_grad``."""
-    width = next(model.parameters()).shape[-1]
+def make_input(model: nn.Sequential, batch: int, seq_len: int, seed: int = 1) -> torch.Tensor:
+    """A seeded input of shape (batch, seq_len, hidden) for ``model``, with ``requires_grad``."""
+    hidden = next(model.parameters()).shape[-1]
     g = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     # requires_grad: the stack sits inside a bigger model, so its input gradient is needed.
-    return torch.randn(batch, seq, width, generator=g).to(device).requires_grad_()
+    return torch.randn(batch, seq_len, hidden, generator=g).to(device).requires_grad_()
 
 
 def step_flops(model, x, strategy="none", early_stop: bool = True) -> int:
@@ -177,38 +175,23 @@ def saved_step_activations(model, x, strategy="none") -> SavedActivations:
 
 
 def peak_step_memory(model, x, strategy="none") -> int:
-    """Peak memory of one training step above the weights, in bytes.
+    """Peak memory of one training step above what was held before it, in bytes.
 
-    On CUDA: ``torch.cuda.max_memory_allocated`` minus the memory held before
-    the step. On CPU: PyTorch's ``MemTracker``, whose peak total (parameters,
-    gradients, activations, temporaries) minus the parameter bytes is returned:
-    tensors only, a lower bound, since scratch buffers that kernels allocate
-    inside themselves are not seen.
-    Gradients are set to ``None`` before and after, so they count once.
+    Measured by :func:`lessonlib.measure.memory.peak_memory` (CUDA:
+    ``torch.cuda.max_memory_allocated``; CPU: PyTorch's ``MemTracker``, with
+    the model's weights as the memory held before: tensors only, a lower
+    bound, since scratch buffers that kernels allocate inside themselves are
+    not seen). Gradients are set to ``None`` before and after, so they count once.
     """
     model.zero_grad(set_to_none=True)
     x.grad = None
-    if x.device.type == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        train_step(model, x, strategy)
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
-    else:
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        tracker = MemTracker()
-        tracker.track_external(model)
-        with tracker:
-            train_step(model, x, strategy)
-        snap = tracker.get_tracker_snapshot("peak")
-        total = sum(dev["Total"] for dev in snap.values())
-        params = sum(p.numel() * p.element_size() for p in model.parameters())
-        peak = total - params
+    _, peak = peak_memory(lambda: train_step(model, x, strategy), device=x.device, track=(model,))
     model.zero_grad(set_to_none=True)
     x.grad = None
-    return int(peak)
+    if peak is None:
+        raise RuntimeError("no peak-memory tracker in this torch build "
+                           "(torch.distributed._tools.mem_tracker.MemTracker)")
+    return peak.added
 
 
 def gradients(model, x, strategy="none", seed: int = 0) -> list[torch.Tensor]:
@@ -227,52 +210,50 @@ def time_ratios(model, x, strategies: Sequence, rounds: int = 21, baseline="none
                 progress: bool = True) -> dict:
     """Median over ``rounds`` of (step time with strategy) / (step time with ``baseline``).
 
-    The strategies run interleaved in every round (one thread), so a busy
-    machine slows them alike; only ratios measured in the same round are
-    compared. Returns ``{strategy: median ratio}`` (the baseline maps to 1.0).
+    The strategies run interleaved in every round (one thread), by
+    :func:`lessonlib.measure.rounds.time_rounds`, so a busy machine slows them
+    alike; only ratios measured in the same round are compared. Returns
+    ``{strategy: median ratio}`` (the baseline maps to 1.0).
     """
-    if rounds < 1:
-        raise ValueError(f"rounds must be positive, got {rounds!r}")
-    from .device import synchronize
-
     order = [baseline] + [s for s in strategies if s != baseline]
-    ratios = {s: [] for s in order}
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
+
+    def one_round(clock):
+        for s in order:
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            clock.time(s, train_step, model, x, s)
+
     try:
-        for s in order:  # warm-up
-            train_step(model, x, s)
-        rng = range(rounds)
-        if progress:
-            from ..progress import progress as bar
-            rng = bar(rng, desc="timing rounds", total=rounds)
-        for _ in rng:
-            times = {}
-            for s in order:
-                model.zero_grad(set_to_none=True)
-                x.grad = None
-                synchronize(x.device)
-                t0 = time.perf_counter()
-                train_step(model, x, s)
-                synchronize(x.device)
-                times[s] = time.perf_counter() - t0
-            for s in order:
-                ratios[s].append(times[s] / times[baseline])
+        raw = time_rounds(one_round, rounds, warmup=1, device=x.device, num_threads=1,
+                          progress=progress)
     finally:
-        torch.set_num_threads(old)
         model.zero_grad(set_to_none=True)
         x.grad = None
-    return {s: statistics.median(r) for s, r in ratios.items()}
+    return {s: raw.ratio(s, baseline) for s in order}
+
+
+@dataclass
+class SweepPoint:
+    """One checkpointing choice of :func:`segment_sweep`.
+
+    strategy:             a segment count, or ``"per-block"``
+    peak_bytes:           peak step memory above the weights (:func:`peak_step_memory`), bytes
+    saved_bytes:          what the forward keeps for backward, bytes
+    recomputed_forwards:  extra FLOPs (early stop off) as a fraction of one forward
+    """
+
+    strategy: object
+    peak_bytes: int
+    saved_bytes: int
+    recomputed_forwards: float
 
 
 def segment_sweep(model: nn.Sequential, x: torch.Tensor, segment_counts: Sequence[int],
-                  per_block: bool = True) -> list[dict]:
+                  per_block: bool = True) -> list[SweepPoint]:
     """Memory against recomputation for several checkpointing choices.
 
-    For each segment count (and ``"per-block"`` when ``per_block``) returns a
-    dict with ``strategy``, ``peak_bytes`` (:func:`peak_step_memory`),
-    ``saved_bytes`` (what forward keeps), and ``recomputed_forwards`` (extra
-    FLOPs with early stop off, as a fraction of one forward).
+    One :class:`SweepPoint` for each segment count (and ``"per-block"`` when
+    ``per_block``).
     """
     fwd = forward_flops(model, x)
     plain = step_flops(model, x, "none")
@@ -280,10 +261,10 @@ def segment_sweep(model: nn.Sequential, x: torch.Tensor, segment_counts: Sequenc
     strategies = list(segment_counts) + (["per-block"] if per_block else [])
     for s in strategies:
         flops = step_flops(model, x, s, early_stop=False)
-        rows.append({
-            "strategy": s,
-            "peak_bytes": peak_step_memory(model, x, s),
-            "saved_bytes": saved_step_activations(model, x, s).bytes,
-            "recomputed_forwards": (flops - plain) / fwd,
-        })
+        rows.append(SweepPoint(
+            strategy=s,
+            peak_bytes=peak_step_memory(model, x, s),
+            saved_bytes=saved_step_activations(model, x, s).bytes,
+            recomputed_forwards=(flops - plain) / fwd,
+        ))
     return rows

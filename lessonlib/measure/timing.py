@@ -14,17 +14,14 @@
 """
 from __future__ import annotations
 
-import statistics
 import warnings
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from .device import Timer, synchronize, threads
-from ..checks import count as check_count
+from .rounds import time_rounds
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 
@@ -169,56 +166,41 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
 
     Each round times one prediction (``model.eval()`` + ``torch.inference_mode()``)
     and one training step in ``model.train()``: forward, loss, backward and
-    ``optimizer.step()``, each timed on its own with :class:`lessonlib.measure.device.Timer`
-    (CUDA events on a GPU). The first ``warmup`` rounds are discarded. Ratios
-    are taken within a round, then the median over rounds: on a shared machine
-    both halves of a ratio see the same load.
+    ``optimizer.step()``, each timed on its own, by
+    :func:`lessonlib.measure.rounds.time_rounds` (CUDA events on a GPU). The
+    first ``warmup`` rounds are discarded. Ratios are taken within a round,
+    then the median over rounds: on a shared machine both halves of a ratio
+    see the same load.
 
     ``num_threads`` sets torch's CPU threads for the measurement (1 by default:
     steadier; None keeps the current setting). The model's weights are updated.
     """
-    rounds = check_count("rounds", rounds)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}")
     args = _as_args(inputs)
     device = next(model.parameters()).device
-    names = ("prediction",) + PHASES
-    raw = {k: [] for k in names + ("step",)}
-    ctx = threads(num_threads) if (num_threads is not None and device.type == "cpu") else nullcontext()
-    it = range(warmup + rounds)
-    if progress:  # a bar live; one summary line in the static book build
-        from ..progress import progress as _progress
-
-        it = _progress(it, desc="timing rounds", total=warmup + rounds)
     was_training = model.training
-    with ctx:
-        for r in it:
-            model.eval()
-            synchronize(device)
-            with Timer(device) as t_pred, torch.inference_mode():
-                model(*args)
-            model.train()
-            optimizer.zero_grad(set_to_none=True)
-            synchronize(device)
-            with Timer(device) as t_f:
-                out = model(*args)
-            with Timer(device) as t_l:
-                loss = loss_fn(out, targets)
-            with Timer(device) as t_b:
-                loss.backward()
-            with Timer(device) as t_o:
-                optimizer.step()
-            del out, loss
-            if r < warmup:
-                continue
-            vals = dict(prediction=t_pred.seconds, forward=t_f.seconds, loss=t_l.seconds,
-                        backward=t_b.seconds, optimizer=t_o.seconds)
-            vals["step"] = sum(vals[p] for p in PHASES)
-            for k, v in vals.items():
-                raw[k].append(v)
-    model.train(was_training)
-    med = statistics.median
-    seconds = {k: med(v) for k, v in raw.items()}
-    ratios = {k: med([x / p for x, p in zip(v, raw["prediction"])]) for k, v in raw.items()}
-    shares = {k: med([x / s for x, s in zip(raw[k], raw["step"])]) for k in PHASES}
-    return StepTiming(seconds=seconds, ratios=ratios, shares=shares, rounds=raw)
+
+    def one_round(clock):
+        model.eval()
+        with clock("prediction"), torch.inference_mode():
+            model(*args)
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        out = clock.time("forward", model, *args)
+        loss = clock.time("loss", loss_fn, out, targets)
+        clock.time("backward", loss.backward)
+        clock.time("optimizer", optimizer.step)
+        clock.add("step", sum(clock.seconds[p] for p in PHASES))
+
+    try:
+        raw = time_rounds(one_round, rounds, warmup, device=device, num_threads=num_threads,
+                          progress=progress)
+    finally:
+        model.train(was_training)
+    names = ("prediction",) + PHASES + ("step",)
+    seconds = {k: raw.median(k) for k in names}
+    ratios = {k: raw.ratio(k, "prediction") for k in names}
+    shares = {k: raw.ratio(k, "step") for k in PHASES}
+    return StepTiming(seconds=seconds, ratios=ratios, shares=shares,
+                      rounds={k: raw.seconds[k] for k in names})

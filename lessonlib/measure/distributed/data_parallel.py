@@ -8,11 +8,10 @@ Times are seconds of wall-clock time.
 """
 from __future__ import annotations
 
-import statistics
-import time
+from dataclasses import dataclass, field
 
 from ...checks import count as _check_count
-from ..device import synchronize as _sync
+from ..rounds import Rounds, time_rounds
 from .launch import launch
 
 
@@ -31,7 +30,7 @@ def forecast_model(hidden: int = 512, features: int = FEATURES):
     from ..models import ForecastMLP
 
     torch.manual_seed(0)
-    return ForecastMLP(window=features, hidden=hidden, depth=2)
+    return ForecastMLP(window=features, hidden=hidden, layers=2)
 
 
 def synthetic_batch(global_batch: int, features: int = FEATURES, seed: int = 1):
@@ -50,8 +49,8 @@ def _flat_grads(model):
     return torch.cat([p.grad.detach().reshape(-1) for p in model.parameters()])
 
 
-def _data_parallel_worker(rank, world, device, progress, batch_sizes, rounds, warmup, hidden):
-    """Time one process against ``world`` processes at the same global batch.
+def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, rounds, warmup, hidden):
+    """Time one process against ``world_size`` processes at the same global batch.
 
     Per round, interleaved so that machine noise hits every phase alike:
     1. the one-process step: rank 0 trains its own copy on the whole batch
@@ -62,8 +61,9 @@ def _data_parallel_worker(rank, world, device, progress, batch_sizes, rounds, wa
        timed separately;
     3. the pieces: forward+backward on the share with no gradient exchange
        (``no_sync``) and one all-reduce of a tensor as large as the gradients.
-    Times are seconds; the per-round maximum over ranks is kept (a step is
-    done when the slowest rank is done).
+    Rounds are timed by :func:`lessonlib.measure.rounds.time_rounds`; times
+    are seconds; the per-round maximum over ranks is kept (a step is done when
+    the slowest rank is done).
     """
     import torch
     import torch.distributed as dist
@@ -82,12 +82,12 @@ def _data_parallel_worker(rank, world, device, progress, batch_sizes, rounds, wa
     # --- correctness first: one DDP backward on the first batch size ---------
     b0 = batch_sizes[0]
     x, y = (t.to(device) for t in synthetic_batch(b0))
-    share = b0 // world
+    share = b0 // world_size
     xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
     ddp.zero_grad(set_to_none=True)
     loss_fn(ddp(xs), ys).backward()
     g = _flat_grads(model)
-    gathered = [torch.empty_like(g) for _ in range(world)]
+    gathered = [torch.empty_like(g) for _ in range(world_size)]
     dist.all_gather(gathered, g)
     replicas_equal = all(torch.equal(gathered[0], other) for other in gathered[1:])
     solo.zero_grad(set_to_none=True)
@@ -101,56 +101,47 @@ def _data_parallel_worker(rank, world, device, progress, batch_sizes, rounds, wa
         solo_opt.step()
 
     results = []
+    tick = (lambda: progress.put(1)) if rank == 0 else None
     for b in batch_sizes:
         x, y = (t.to(device) for t in synthetic_batch(b))
-        share = b // world
+        share = b // world_size
         xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
-        rows = []
-        for r in range(warmup + rounds):
-            t = {}
+
+        def one_round(clock):
             dist.barrier()
             if rank == 0:  # 1. one process, whole batch
-                _sync(device); t0 = time.perf_counter()
-                step_solo(x, y)
-                _sync(device); t["single"] = time.perf_counter() - t0
+                clock.time("single", step_solo, x, y)
             else:
-                t["single"] = 0.0
+                clock.add("single", 0.0)
             dist.barrier()
             # 2. data-parallel step: compute + all-reduce in backward, then update
-            _sync(device); t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            loss_fn(ddp(xs), ys).backward()
-            _sync(device); t1 = time.perf_counter()
-            opt.step()
-            _sync(device); t2 = time.perf_counter()
-            t["ddp_backward"] = t1 - t0
-            t["optimizer"] = t2 - t1
-            t["ddp"] = t2 - t0
+            with clock("ddp_backward"):
+                opt.zero_grad(set_to_none=True)
+                loss_fn(ddp(xs), ys).backward()
+            clock.time("optimizer", opt.step)
+            clock.add("ddp", clock.seconds["ddp_backward"] + clock.seconds["optimizer"])
             dist.barrier()
             # 3a. compute on the share alone (no gradient exchange)
-            _sync(device); t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            with ddp.no_sync():
-                loss_fn(ddp(xs), ys).backward()
-            _sync(device); t["half_compute"] = time.perf_counter() - t0
+            with clock("half_compute"):
+                opt.zero_grad(set_to_none=True)
+                with ddp.no_sync():
+                    loss_fn(ddp(xs), ys).backward()
             dist.barrier()
             # 3b. the all-reduce of the gradient bytes alone
-            _sync(device); t0 = time.perf_counter()
-            dist.all_reduce(flat)
-            _sync(device); t["allreduce"] = time.perf_counter() - t0
-            if r >= warmup:
-                rows.append(t)
-            if rank == 0:
-                progress.put(1)
-        results.append({"global_batch": b, "rounds": rows})
+            clock.time("allreduce", dist.all_reduce, flat)
+
+        # one thread per process is set by launch; timed like every other comparison
+        timed = time_rounds(one_round, rounds, warmup, device=device, num_threads=None,
+                            after_round=tick)
+        results.append({"global_batch": b, "rounds": timed.seconds})
     # after all the training, the replicas must still hold identical weights
     w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    ws = [torch.empty_like(w) for _ in range(world)]
+    ws = [torch.empty_like(w) for _ in range(world_size)]
     dist.all_gather(ws, w)
     weights_equal = all(torch.equal(ws[0], other) for other in ws[1:])
     return {
         "rank": rank,
-        "world_size": world,
+        "world_size": world_size,
         "backend": dist.get_backend(),
         "device": str(device),
         "n_params": n_params,
@@ -163,27 +154,75 @@ def _data_parallel_worker(rank, world, device, progress, batch_sizes, rounds, wa
     }
 
 
+@dataclass
+class DataParallelRow:
+    """One global batch size of :func:`run_data_parallel`.
+
+    Seconds, medians over rounds: ``single`` (one process, whole batch),
+    ``ddp`` (the measured data-parallel step, ``ddp_backward`` + ``optimizer``),
+    ``half_compute`` (forward + backward on one process's share, no exchange),
+    ``optimizer``, ``allreduce`` (one all-reduce of the gradient bytes) and
+    ``predicted`` (= half_compute + optimizer + allreduce, per round).
+    Ratios, medians of per-round ratios: ``speedup`` (= single / ddp),
+    ``predicted_speedup`` (= single / predicted) and ``predicted_over_measured``
+    (= predicted / ddp).
+    """
+
+    global_batch: int
+    per_process_batch: int
+    single: float
+    ddp: float
+    half_compute: float
+    optimizer: float
+    allreduce: float
+    predicted: float
+    ddp_backward: float
+    speedup: float
+    predicted_speedup: float
+    predicted_over_measured: float
+
+
+@dataclass
+class DataParallelRun:
+    """What :func:`run_data_parallel` measured.
+
+    ``grad_bytes``: bytes of the gradients the all-reduce carries. Correctness
+    checks: ``replica_grads_equal`` and ``replica_weights_equal`` (bitwise, over
+    ranks), ``full_batch_grad_max_diff`` (largest difference between the DDP
+    gradient and one process's whole-batch gradient; ``full_batch_grad_max`` is
+    that gradient's largest entry, for scale). ``rows``: one
+    :class:`DataParallelRow` per global batch size.
+    """
+
+    world_size: int
+    backend: str
+    device: str
+    n_params: int
+    grad_bytes: int
+    replica_grads_equal: bool
+    replica_weights_equal: bool
+    full_batch_grad_max_diff: float
+    full_batch_grad_max: float
+    rounds: int
+    rows: list = field(default_factory=list)
+    per_round: list = field(default_factory=list)
+
+
 def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup: int = 3,
-                      hidden: int = 512, world_size: int = 2, timeout: float = 240.0) -> dict:
+                      hidden: int = 512, world_size: int = 2, timeout: float = 240.0) -> DataParallelRun:
     """Measure DistributedDataParallel against one process, batch size by batch size.
 
     Starts ``world_size`` processes (gloo on CPU, NCCL with a GPU each), each
     with one thread, and runs :func:`_data_parallel_worker`. Every global
     batch in ``batch_sizes`` must divide evenly by ``world_size``.
-
-    Returns a dict with ``n_params``, ``grad_bytes`` (bytes of the gradients
-    the all-reduce carries), ``backend``, the correctness checks
-    (``replica_grads_equal``, ``replica_weights_equal``: bitwise;
-    ``full_batch_grad_max_diff``: largest difference between the DDP gradient
-    and one process's whole-batch gradient) and ``rows``: one dict per batch
-    size. Each time in a row is the median over ``rounds`` rounds (per round,
-    the slowest process), in seconds: ``single`` (one process, whole batch),
-    ``ddp`` (measured data-parallel step), ``half_compute``, ``optimizer``,
-    ``allreduce``. The rest are computed from those medians, so that they
-    reconcile exactly: ``predicted`` = half_compute + optimizer + allreduce,
-    ``speedup`` = single / ddp, ``predicted_speedup`` = single / predicted,
-    ``predicted_over_measured`` = predicted / ddp. The per-round times are in
-    ``per_round`` (one list per batch size) for whoever wants another statistic.
+    Returns a :class:`DataParallelRun` with one :class:`DataParallelRow` per
+    batch size. Each time in a row is the median over
+    ``rounds`` rounds (per round, the slowest process), in seconds; ``predicted``
+    and the speedups are computed from those medians so that they reconcile
+    exactly: ``predicted`` = half_compute + optimizer + allreduce, ``speedup``
+    = single / ddp, ``predicted_speedup`` = single / predicted. The per-round
+    times are in ``per_round`` (one dict of lists per batch size) for whoever
+    wants another statistic.
     """
     world_size = _check_count("world_size", world_size, minimum=2)
     rounds = _check_count("rounds", rounds)
@@ -202,36 +241,31 @@ def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup
     )
     rows, per_round = [], []
     for i, b in enumerate(sizes):
-        rounds_by_rank = [res["sweep"][i]["rounds"] for res in per_rank]
-        merged = []
-        for k in range(len(rounds_by_rank[0])):
-            t = {key: max(rr[k][key] for rr in rounds_by_rank) for key in rounds_by_rank[0][k]}
-            t["predicted"] = t["half_compute"] + t["optimizer"] + t["allreduce"]
-            merged.append(t)
-        row = {"global_batch": b, "per_process_batch": b // world_size}
-        for key in ("single", "ddp", "half_compute", "optimizer", "allreduce", "ddp_backward"):
-            row[key] = statistics.median([t[key] for t in merged])
+        merged = Rounds.slowest([res["sweep"][i]["rounds"] for res in per_rank])
+        med = {k: merged.median(k) for k in ("single", "ddp", "half_compute", "optimizer", "allreduce", "ddp_backward")}
         # Everything below is derived from the medians above, so that the
         # numbers a page shows add up: predicted = the sum of the three
         # medians, each speedup = the ratio of two medians.
-        row["predicted"] = row["half_compute"] + row["optimizer"] + row["allreduce"]
-        row["speedup"] = row["single"] / row["ddp"]
-        row["predicted_speedup"] = row["single"] / row["predicted"]
-        row["predicted_over_measured"] = row["predicted"] / row["ddp"]
-        rows.append(row)
-        per_round.append(merged)
+        predicted = med["half_compute"] + med["optimizer"] + med["allreduce"]
+        rows.append(DataParallelRow(
+            global_batch=b, per_process_batch=b // world_size, predicted=predicted, **med,
+            speedup=med["single"] / med["ddp"],
+            predicted_speedup=med["single"] / predicted,
+            predicted_over_measured=predicted / med["ddp"],
+        ))
+        per_round.append({k: list(v) for k, v in merged.seconds.items()})
     r0 = per_rank[0]
-    return {
-        "world_size": world_size,
-        "backend": r0["backend"],
-        "device": r0["device"],
-        "n_params": r0["n_params"],
-        "grad_bytes": r0["grad_bytes"],
-        "replica_grads_equal": all(r["replica_grads_equal"] for r in per_rank),
-        "replica_weights_equal": all(r["replica_weights_equal"] for r in per_rank),
-        "full_batch_grad_max_diff": max(r["full_batch_grad_max_diff"] for r in per_rank),
-        "full_batch_grad_max": r0["full_batch_grad_max"],
-        "rounds": rounds,
-        "rows": rows,
-        "per_round": per_round,
-    }
+    return DataParallelRun(
+        world_size=world_size,
+        backend=r0["backend"],
+        device=r0["device"],
+        n_params=r0["n_params"],
+        grad_bytes=r0["grad_bytes"],
+        replica_grads_equal=all(r["replica_grads_equal"] for r in per_rank),
+        replica_weights_equal=all(r["replica_weights_equal"] for r in per_rank),
+        full_batch_grad_max_diff=max(r["full_batch_grad_max_diff"] for r in per_rank),
+        full_batch_grad_max=r0["full_batch_grad_max"],
+        rounds=rounds,
+        rows=rows,
+        per_round=per_round,
+    )

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ...checks import amount as _check_amount, count as _check_count
-from ...progress import static_build
+from ...progress import progress as _progress
 
 
 def choose_backend(world_size: int = 2) -> tuple[str, str]:
@@ -68,7 +68,8 @@ def _entry(rank, world_size, port, backend, device_type, out_dir, target, args, 
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    from ..device import threads
+
     if device_type == "cuda":
         torch.cuda.set_device(rank)
     device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
@@ -79,7 +80,8 @@ def _entry(rank, world_size, port, backend, device_type, out_dir, target, args, 
         world_size=world_size,
     )
     try:
-        result = target(rank, world_size, device, progress, *args)
+        with threads(1):  # two processes on two cores must not each start a pool of two
+            result = target(rank, world_size, device, progress, *args)
         tmp = Path(out_dir) / f"rank{rank}.tmp"
         torch.save(result, tmp)
         os.replace(tmp, Path(out_dir) / f"rank{rank}.pt")  # complete or absent, never half-written
@@ -100,8 +102,8 @@ def launch(target, world_size: int = 2, args: tuple = (), timeout: float = 180.0
     result; the list of results, indexed by rank, is returned.
 
     ``progress`` is a queue the workers may ``put(1)`` on; with
-    ``progress_total`` set, a ``tqdm`` bar in the calling process counts those
-    ticks. ``timeout`` is in seconds for the whole run.
+    ``progress_total`` set, a bar in the calling process
+    (:func:`lessonlib.progress.progress`) counts those ticks. ``timeout`` is in seconds for the whole run.
 
     Clean-up is guaranteed: whatever happens (a worker raises, the timeout
     passes, the caller is interrupted), every child still alive is
@@ -127,11 +129,6 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
     backend, device_type = choose_backend(world_size)
     ctx = mp.get_context("spawn")
     progress = ctx.SimpleQueue()
-    bar = None
-    if progress_total and not static_build():  # the static book shows no bar (lessonlib.progress)
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=progress_total, desc=desc or getattr(target, "__name__", "workers"))
     saved_env = {k: os.environ.get(k) for k in _CHILD_ENV}
     procs = None
     with tempfile.TemporaryDirectory(prefix="lessonlib-dist-") as out_dir:
@@ -151,26 +148,18 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
                         os.environ.pop(k, None)
                     else:
                         os.environ[k] = v
-            deadline = time.monotonic() + timeout
+            ticks = _ticks(procs, progress, time.monotonic() + timeout, world_size, timeout)
+            if progress_total:  # a bar live; one summary line in the static book build
+                ticks = _progress(ticks, desc=desc or getattr(target, "__name__", "workers"),
+                                  total=progress_total)
             try:
-                while not procs.join(timeout=0.2):  # raises if a worker raised
-                    while not progress.empty():
-                        n = progress.get()
-                        if bar is not None:
-                            bar.update(n)
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"the {world_size} worker processes did not finish within {timeout:.0f} s")
+                for _ in ticks:
+                    pass
             except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
                 _stop(procs.processes)
                 raise RuntimeError(_worker_errors(procs.error_files, exc)) from None
-            while not progress.empty():
-                n = progress.get()
-                if bar is not None:
-                    bar.update(n)
             return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
         finally:
-            if bar is not None:
-                bar.close()
             if procs is not None:
                 _stop(procs.processes)
                 for f in procs.error_files:  # torch leaves them in the temp folder
@@ -178,6 +167,21 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
                         os.unlink(f)
                     except OSError:
                         pass
+
+
+def _ticks(procs, progress, deadline, world_size, timeout):
+    """Yield once per tick the workers ``put`` on ``progress``, until they all finish.
+
+    Raises what ``procs.join`` raises when a worker fails, and TimeoutError
+    once ``deadline`` (a ``time.monotonic()`` value) has passed.
+    """
+    while not procs.join(timeout=0.2):  # raises if a worker raised
+        while not progress.empty():
+            yield from range(progress.get())
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the {world_size} worker processes did not finish within {timeout:.0f} s")
+    while not progress.empty():
+        yield from range(progress.get())
 
 
 _LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")

@@ -16,8 +16,8 @@ from .data_parallel import forecast_model, synthetic_batch
 from .launch import launch
 
 
-def _tensor_parallel_worker(rank, world, device, progress, batch, d_in, d_out):
-    """Y = X @ W split two ways across ``world`` processes, against the unsplit product.
+def _tensor_parallel_worker(rank, world_size, device, progress, batch, d_in, d_out):
+    """Y = X @ W split two ways across ``world_size`` processes, against the unsplit product.
 
     Column split: each rank holds a block of W's columns, computes its block
     of Y's columns, and an all-gather assembles Y. Row split: each rank holds
@@ -31,23 +31,23 @@ def _tensor_parallel_worker(rank, world, device, progress, batch, d_in, d_out):
     x = torch.randn(batch, d_in, generator=g).to(device)
     w = torch.randn(d_in, d_out, generator=g).to(device)  # every rank builds the same X, W
     reference = x @ w  # the unsplit product
-    if d_out % world or d_in % world:
+    if d_out % world_size or d_in % world_size:
         raise ValueError("d_in and d_out must divide evenly by the number of processes")
     # column-parallel + all-gather
-    cols = d_out // world
+    cols = d_out // world_size
     y_local = x @ w[:, rank * cols:(rank + 1) * cols]
-    parts = [torch.empty_like(y_local) for _ in range(world)]
+    parts = [torch.empty_like(y_local) for _ in range(world_size)]
     dist.all_gather(parts, y_local.contiguous())
     y_col = torch.cat(parts, dim=1)
     # row-parallel + all-reduce
-    rows = d_in // world
+    rows = d_in // world_size
     y_row = x[:, rank * rows:(rank + 1) * rows] @ w[rank * rows:(rank + 1) * rows, :]
     dist.all_reduce(y_row)
     progress.put(1)
     return {
         "rank": rank,
         "shape": tuple(reference.shape),
-        "weight_bytes_per_rank": w.numel() * w.element_size() // world,
+        "weight_bytes_per_rank": w.numel() * w.element_size() // world_size,
         "output_bytes": reference.numel() * reference.element_size(),
         "column_max_diff": (y_col - reference).abs().max().item(),
         "column_equal": torch.equal(y_col, reference),
@@ -63,7 +63,7 @@ def _route(x, gate_w, bias):
     return (x @ gate_w + bias).argmax(dim=1)
 
 
-def _expert_parallel_worker(rank, world, device, progress, tokens, d_model, experts_per_rank, skew, repeats=7):
+def _expert_parallel_worker(rank, world_size, device, progress, tokens, hidden, experts_per_rank, skew, repeats=7):
     """Tokens on every rank routed (top-1) to experts spread over the ranks.
 
     Each rank owns ``experts_per_rank`` experts (small MLPs). A token whose
@@ -76,16 +76,16 @@ def _expert_parallel_worker(rank, world, device, progress, tokens, d_model, expe
     import torch
     import torch.distributed as dist
 
-    n_experts = world * experts_per_rank
+    n_experts = world_size * experts_per_rank
     torch.manual_seed(3)  # every rank builds the same router and experts
-    gate_w = torch.randn(d_model, n_experts).to(device)
+    gate_w = torch.randn(hidden, n_experts).to(device)
     bias = torch.zeros(n_experts, device=device)
     bias[0] = skew
-    experts = [torch.nn.Sequential(torch.nn.Linear(d_model, 2 * d_model), torch.nn.ReLU(),
-                                   torch.nn.Linear(2 * d_model, d_model)).to(device)
+    experts = [torch.nn.Sequential(torch.nn.Linear(hidden, 2 * hidden), torch.nn.ReLU(),
+                                   torch.nn.Linear(2 * hidden, hidden)).to(device)
                for _ in range(n_experts)]
     g = torch.Generator().manual_seed(10 + rank)  # each rank has its own tokens
-    x = torch.randn(tokens, d_model, generator=g).to(device)
+    x = torch.randn(tokens, hidden, generator=g).to(device)
     with torch.no_grad():
         expert_of = _route(x, gate_w, bias)
         reference = torch.empty_like(x)  # what one device with every expert would compute
@@ -95,13 +95,13 @@ def _expert_parallel_worker(rank, world, device, progress, tokens, d_model, expe
         # 1. sort tokens by the rank that owns their expert; tell the others how many come
         owner = expert_of // experts_per_rank
         order = torch.argsort(owner, stable=True)
-        send_counts = torch.bincount(owner, minlength=world)
+        send_counts = torch.bincount(owner, minlength=world_size)
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts)
         send_split, recv_split = send_counts.tolist(), recv_counts.tolist()
         # 2. all-to-all: tokens (and their expert ids) to the ranks that own the experts
         payload = torch.cat([x[order], expert_of[order].to(x.dtype).unsqueeze(1)], dim=1)
-        received = torch.empty(sum(recv_split), d_model + 1, device=device)
+        received = torch.empty(sum(recv_split), hidden + 1, device=device)
         dist.all_to_all_single(received, payload, output_split_sizes=recv_split, input_split_sizes=send_split)
         # 3. the local experts process what arrived, one after another; timed
         #    (median of ``repeats`` runs) because the step waits for the busiest process
@@ -118,11 +118,11 @@ def _expert_parallel_worker(rank, world, device, progress, tokens, d_model, expe
         expert_seconds = sorted(times)[len(times) // 2]
         local_load = torch.bincount(rexp - rank * experts_per_rank, minlength=experts_per_rank)
         # 4. all-to-all back, then undo the sort
-        back = torch.empty(tokens, d_model, device=device)
+        back = torch.empty(tokens, hidden, device=device)
         dist.all_to_all_single(back, out, output_split_sizes=send_split, input_split_sizes=recv_split)
         y = torch.empty_like(x)
         y[order] = back
-    loads = [torch.empty_like(local_load) for _ in range(world)]
+    loads = [torch.empty_like(local_load) for _ in range(world_size)]
     dist.all_gather(loads, local_load)
     progress.put(1)
     itemsize = x.element_size()
@@ -133,14 +133,14 @@ def _expert_parallel_worker(rank, world, device, progress, tokens, d_model, expe
         "expert_seconds": expert_seconds,
         "sent_tokens": send_split,
         "received_tokens": recv_split,
-        "bytes_sent_out": (tokens - send_split[rank]) * (d_model + 1) * itemsize,
+        "bytes_sent_out": (tokens - send_split[rank]) * (hidden + 1) * itemsize,
         "max_diff": (y - reference).abs().max().item(),
         "equal": torch.equal(y, reference),
         "allclose": torch.allclose(y, reference, rtol=1e-5, atol=1e-6),
     }
 
 
-def run_expert_parallel(tokens: int = 256, d_model: int = 32, experts_per_rank: int = 2,
+def run_expert_parallel(tokens: int = 256, hidden: int = 32, experts_per_rank: int = 2,
                         skew: float = 0.0, world_size: int = 2, timeout: float = 120.0) -> list:
     """Route ``tokens`` tokens per process to experts on ``world_size`` processes.
 
@@ -156,22 +156,22 @@ def run_expert_parallel(tokens: int = 256, d_model: int = 32, experts_per_rank: 
     """
     world_size = _check_count("world_size", world_size, minimum=2)
     _check_count("tokens", tokens)
-    _check_count("d_model", d_model)
+    _check_count("hidden", hidden)
     _check_count("experts_per_rank", experts_per_rank)
     skew = _check_amount("skew", skew)
     return launch(_expert_parallel_worker, world_size,
-                  args=(tokens, d_model, experts_per_rank, skew), timeout=timeout)
+                  args=(tokens, hidden, experts_per_rank, skew), timeout=timeout)
 
 
-def _splits_worker(rank, world, device, progress, tp_args, ep_args_list):
+def _splits_worker(rank, world_size, device, progress, tp_args, ep_args_list):
     """Tensor-parallel check and expert-parallel runs in one process group."""
-    tp = _tensor_parallel_worker(rank, world, device, progress, *tp_args)
-    eps = [_expert_parallel_worker(rank, world, device, progress, *a) for a in ep_args_list]
+    tp = _tensor_parallel_worker(rank, world_size, device, progress, *tp_args)
+    eps = [_expert_parallel_worker(rank, world_size, device, progress, *a) for a in ep_args_list]
     return {"tensor": tp, "expert": eps}
 
 
 def run_splits(tp=dict(batch=64, d_in=256, d_out=512),
-               ep=(dict(tokens=256, d_model=32, experts_per_rank=2, skew=0.0),),
+               ep=(dict(tokens=256, hidden=32, experts_per_rank=2, skew=0.0),),
                world_size: int = 2, timeout: float = 120.0) -> dict:
     """:func:`run_tensor_parallel` and several :func:`run_expert_parallel` runs in one launch.
 
@@ -183,7 +183,7 @@ def run_splits(tp=dict(batch=64, d_in=256, d_out=512),
     tp_args = (tp["batch"], tp["d_in"], tp["d_out"])
     if tp["d_in"] % world_size or tp["d_out"] % world_size:
         raise ValueError(f"tp: d_in and d_out must divide evenly by world_size={world_size}")
-    ep_list = [(e["tokens"], e["d_model"], e["experts_per_rank"], _check_amount("skew", e["skew"])) for e in ep]
+    ep_list = [(e["tokens"], e["hidden"], e["experts_per_rank"], _check_amount("skew", e["skew"])) for e in ep]
     per_rank = launch(_splits_worker, world_size, args=(tp_args, ep_list), timeout=timeout,
                       progress_total=world_size * (1 + len(ep_list)), desc="split runs")
     return {
@@ -192,7 +192,7 @@ def run_splits(tp=dict(batch=64, d_in=256, d_out=512),
     }
 
 
-def _stall_worker(rank, world, device, progress, steps, stall_step, stall_seconds, stall_rank, hidden, batch):
+def _stall_worker(rank, world_size, device, progress, steps, stall_step, stall_seconds, stall_rank, hidden, batch):
     """Train with DDP for ``steps`` steps; before step ``stall_step`` rank ``stall_rank`` stalls.
 
     The stall (a ``time.sleep``) stands for anything that stops one process:
@@ -207,7 +207,7 @@ def _stall_worker(rank, world, device, progress, steps, stall_step, stall_second
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     x, y = (t.to(device) for t in synthetic_batch(batch))
-    share = batch // world
+    share = batch // world_size
     xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
     loss_fn = torch.nn.MSELoss()
     import torch.distributed as dist

@@ -1,0 +1,184 @@
+"""How a test run is put together (applies to tests/ and to the notebooks nbval collects).
+
+Phases and markers. Every collected test gets its phase's markers, and the run
+goes phase by phase: unit tests, then the notebooks under nbval (marked
+``notebooks``), then the grader tests on the real exercises (``notebooks``),
+then the book build (``book``), then the built pages in Chromium
+(``browser``), then the tests that build extra environments
+(``environments``, marked in their files). Everything but the unit tests is
+also marked ``slow``, and so are the few unit tests that start processes
+(marked in their files): ``pytest -m "not slow"`` is the inner loop. The run
+ends with a table of seconds by phase.
+
+Each notebook runs once. nbval is the notebook test; this file keeps the
+outputs of every notebook whose cells all passed under nbval in this run, and
+the book build (``built_book`` in tests/conftest.py) renders those instead of
+executing the notebook again. A notebook that failed, was skipped or did not
+run under nbval is executed by the book build as before, so a failing cell
+fails the run twice rather than never. The notebooks run under nbval as the
+book build runs them (``LESSONLIB_STATIC_BUILD=1``, the static-page mode of
+:mod:`lessonlib.progress`; its live mode is tested in tests/test_progress.py).
+"""
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+
+# phase -> (order, markers added)
+PHASES = {
+    "unit": (0, ()),
+    "notebooks": (1, ("notebooks", "slow")),
+    "exercises": (2, ("notebooks", "slow")),
+    "book": (3, ("book", "slow")),
+    "browser": (4, ("browser", "slow")),
+    # tests that build an extra environment (a Colab-like venv, JupyterLab,
+    # nbgrader) carry @pytest.mark.environments; CI runs them, timed on their own
+    "environments": (5, ("environments", "slow")),
+}
+
+
+def _is_nbval(item) -> bool:
+    return type(item).__name__ == "IPyNbCell"
+
+
+def phase_of(item) -> str:
+    if _is_nbval(item):
+        return "notebooks"
+    if item.get_closest_marker("environments"):
+        return "environments"
+    if Path(str(item.fspath)).name == "test_browser.py" or item.get_closest_marker("browser"):
+        return "browser"
+    if "built_book" in getattr(item, "fixturenames", ()):
+        return "book"
+    if item.get_closest_marker("notebooks"):
+        return "exercises"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config, items):
+    config._phase_of = {}
+    for item in items:
+        phase = phase_of(item)
+        config._phase_of[item.nodeid] = phase
+        names = set(PHASES[phase][1])
+        if "built_book" in getattr(item, "fixturenames", ()):
+            names.add("book")  # the browser tests need the built book too
+        for name in sorted(names):
+            item.add_marker(name)
+    # Stable: keeps each notebook's cells, and each module's tests, in order.
+    items.sort(key=lambda it: PHASES[phase_of(it)][0])
+
+
+def pytest_runtest_logreport(report):
+    """Add each test's setup, call and teardown seconds to its phase's total."""
+    config = _CONFIG.get("config")
+    if config is None:
+        return
+    phase = getattr(config, "_phase_of", {}).get(report.nodeid, "unit")
+    config._phase_seconds[phase] = config._phase_seconds.get(phase, 0.0) + report.duration
+    if report.when == "call":
+        config._phase_counts[phase] = config._phase_counts.get(phase, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """A table of seconds by phase (a fixture's cost counts in the phase of the first test that needs it)."""
+    seconds = getattr(config, "_phase_seconds", {})
+    if not seconds:
+        return
+    tr = terminalreporter
+    tr.section("time by phase")
+    for phase in sorted(seconds, key=lambda p: PHASES[p][0]):
+        tr.write_line(f"{phase:10s} {config._phase_counts.get(phase, 0):5d} tests {seconds[phase]:8.1f} s")
+    tr.write_line(f"{'total':10s} {sum(config._phase_counts.values()):5d} tests {sum(seconds.values()):8.1f} s")
+
+
+# ---------------------------------------------------------------------------
+# the notebooks nbval executed, kept for the book build
+# ---------------------------------------------------------------------------
+
+_CONFIG: dict = {}
+
+
+def pytest_configure(config):
+    _CONFIG["config"] = config
+    config._phase_seconds, config._phase_counts = {}, {}
+    config._executed_notebooks = {}  # repository-relative path -> executed .ipynb path
+    config._nb_runs = {}             # notebook path -> {"outputs": {cell_num: outputs}, "ok": bool}
+    config._executed_dir = Path(tempfile.mkdtemp(prefix="lessonlib-executed-"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    """Start nbval's kernel (in the first cell's setup) with the book build's environment."""
+    if not _is_nbval(item):
+        yield
+        return
+    old = os.environ.get("LESSONLIB_STATIC_BUILD")
+    os.environ["LESSONLIB_STATIC_BUILD"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LESSONLIB_STATIC_BUILD", None)
+        else:
+            os.environ["LESSONLIB_STATIC_BUILD"] = old
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if not _is_nbval(item):
+        return
+    report = outcome.get_result()
+    path = Path(str(item.parent.fspath))
+    run = item.config._nb_runs.setdefault(path, {"outputs": {}, "ok": True})
+    if report.when == "call":
+        run["outputs"][item.cell_num] = copy.deepcopy(item.test_outputs or [])
+    if not report.passed or (report.when == "setup" and report.skipped):
+        run["ok"] = False
+    if report.when != "teardown":
+        return
+    nb = item.parent.nb
+    n_code = sum(c.cell_type == "code" for c in nb.cells)
+    if item.cell_num == n_code - 1:  # the notebook's last code cell is done
+        _keep_executed(item.config, path, nb, run)
+
+
+def _keep_executed(config, path: Path, nb, run) -> None:
+    if not run["ok"] or len(run["outputs"]) != sum(c.cell_type == "code" for c in nb.cells):
+        return  # the book build executes it itself
+    import nbformat
+
+    done = copy.deepcopy(nb)
+    num = 0
+    for cell in done.cells:
+        if cell.cell_type == "code":
+            cell.outputs = run["outputs"][num]
+            num += 1
+    try:
+        rel = path.resolve().relative_to(ROOT)
+    except ValueError:
+        return
+    out = config._executed_dir / rel
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(done, out)
+    config._executed_notebooks[rel.as_posix()] = out
+
+
+@pytest.fixture(scope="session")
+def executed_notebooks(pytestconfig) -> dict:
+    """``{repository-relative path: executed copy}`` of the notebooks nbval ran fully and
+    passed in this run so far (the run orders nbval before the tests that use this)."""
+    return pytestconfig._executed_notebooks
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    shutil.rmtree(getattr(config, "_executed_dir", ""), ignore_errors=True)
