@@ -68,6 +68,19 @@ def amount(name: str, value, *, allow_zero: bool = True, maximum: float | None =
     return value
 
 
+def number(name: str, value) -> float:
+    """Any finite number, of either sign (an answer, an offset)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {_describe(value)}")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} is too large to be a number of this kind") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return value
+
+
 def positive(name: str, value, maximum: float | None = None) -> float:
     """A finite number greater than zero."""
     return amount(name, value, allow_zero=False, maximum=maximum)
@@ -104,11 +117,11 @@ def flag(name: str, value) -> bool:
 
 
 def text(name: str, value, allow_empty: bool = False) -> str:
-    """A string; empty only if ``allow_empty``."""
+    """A string; empty (or only spaces) only if ``allow_empty``."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a string, got {_describe(value)}")
-    if not value and not allow_empty:
-        raise ValueError(f"{name} must not be empty")
+    if not value.strip() and not allow_empty:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
     return value
 
 

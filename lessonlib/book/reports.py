@@ -10,11 +10,13 @@ import math
 
 from ..calc.amdahl import amdahl_time, speedup_from_share
 from ..calc.goodput import SECONDS_PER_HOUR, goodput
-from ..calc.memory import RECOMPUTE_CHOICES, format_bytes
+from ..calc.memory import OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM, RECOMPUTE_CHOICES, format_bytes
 from ..calc.planner import PRESETS, plan
 from ..measure.memory import MemoryLedger
 from ..measure.timing import PHASES, StepTiming
-from ..checks import amount as _check_amount, choice as check_choice, count as _check_count, share as _check_share
+from ..checks import amount as _check_amount, choice as check_choice, count as _check_count, \
+    instance as _check_instance, mapping as _check_mapping, positive as _check_positive, \
+    sequence as _check_sequence, share as _check_share
 
 
 def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
@@ -49,6 +51,9 @@ def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
 
 def data_parallel_table(result: dict) -> str:
     """An HTML table of :func:`run_data_parallel`'s rows (times in milliseconds)."""
+    _check_mapping("result", result)
+    if "rows" not in result:
+        raise ValueError("result must be run_data_parallel's result, with 'rows'")
     cols = [("global_batch", "global batch", "{:,}"), ("single", "1 process: step", "{:.2f}"),
             ("half_compute", "2 proc.: compute on half", "{:.2f}"), ("optimizer", "optimizer step", "{:.2f}"),
             ("allreduce", "all-reduce", "{:.2f}"), ("predicted", "predicted step", "{:.2f}"),
@@ -56,7 +61,9 @@ def data_parallel_table(result: dict) -> str:
             ("speedup", "measured speedup", "{:.2f}×")]
     head = "".join(f"<th>{label}</th>" for _, label, _ in cols)
     body = []
-    for row in result["rows"]:
+    for i, row in enumerate(_check_sequence("result['rows']", result["rows"], allow_empty=True)):
+        if not isinstance(row, dict) or not {k for k, _, _ in cols} <= set(row):
+            raise ValueError(f"result['rows'][{i}] lacks some of the columns {[k for k, _, _ in cols]}")
         cells = []
         for key, _, fmt in cols:
             v = row[key]
@@ -114,9 +121,9 @@ def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds,
     """
     speed = speedup_from_share(serial_share, devices)
     if isinstance(interval, str):
-        if interval not in INTERVALS:
-            raise ValueError(f"interval must be one of {list(INTERVALS)} or seconds, got {interval!r}")
-        interval = INTERVALS[interval]
+        interval = INTERVALS[check_choice("interval", interval, INTERVALS)]
+    else:
+        interval = _check_positive("interval", interval)
     g = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds, interval)
     warn = ""
     if g.interval_s > g.job_mtbf_s / 2:
@@ -142,11 +149,20 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
 
     ``device_GB`` is device memory in 10^9 bytes; training tokens are
     ``tokens_per_param`` x parameters; ``device_flops_per_s`` is the sustained rate.
+    Every argument is checked first, under its own name.
     """
     check_choice("model", model, PRESETS)
+    check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
+    check_choice("precision", precision, PRECISION_BYTES_PER_PARAM)
+    batch_per_device = _check_count("batch_per_device", batch_per_device)
+    seq_len = _check_count("seq_len", seq_len)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    device_GB = _check_positive("device_GB", device_GB, maximum=1e9)
+    tokens_per_param = _check_positive("tokens_per_param", tokens_per_param, maximum=1e9)
+    device_flops_per_s = _check_positive("device_flops_per_s", device_flops_per_s)
+    max_days = _check_positive("max_days", max_days)
     p = PRESETS[model]
-    tokens = int(tokens_per_param * p["n_params"])
+    tokens = max(1, int(tokens_per_param * p["n_params"]))
     r = plan(p["n_params"], optimizer, precision, batch_per_device, seq_len, p["layers"], p["hidden"],
              p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days)
     gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
@@ -183,6 +199,12 @@ def ledger_table(ledgers, formula: dict | None = None) -> str:
     """
     if isinstance(ledgers, MemoryLedger):
         ledgers = {"measured": ledgers}
+    for k, v in _check_mapping("ledgers", ledgers).items():
+        _check_instance(f"ledgers[{k!r}]", v, MemoryLedger, "a MemoryLedger")
+    if formula is not None:
+        for k, v in _check_mapping("formula", formula, allow_empty=True).items():
+            if v is not None:
+                _check_amount(f"formula[{k!r}]", v)
     rows = ["weights", "gradients", "optimizer_state", "activations", "total", "peak"]
     names = list(ledgers)
     head = f"{'':16s}" + "".join(f"{n:>14s}" for n in names)
@@ -201,6 +223,7 @@ def ledger_table(ledgers, formula: dict | None = None) -> str:
 
 def timing_table(t: StepTiming) -> str:
     """Plain-text table: median ms per phase, x prediction, share of step."""
+    _check_instance("t", t, StepTiming, "a StepTiming (from time_training_step)")
     lines = [f"{'phase':12s}{'median ms':>11s}{'x prediction':>14s}{'share of step':>15s}"]
     for k in ("prediction",) + PHASES + ("step",):
         share = f"{100 * t.shares[k]:.1f} %" if k in t.shares else ""

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import count as check_count, positive as check_positive
+import math
+
+from ..checks import choice as check_choice, count as check_count, positive as check_positive
+from .memory import OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM, RECOMPUTE_CHOICES
 from .memory import activation_bytes, training_state_bytes
 
 
@@ -42,7 +45,12 @@ PRESETS = {
 
 def training_flops(n_params, tokens) -> float:
     """Total training compute in FLOPs: 6 x parameters x tokens (forward 2, backward 4 per parameter per token)."""
-    return 6.0 * check_count("n_params", n_params) * check_count("tokens", tokens)
+    n = check_count("n_params", n_params)
+    t = check_count("tokens", tokens)
+    flops = 6.0 * float(n) * float(t) if n < 2**1000 and t < 2**1000 else math.inf
+    if not math.isfinite(flops):
+        raise ValueError(f"n_params × tokens is too large to count in FLOPs (n_params={n:.3g}, tokens={t:.3g})")
+    return flops
 
 
 def single_device_seconds(total_flops, device_flops_per_s) -> float:
@@ -86,13 +94,28 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
     FLOP/s one device sustains; ``max_days`` is how long one device may take.
     The time check runs only when both ``train_tokens`` and ``device_flops_per_s`` are given.
     """
+    # Every argument checked here, under the name the caller used.
+    n_params = check_count("n_params", n_params)
+    check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
+    check_choice("precision", precision, PRECISION_BYTES_PER_PARAM)
+    batch_per_device = check_count("batch_per_device", batch_per_device)
+    seq_len, layers = check_count("seq_len", seq_len), check_count("layers", layers)
+    hidden, heads = check_count("hidden", hidden), check_count("heads", heads)
+    check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    dev = check_count("device_bytes", device_bytes)
+    if train_tokens is not None:
+        train_tokens = check_count("train_tokens", train_tokens)
+    if device_flops_per_s is not None:
+        device_flops_per_s = check_positive("device_flops_per_s", device_flops_per_s)
+    max_days = check_positive("max_days", max_days)
     state = training_state_bytes(n_params, optimizer, precision).total
     act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute)
-    dev = check_count("device_bytes", device_bytes)
-    max_days = check_positive("max_days", max_days)
     days = None
     if train_tokens is not None and device_flops_per_s is not None:
-        days = single_device_seconds(training_flops(n_params, train_tokens), device_flops_per_s) / SECONDS_PER_DAY
+        total = 6.0 * float(n_params) * float(train_tokens) if max(n_params, train_tokens) < 2**1000 else math.inf
+        if not math.isfinite(total):
+            raise ValueError("n_params × train_tokens is too large to count in FLOPs")
+        days = total / device_flops_per_s / SECONDS_PER_DAY
     per_sample = activation_bytes(seq_len, 1, hidden, heads, layers, recompute)
     max_batch = max(0, (dev - state) // per_sample) if dev > state else 0
     if state > dev:

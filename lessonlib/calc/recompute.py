@@ -4,7 +4,7 @@ Pure Python (no torch). The measured counterpart is :mod:`lessonlib.measure.reco
 """
 from __future__ import annotations
 
-import math
+from ..checks import count, positive, share
 
 
 #: The three names of one technique.
@@ -22,11 +22,8 @@ def predicted_flops_ratio(recomputed_forward_fraction: float = 1.0,
     >>> predicted_flops_ratio()
     1.3333333333333333
     """
-    if not 0 <= recomputed_forward_fraction <= 1:
-        raise ValueError(
-            f"recomputed_forward_fraction must be in [0, 1], got {recomputed_forward_fraction!r}")
-    if backward_to_forward <= 0:
-        raise ValueError(f"backward_to_forward must be positive, got {backward_to_forward!r}")
+    recomputed_forward_fraction = share("recomputed_forward_fraction", recomputed_forward_fraction)
+    backward_to_forward = positive("backward_to_forward", backward_to_forward)
     plain = 1.0 + backward_to_forward
     return (plain + recomputed_forward_fraction) / plain
 
@@ -48,8 +45,6 @@ def chain_memory_units(n_layers: int, segments: int) -> int:
     >>> chain_memory_units(16, 1)
     16
     """
-    if not isinstance(n_layers, int) or isinstance(n_layers, bool) or n_layers < 1:
-        raise ValueError(f"n_layers must be a positive integer, got {n_layers!r}")
-    if not isinstance(segments, int) or isinstance(segments, bool) or not 1 <= segments <= n_layers:
-        raise ValueError(f"segments must be an integer in [1, n_layers], got {segments!r}")
-    return (segments - 1) + math.ceil(n_layers / segments)
+    n_layers = count("n_layers", n_layers)
+    segments = count("segments", segments, maximum=n_layers)
+    return (segments - 1) + -(-n_layers // segments)  # whole-number ceil: exact for any size

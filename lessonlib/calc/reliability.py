@@ -8,7 +8,11 @@ from __future__ import annotations
 import math
 import random
 
-from ..checks import positive
+from ..checks import amount, count, positive
+
+#: The most simulated events (completed chunks plus failures) :func:`simulate_overhead`
+#: runs: about a second of pure Python. Beyond it the call is refused, not left to run.
+MAX_EVENTS = 2_000_000
 
 
 def young_daly_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
@@ -49,9 +53,7 @@ def expected_overhead(interval_seconds: float, checkpoint_seconds: float, mtbf_s
     t = positive("interval_seconds", interval_seconds)
     c = positive("checkpoint_seconds", checkpoint_seconds)
     m = positive("mtbf_seconds", mtbf_seconds)
-    if isinstance(restart_seconds, bool) or not isinstance(restart_seconds, (int, float)) \
-            or not math.isfinite(restart_seconds) or restart_seconds < 0:
-        raise ValueError(f"restart_seconds must be a non-negative number of seconds, got {restart_seconds!r}")
+    restart_seconds = amount("restart_seconds", restart_seconds)
     return c / t + (t / 2.0 + restart_seconds) / m
 
 
@@ -67,21 +69,42 @@ def simulate_overhead(interval_seconds: float, checkpoint_seconds: float, mtbf_s
     (a failure loses the work since the last completed save and costs
     ``restart_seconds``). Returns the mean of (wall time − work) / work, the
     same quantity :func:`expected_overhead` approximates.
+
+    The simulation has a stated size limit: its expected number of events,
+    ``trials × chunks × e^((interval + save) / MTBF)`` (a chunk of work and
+    its save complete only when no failure falls inside them), must stay
+    below :data:`MAX_EVENTS`. A save that is long next to the MTBF (often two
+    arguments swapped) is refused at once with a ``ValueError`` saying so,
+    instead of running for ever.
     """
     t = positive("interval_seconds", interval_seconds)
     c = positive("checkpoint_seconds", checkpoint_seconds)
     m = positive("mtbf_seconds", mtbf_seconds)
     w = positive("work_seconds", work_seconds)
-    if restart_seconds < 0:
-        raise ValueError(f"restart_seconds must be non-negative, got {restart_seconds!r}")
-    if not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive integer, got {trials!r}")
+    restart_seconds = amount("restart_seconds", restart_seconds)
+    trials = count("trials", trials, maximum=MAX_EVENTS)
+    seed = count("seed", seed, minimum=0)
+    chunks = math.ceil(w / t)
+    exponent = (min(t, w) + c) / m
+    events = trials * chunks * math.exp(exponent) if exponent < 700 else math.inf
+    if events > MAX_EVENTS:
+        hint = (" The save and interval are long next to mtbf_seconds, so almost every chunk fails"
+                " before it completes: check the order of the arguments (interval_seconds,"
+                " checkpoint_seconds, mtbf_seconds, work_seconds)." if exponent > 3 else
+                " Use fewer trials or less work_seconds per interval_seconds.")
+        raise ValueError(f"simulate_overhead would run about {events:.3g} simulated events, more than its "
+                         f"limit of {MAX_EVENTS:,}.{hint}")
     rng = random.Random(seed)
     losses = []
+    budget = 20 * MAX_EVENTS  # a hard stop far above the estimate, in case it is ever wrong
     for _ in range(trials):
         wall, done = 0.0, 0.0
         next_failure = rng.expovariate(1.0 / m)
         while done < w:
+            budget -= 1
+            if budget < 0:
+                raise ValueError(f"simulate_overhead stopped after {20 * MAX_EVENTS:,} events: the failures "
+                                 f"(mtbf_seconds={m:g}) are too frequent for this interval_seconds and checkpoint_seconds")
             chunk = min(t, w - done)
             cost = chunk + (c if done + chunk < w else 0.0)  # no save after the last chunk
             if wall + cost <= next_failure:

@@ -235,12 +235,27 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     verifies is loaded (:func:`load_latest`).
     """
     path = Path(instance("path", path, (str, os.PathLike), "a file or folder path"))
+    _check_map_location(map_location)
+    if not path.exists():
+        raise ValueError(f"path {str(path)!r} does not exist")
     if path.is_dir():
         found = load_latest(path, map_location=map_location)
         if found is None:
             raise FileNotFoundError(f"no checkpoint in {str(path)!r}")
         return found[0]
     return _deserialise(path.read_bytes(), path.name, map_location)
+
+
+def _check_map_location(map_location) -> None:
+    import torch
+
+    if not isinstance(map_location, (str, torch.device)):
+        raise TypeError(f"map_location must be a device name such as 'cpu' or a torch.device, got {map_location!r:.80}")
+    if isinstance(map_location, str):
+        try:
+            torch.device(map_location)
+        except RuntimeError:
+            raise ValueError(f"map_location must be a device name such as 'cpu', got {map_location!r:.80}") from None
 
 
 def checkpoint_files(run_dir) -> list[tuple[int, Path]]:
@@ -283,6 +298,7 @@ def save_checkpoint(state: dict, run_dir, step, keep=KEEP, slow_write_seconds: f
     checkpoints beyond the newest ``keep`` (by step) are deleted, so a damaged
     newest file always leaves ``keep - 1`` older ones to fall back to.
     """
+    instance("state", state, dict, "a dict of named entries")
     step = count("step", step, minimum=0)
     keep = count("keep", keep, maximum=1000)
     run_dir = Path(instance("run_dir", run_dir, (str, os.PathLike), "a folder path"))
@@ -315,6 +331,7 @@ def load_latest(run_dir, validate=None, map_location="cpu", report=None):
     """
     import pickle
 
+    _check_map_location(map_location)
     if validate is not None and not callable(validate):
         raise TypeError(f"validate must be callable or None, got {validate!r}")
     if report is not None and not callable(report):

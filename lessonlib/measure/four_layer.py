@@ -16,6 +16,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..checks import count, flag
+
+#: The widest (and largest batch) four-layer example: it is drawn and read name by name.
+MAX_WIDTH = 4096
+
 
 def _storage_key(t: torch.Tensor):
     return (t.device, t.untyped_storage().data_ptr())
@@ -56,8 +61,7 @@ class FourLayerNet(nn.Module):
 
     def __init__(self, width: int = 8):
         super().__init__()
-        if width < 1:
-            raise ValueError(f"width must be positive, got {width!r}")
+        width = count("width", width, maximum=MAX_WIDTH)
         self.linears = nn.ModuleList(nn.Linear(width, width) for _ in range(4))
         self.acts = nn.ModuleList(nn.ReLU() for _ in range(4))
 
@@ -76,11 +80,15 @@ class FourLayerNet(nn.Module):
         return self.acts[3](z4)
 
 
-def _four_layer_setup(width: int, batch: int, seed: int, device=None):
+def _four_layer_setup(checkpointed, width: int, batch: int, seed: int, device=None):
     """The net, an input and a target on ``device`` (default: ``get_device()``), the same on every device."""
-    from .device import get_device
+    from .device import as_device
 
-    device = torch.device(device) if device is not None else get_device()
+    flag("checkpointed", checkpointed)
+    width = count("width", width, maximum=MAX_WIDTH)
+    batch = count("batch", batch, maximum=MAX_WIDTH)
+    seed = count("seed", seed, minimum=0)
+    device = as_device("device", device)
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     model = FourLayerNet(width).to(device)
@@ -98,7 +106,7 @@ def four_layer_census(checkpointed: bool, width: int = 8, batch: int = 4, seed: 
     backward), ``kept_bytes`` (bytes of the kept activations) and ``grads``
     (the parameter gradients, for comparison). ``device`` defaults to ``get_device()``.
     """
-    model, x, target = _four_layer_setup(width, batch, seed, device)
+    model, x, target = _four_layer_setup(checkpointed, width, batch, seed, device)
     owner: dict = {}
     phase = {"now": "forward"}
     recomputed: list[str] = []
@@ -159,7 +167,7 @@ def record_activation_life(checkpointed: bool, width: int = 8, batch: int = 4,
     """
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    model, x, target = _four_layer_setup(width, batch, seed, device)
+    model, x, target = _four_layer_setup(checkpointed, width, batch, seed, device)
     events: list[Event] = []
     phase = {"now": "forward"}
     owner: dict = {}

@@ -32,7 +32,27 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential, set_checkpoint_early_stop
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..checks import choice, count, flag, fraction_below_one, function, sequence
 from .memory import SavedTensorCounter
+from .models import _check_module, _check_size, _check_tensor
+
+#: The most timing rounds :func:`time_ratios` runs.
+MAX_ROUNDS = 1000
+
+
+def _check_model_and_input(model, x):
+    _check_module("model", model, nn.Sequential)
+    _check_tensor("x", x, floating=True)
+    width = next(model.parameters()).shape[-1]
+    if x.dim() < 1 or x.shape[-1] != width:
+        raise ValueError(f"x must end in the model's width {width}, got shape {tuple(x.shape)}")
+
+
+def _check_strategy(name: str, strategy, model) -> None:
+    if isinstance(strategy, str):
+        choice(name, strategy, ("none", "per-block"))
+    else:
+        count(name, strategy, maximum=len(model))
 
 
 @dataclass
@@ -57,6 +77,11 @@ def saved_activations(fn: Callable[[], torch.Tensor], params: Sequence[torch.Ten
     a checkpointed region are visible here: inside one, the checkpoint's own
     hooks replace the saving, which is the point of checkpointing.
     """
+    function("fn", fn)
+    params = sequence("params", params, allow_empty=True)
+    exclude = sequence("exclude", exclude, allow_empty=True)
+    for i, t in enumerate(params + exclude):
+        _check_tensor("params" if i < len(params) else "exclude", t)
     with SavedTensorCounter(exclude=list(params) + list(exclude)) as counter:
         loss = fn()
     return loss, SavedActivations(counter.storages, counter.bytes)
@@ -72,6 +97,9 @@ class MLPBlock(nn.Module):
 
     def __init__(self, width: int, dropout: float = 0.1):
         super().__init__()
+        width = count("width", width)
+        dropout = fraction_below_one("dropout", dropout)
+        _check_size("width", 8 * width * width)
         self.norm = nn.LayerNorm(width)
         self.fc1 = nn.Linear(width, 4 * width)
         self.act = nn.GELU()
@@ -84,8 +112,10 @@ class MLPBlock(nn.Module):
 
 def block_stack(n_blocks: int = 8, width: int = 64, dropout: float = 0.1, seed: int = 0) -> nn.Sequential:
     """``n_blocks`` :class:`MLPBlock` in an ``nn.Sequential`` (seeded)."""
-    if n_blocks < 1 or width < 1:
-        raise ValueError(f"n_blocks and width must be positive, got {n_blocks!r}, {width!r}")
+    n_blocks, width = count("n_blocks", n_blocks), count("width", width)
+    dropout = fraction_below_one("dropout", dropout)
+    seed = count("seed", seed, minimum=0)
+    _check_size("n_blocks and width", n_blocks * 8 * width * width)
     torch.manual_seed(seed)
     return nn.Sequential(*[MLPBlock(width, dropout) for _ in range(n_blocks)])
 
@@ -99,11 +129,11 @@ def layer_chain(n_layers: int = 16, width: int = 32, activation: str = "tanh",
     which ``sqrt(n)`` segments is the memory-optimal split, and for which
     checkpointing every layer saves nothing.
     """
-    if n_layers < 1 or width < 1:
-        raise ValueError(f"n_layers and width must be positive, got {n_layers!r}, {width!r}")
+    n_layers, width = count("n_layers", n_layers), count("width", width)
     acts = {"tanh": nn.Tanh, "relu": nn.ReLU}
-    if activation not in acts:
-        raise ValueError(f"activation must be 'tanh' or 'relu', got {activation!r}")
+    choice("activation", activation, acts)
+    seed = count("seed", seed, minimum=0)
+    _check_size("n_layers and width", n_layers * (width * width + width))
     torch.manual_seed(seed)
     return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), acts[activation]())
                            for _ in range(n_layers)])
@@ -113,6 +143,7 @@ def checkpointed_forward(model: nn.Sequential, x, strategy):
     """Forward through ``model`` with a checkpointing ``strategy``:
     ``"none"``, ``"per-block"`` (checkpoint every child), or an int number of
     segments for :func:`checkpoint_sequential`."""
+    _check_model_and_input(model, x)
     if strategy == "none":
         return model(x)
     if strategy == "per-block":
@@ -133,6 +164,9 @@ def train_step(model: nn.Sequential, x: torch.Tensor, strategy="none", early_sto
     Returns the loss. ``early_stop=False`` makes each checkpoint recompute its
     whole region (``torch.utils.checkpoint.set_checkpoint_early_stop(False)``).
     """
+    _check_model_and_input(model, x)
+    _check_strategy("strategy", strategy, model)
+    early_stop = flag("early_stop", early_stop)
     with set_checkpoint_early_stop(early_stop):
         loss = checkpointed_forward(model, x, strategy).pow(2).mean()
     loss.backward()
@@ -141,6 +175,13 @@ def train_step(model: nn.Sequential, x: torch.Tensor, strategy="none", early_sto
 
 def make_input(model: nn.Sequential, batch: int, seq: int, seed: int = 1) -> torch.Tensor:
     """A seeded input of shape (batch, seq, width) for ``model``, with ``requires_grad``."""
+    _check_module("model", model)
+    batch, seq = count("batch", batch), count("seq", seq)
+    seed = count("seed", seed, minimum=0)
+    width = next(model.parameters()).shape[-1]
+    if batch * seq * width > 5 * 10**7:
+        raise ValueError(f"batch × seq × width = {batch * seq * width:,} numbers is more than the 50 million "
+                         f"a teaching-sized input may hold")
     width = next(model.parameters()).shape[-1]
     g = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
@@ -150,6 +191,9 @@ def make_input(model: nn.Sequential, batch: int, seq: int, seed: int = 1) -> tor
 
 def step_flops(model, x, strategy="none", early_stop: bool = True) -> int:
     """FLOPs of one training step (forward + backward, recomputation included)."""
+    _check_model_and_input(model, x)
+    _check_strategy("strategy", strategy, model)
+    flag("early_stop", early_stop)
     with FlopCounterMode(display=False) as counter:
         train_step(model, x, strategy, early_stop)
     model.zero_grad(set_to_none=True)
@@ -159,6 +203,7 @@ def step_flops(model, x, strategy="none", early_stop: bool = True) -> int:
 
 def forward_flops(model, x) -> int:
     """FLOPs of one forward pass (no gradient work)."""
+    _check_model_and_input(model, x)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(x)
     return int(counter.get_total_flops())
@@ -166,6 +211,8 @@ def forward_flops(model, x) -> int:
 
 def saved_step_activations(model, x, strategy="none") -> SavedActivations:
     """What the forward of one step keeps for backward (bytes, count); runs backward too."""
+    _check_model_and_input(model, x)
+    _check_strategy("strategy", strategy, model)
     with set_checkpoint_early_stop(True):
         loss, saved = saved_activations(lambda: checkpointed_forward(model, x, strategy).pow(2).mean(),
                                         params=list(model.parameters()), exclude=[x])
@@ -183,6 +230,8 @@ def peak_step_memory(model, x, strategy="none") -> int:
     gradients, activations, temporaries) minus the parameter bytes is returned.
     Gradients are set to ``None`` before and after, so they count once.
     """
+    _check_model_and_input(model, x)
+    _check_strategy("strategy", strategy, model)
     model.zero_grad(set_to_none=True)
     x.grad = None
     if x.device.type == "cuda":
@@ -210,6 +259,9 @@ def peak_step_memory(model, x, strategy="none") -> int:
 
 def gradients(model, x, strategy="none", seed: int = 0) -> list[torch.Tensor]:
     """Parameter gradients after one step from the same RNG state (for dropout)."""
+    _check_model_and_input(model, x)
+    _check_strategy("strategy", strategy, model)
+    seed = count("seed", seed, minimum=0)
     model.zero_grad(set_to_none=True)
     x.grad = None
     torch.manual_seed(seed)
@@ -228,8 +280,12 @@ def time_ratios(model, x, strategies: Sequence, rounds: int = 21, baseline="none
     machine slows them alike; only ratios measured in the same round are
     compared. Returns ``{strategy: median ratio}`` (the baseline maps to 1.0).
     """
-    if rounds < 1:
-        raise ValueError(f"rounds must be positive, got {rounds!r}")
+    _check_model_and_input(model, x)
+    for s in sequence("strategies", strategies):
+        _check_strategy("strategies", s, model)
+    rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
+    _check_strategy("baseline", baseline, model)
+    progress = flag("progress", progress)
     from .device import synchronize
 
     order = [baseline] + [s for s in strategies if s != baseline]
@@ -271,6 +327,10 @@ def segment_sweep(model: nn.Sequential, x: torch.Tensor, segment_counts: Sequenc
     ``saved_bytes`` (what forward keeps), and ``recomputed_forwards`` (extra
     FLOPs with early stop off, as a fraction of one forward).
     """
+    _check_model_and_input(model, x)
+    for s in sequence("segment_counts", segment_counts):
+        _check_strategy("segment_counts", s, model)
+    per_block = flag("per_block", per_block)
     fwd = forward_flops(model, x)
     plain = step_flops(model, x, "none")
     rows = []

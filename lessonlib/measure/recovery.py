@@ -43,7 +43,7 @@ N_EXAMPLES = 512
 BATCH_SIZE = 32
 
 
-def check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
+def _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
                    step_seconds, keep) -> dict:
     """Check :func:`train`'s arguments (also before a child process is started); return them cleaned."""
     import os
@@ -70,6 +70,8 @@ def check_state(state: dict, steps: int) -> dict:
     ``1 <= step <= steps``; a data cursor with ``epoch >= 0`` and
     ``0 <= position <= N_EXAMPLES``; a complete RNG state.
     """
+    instance("state", state, dict, "a dict (a loaded checkpoint)")
+    steps = count("steps", steps, maximum=MAX_STEPS)
     missing = [k for k in ("model", "optimizer", "scheduler", "rng", "step", "data") if k not in state]
     if missing:
         raise CheckpointError(f"the state has no {', '.join(map(repr, missing))}: it cannot resume exactly")
@@ -157,7 +159,7 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
     It seeds every RNG itself and uses one CPU thread (restored on return), so
     it gives the same numbers in a fresh process or called in-process.
     """
-    a = check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
+    a = _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
                        step_seconds, keep)
     if out is not None and not callable(getattr(out, "write", None)):
         raise TypeError(f"out must be a text stream (with a write method) or None, got {out!r}")
@@ -283,7 +285,7 @@ class TrainingProcess:
     def __init__(self, run_dir, steps: int = 60, save_every: int = 5, seed: int = 0,
                  resume: bool = False, restore: str = "all", slow_save_seconds: float = 0.0,
                  step_seconds: float = 0.0, stop_after: int | None = None, keep: int = KEEP):
-        a = check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
+        a = _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
                            step_seconds, keep)
         cmd = [sys.executable, "-m", "lessonlib.measure.recovery", str(a["run_dir"]), "--steps", str(a["steps"]),
                "--save-every", str(a["save_every"]), "--seed", str(a["seed"]), "--restore", a["restore"],

@@ -16,7 +16,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from .device import Timer, synchronize, threads
-from ..checks import count as check_count
+from ..checks import count as check_count, flag as check_flag
+from .device import MAX_THREADS
+from .memory import _check_step_args
+
+#: The most rounds (and warm-up rounds) :func:`time_training_step` runs.
+MAX_ROUNDS = 1000
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 
@@ -55,7 +60,7 @@ def count_flops(model, inputs, targets=None, loss_fn=None) -> FlopCount:
 
     Without ``loss_fn`` the backward starts from ``output.sum()``.
     """
-    args = _as_args(inputs)
+    args = _check_step_args(model, inputs, loss_fn, targets=targets)
     with FlopCounterMode(display=False) as fc:
         out = model(*args)
     fwd = fc.get_total_flops()
@@ -106,10 +111,14 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
     ``num_threads`` sets torch's CPU threads for the measurement (1 by default:
     steadier; None keeps the current setting). The model's weights are updated.
     """
-    rounds = check_count("rounds", rounds)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}")
-    args = _as_args(inputs)
+    args = _check_step_args(model, inputs, loss_fn, optimizer, targets)
+    if loss_fn is None or optimizer is None:
+        raise TypeError("loss_fn and optimizer are needed to time a training step, got None")
+    rounds = check_count("rounds", rounds, maximum=MAX_ROUNDS)
+    warmup = check_count("warmup", warmup, minimum=0, maximum=MAX_ROUNDS)
+    if num_threads is not None:
+        num_threads = check_count("num_threads", num_threads, maximum=MAX_THREADS)
+    progress = check_flag("progress", progress)
     device = next(model.parameters()).device
     names = ("prediction",) + PHASES
     raw = {k: [] for k in names + ("step",)}

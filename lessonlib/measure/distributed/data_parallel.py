@@ -33,13 +33,19 @@ def forecast_model(hidden: int = 512, features: int = FEATURES):
 
     from ..models import ForecastMLP
 
+    hidden = _check_count("hidden", hidden, maximum=MAX_SIZE)
+    features = _check_count("features", features, maximum=MAX_SIZE)
     torch.manual_seed(0)
     return ForecastMLP(window=features, hidden=hidden, depth=2)
 
 
 def synthetic_batch(global_batch: int, features: int = FEATURES, seed: int = 1):
-    """A seeded synthetic batch (same on every process): inputs and targets."""
+    """A seeded synthetic batch (same on every process): inputs and targets (``features`` >= 8)."""
     import torch
+
+    global_batch = _check_count("global_batch", global_batch, maximum=MAX_SIZE)
+    features = _check_count("features", features, minimum=8, maximum=MAX_SIZE)
+    seed = _check_count("seed", seed, minimum=0)
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(global_batch, features, generator=g)
