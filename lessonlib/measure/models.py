@@ -20,6 +20,8 @@ from ..checks import choice as check_choice, count as check_count, fraction_belo
 #: The course's models are teaching-sized: at most this many parameters (80 MB in
 #: fp32), so a slip of a few zeros is refused at once instead of exhausting memory.
 MAX_PARAMS = 20_000_000
+#: The most layers (blocks) a model here may have.
+MAX_LAYERS = 1000
 #: The longest sequence a model here accepts (its causal mask is seq_len² numbers).
 MAX_SEQ_LEN = 4096
 
@@ -64,7 +66,8 @@ class ForecastMLP(nn.Module):
 
     def __init__(self, window: int = 28, hidden: int = 256, depth: int = 2):
         super().__init__()
-        window, hidden, depth = check_count("window", window), check_count("hidden", hidden), check_count("depth", depth)
+        window, hidden = check_count("window", window), check_count("hidden", hidden)
+        depth = check_count("depth", depth, maximum=MAX_LAYERS)
         _check_size("window, hidden and depth", window * hidden + (depth - 1) * hidden * hidden + hidden)
         layers, width = [], window
         for _ in range(depth):
@@ -176,7 +179,8 @@ class TinyGPT(nn.Module):
                  attention: str = "math"):
         super().__init__()
         vocab, seq_len = check_count("vocab", vocab), check_count("seq_len", seq_len, maximum=MAX_SEQ_LEN)
-        hidden, heads, layers = check_count("hidden", hidden), check_count("heads", heads), check_count("layers", layers)
+        hidden, heads = check_count("hidden", hidden), check_count("heads", heads)
+        layers = check_count("layers", layers, maximum=MAX_LAYERS)
         dropout = fraction_below_one("dropout", dropout)
         check_choice("dropout_impl", dropout_impl, ("native", "module"))
         check_choice("attention", attention, ("math", "sdpa"))

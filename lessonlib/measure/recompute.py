@@ -34,7 +34,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..checks import choice, count, flag, fraction_below_one, function, sequence
 from .memory import SavedTensorCounter
-from .models import _check_module, _check_size, _check_tensor
+from .models import MAX_LAYERS, _check_module, _check_size, _check_tensor
 
 #: The most timing rounds :func:`time_ratios` runs.
 MAX_ROUNDS = 1000
@@ -112,7 +112,7 @@ class MLPBlock(nn.Module):
 
 def block_stack(n_blocks: int = 8, width: int = 64, dropout: float = 0.1, seed: int = 0) -> nn.Sequential:
     """``n_blocks`` :class:`MLPBlock` in an ``nn.Sequential`` (seeded)."""
-    n_blocks, width = count("n_blocks", n_blocks), count("width", width)
+    n_blocks, width = count("n_blocks", n_blocks, maximum=MAX_LAYERS), count("width", width)
     dropout = fraction_below_one("dropout", dropout)
     seed = count("seed", seed, minimum=0)
     _check_size("n_blocks and width", n_blocks * 8 * width * width)
@@ -129,7 +129,7 @@ def layer_chain(n_layers: int = 16, width: int = 32, activation: str = "tanh",
     which ``sqrt(n)`` segments is the memory-optimal split, and for which
     checkpointing every layer saves nothing.
     """
-    n_layers, width = count("n_layers", n_layers), count("width", width)
+    n_layers, width = count("n_layers", n_layers, maximum=MAX_LAYERS), count("width", width)
     acts = {"tanh": nn.Tanh, "relu": nn.ReLU}
     choice("activation", activation, acts)
     seed = count("seed", seed, minimum=0)
