@@ -19,6 +19,11 @@ import numbers
 MAX_COUNT = 2**63 - 1
 
 
+def _is_bool(value) -> bool:
+    """True for Python's and numpy's booleans (numpy's is not a subclass of bool)."""
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
+
+
 def _describe(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -31,7 +36,7 @@ def count(name: str, value, minimum: int = 1, maximum: int | None = None) -> int
     ``7.5e9`` parameters is fine); rejects booleans, fractions, NaN, infinity
     and values above ``maximum`` (default :data:`MAX_COUNT`).
     """
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if _is_bool(value):
         raise ValueError(f"{name} must be a whole number (a count), got a boolean {value!r}")
     if isinstance(value, numbers.Integral):
         value = int(value)
@@ -51,7 +56,7 @@ def count(name: str, value, minimum: int = 1, maximum: int | None = None) -> int
 
 def amount(name: str, value, *, allow_zero: bool = True, maximum: float | None = None) -> float:
     """A finite, non-negative number (work units, bytes, seconds); positive if not ``allow_zero``."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real):
+    if _is_bool(value) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number, got {_describe(value)}")
     try:
         value = float(value)
@@ -70,7 +75,7 @@ def amount(name: str, value, *, allow_zero: bool = True, maximum: float | None =
 
 def number(name: str, value) -> float:
     """Any finite number, of either sign (an answer, an offset)."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real):
+    if _is_bool(value) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number, got {_describe(value)}")
     try:
         value = float(value)
@@ -111,7 +116,7 @@ def choice(name: str, value, choices) -> str:
 
 def flag(name: str, value) -> bool:
     """``True`` or ``False`` (a numpy bool too); numbers and strings are refused."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if _is_bool(value):
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {_describe(value)}")
 
