@@ -139,6 +139,18 @@ def instance(name: str, value, kinds, what: str):
     return value
 
 
+def path(name: str, value):
+    """A file or folder path (a non-empty string or an ``os.PathLike``), as a ``pathlib.Path``."""
+    import os
+    from pathlib import Path
+
+    if not isinstance(value, (str, os.PathLike)) or _is_bool(value):
+        raise TypeError(f"{name} must be a file or folder path, got {_describe(value)}")
+    if not str(value).strip():
+        raise ValueError(f"{name} must not be an empty path")
+    return Path(value)
+
+
 def function(name: str, value):
     """A callable (a function, a class, a module)."""
     if not callable(value):

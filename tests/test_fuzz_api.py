@@ -67,7 +67,7 @@ NAN, INF = float("nan"), float("inf")
 BAD = [0, -1, -3, 0.5, 1.5, 1.2, NAN, INF, -INF, True, False, None, "4", "ADAM", "adamw", "", [], (), {},
        10**30, 2**64, 10**400, np.int64(3), np.float64(3.0), 3.0, np.float64(NAN), np.bool_(True)]
 NEVER_A_NUMBER = (lambda v: v is None or isinstance(v, (bool, np.bool_, str, list, tuple, dict))
-                  or (isinstance(v, float) and not math.isfinite(v)) or (isinstance(v, (int, float)) and v < 0))
+                  or (isinstance(v, float) and not math.isfinite(v)))
 
 
 def _good():
@@ -176,6 +176,9 @@ def _never_valid(kind, value, param):
     if kind == "number":
         if value is None and param.default is None:
             return False
+        if isinstance(param.default, (int, float)) and not isinstance(param.default, bool) and param.default >= 0 \
+                and isinstance(value, (int, float, np.number)) and not isinstance(value, bool) and value < 0:
+            return True  # a default of zero or more: a size, a time, a count; never negative
         return NEVER_A_NUMBER(value)
     if kind == "text":
         return not isinstance(value, str) and not (value is None and param.default is None)

@@ -69,7 +69,8 @@ def stacked_bars(data: dict, title: str, ylabel: str, scale: float = 1.0, ax=Non
     for case, parts in data.items():
         for comp, v in mapping(f"data[{case!r}]", parts).items():
             number(f"data[{case!r}][{comp!r}]", v)
-    _check_title(title, ylabel)
+    text("title", title)
+    text("ylabel", ylabel)
     scale = positive("scale", scale)
     if ax is not None and not hasattr(ax, "bar"):
         raise TypeError(f"ax must be a matplotlib Axes or None, got {ax!r:.80}")
@@ -111,6 +112,9 @@ def plot_ledger(ledgers: dict, title: str = "Memory held in one training step", 
         instance(f"ledgers[{k!r}]", v, MemoryLedger, "a MemoryLedger")
     _check_title(title)
     choice("unit", unit, ("KiB", "MiB", "GiB"))
+    if formula is not None:
+        for k, v in mapping("formula", formula, allow_empty=True).items():
+            number(f"formula[{k!r}]", v)
     scale = {"KiB": 2 ** 10, "MiB": MIB, "GiB": 2 ** 30}[unit]
     data = {k: v.as_dict() for k, v in ledgers.items()}
     fig = stacked_bars(data, title, f"memory ({unit})", scale=scale, line=formula)

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..checks import amount, count, instance
+from ..checks import amount, count, instance, path as check_path
 
 
 MAGIC = b"LESSONLIB-CHECKPOINT/1"
@@ -181,7 +181,7 @@ def atomic_save(obj: dict, path, slow_write_seconds: float = 0.0, on_progress=No
     instance("obj", obj, dict, "a dict of named entries")
     for key in obj:
         instance("obj's keys", key, str, "strings")
-    path = Path(instance("path", path, (str, os.PathLike), "a file path"))
+    path = check_path("path", path)
     slow_write_seconds = amount("slow_write_seconds", slow_write_seconds)
     if slow_write_seconds > MAX_SLOW_WRITE_SECONDS:
         raise ValueError(f"slow_write_seconds must be at most {MAX_SLOW_WRITE_SECONDS:g}, got {slow_write_seconds!r}")
@@ -234,14 +234,14 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     ``path`` may also be a run folder: then the newest checkpoint that
     verifies is loaded (:func:`load_latest`).
     """
-    path = Path(instance("path", path, (str, os.PathLike), "a file or folder path"))
+    path = check_path("path", path)
     _check_map_location(map_location)
     if not path.exists():
         raise ValueError(f"path {str(path)!r} does not exist")
     if path.is_dir():
         found = load_latest(path, map_location=map_location)
         if found is None:
-            raise FileNotFoundError(f"no checkpoint in {str(path)!r}")
+            raise ValueError(f"path {str(path)!r} is a folder with no checkpoint in it")
         return found[0]
     return _deserialise(path.read_bytes(), path.name, map_location)
 
@@ -260,7 +260,7 @@ def _check_map_location(map_location) -> None:
 
 def checkpoint_files(run_dir) -> list[tuple[int, Path]]:
     """The checkpoint files of a run folder as ``(step, path)``, oldest first."""
-    run_dir = Path(instance("run_dir", run_dir, (str, os.PathLike), "a folder path"))
+    run_dir = check_path("run_dir", run_dir)
     if not run_dir.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _CHECKPOINT_RE.match(p.name))]
@@ -279,7 +279,7 @@ def remove_stray_temporaries(run_dir) -> list[str]:
     Call it only when no save is running in that folder (a training job
     calls it at start-up and before each save, and it is the only writer).
     """
-    run_dir = Path(instance("run_dir", run_dir, (str, os.PathLike), "a folder path"))
+    run_dir = check_path("run_dir", run_dir)
     removed = []
     for p in sorted(run_dir.glob("*.tmp")) if run_dir.is_dir() else []:
         try:
@@ -301,7 +301,7 @@ def save_checkpoint(state: dict, run_dir, step, keep=KEEP, slow_write_seconds: f
     instance("state", state, dict, "a dict of named entries")
     step = count("step", step, minimum=0)
     keep = count("keep", keep, maximum=1000)
-    run_dir = Path(instance("run_dir", run_dir, (str, os.PathLike), "a folder path"))
+    run_dir = check_path("run_dir", run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     remove_stray_temporaries(run_dir)
     path = atomic_save(state, run_dir / CHECKPOINT_PATTERN.format(step=step), slow_write_seconds, on_progress)

@@ -202,6 +202,7 @@ def measure_training_memory(model, inputs, targets, loss_fn, optimizer, track_pe
     """
     args = _check_step_args(model, inputs, loss_fn, optimizer, targets)
     function("loss_fn", loss_fn)
+    instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
     track_peak = flag("track_peak", track_peak)
     params = [p for p in model.parameters()]
     if not params:

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..checks import amount, choice, count, flag, instance
+from ..checks import amount, choice, count, flag, instance, path as check_path
 from .checkpoint import (KEEP, CheckpointError, atomic_save, capture_rng_state, check_rng_state,
                          checkpoint_files, load_checkpoint, load_latest, newest_checkpoint,
                          remove_stray_temporaries, restore_rng_state, save_checkpoint)
@@ -46,10 +46,8 @@ BATCH_SIZE = 32
 def _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
                    step_seconds, keep) -> dict:
     """Check :func:`train`'s arguments (also before a child process is started); return them cleaned."""
-    import os
-
     return dict(
-        run_dir=Path(instance("run_dir", run_dir, (str, os.PathLike), "a folder path")),
+        run_dir=check_path("run_dir", run_dir),
         steps=count("steps", steps, maximum=MAX_STEPS),
         save_every=count("save_every", save_every, maximum=MAX_STEPS),
         seed=count("seed", seed, minimum=0, maximum=2**32 - 1),
@@ -241,10 +239,8 @@ def read_losses(run_dir) -> dict[int, float]:
     A step that ran twice (before a crash and again after the resume) keeps
     its last value, the one the finished job stands on.
     """
-    import os
-
     losses: dict[int, float] = {}
-    path = Path(instance("run_dir", run_dir, (str, os.PathLike), "a folder path")) / LOSS_LOG
+    path = check_path("run_dir", run_dir) / LOSS_LOG
     if not path.exists():
         return losses
     for line in path.read_text().splitlines():
@@ -259,12 +255,11 @@ def read_losses(run_dir) -> dict[int, float]:
 
 def copy_run(src, dst) -> Path:
     """Copy a run folder (checkpoints and loss log, not stray ``*.tmp`` files), e.g. to resume it two ways."""
-    import os
-
-    instance("src", src, (str, os.PathLike), "a folder path")
-    instance("dst", dst, (str, os.PathLike), "a folder path")
-    if not Path(src).is_dir():
+    src, dst = check_path("src", src), check_path("dst", dst)
+    if not src.is_dir():
         raise ValueError(f"src {str(src)!r} is not a folder")
+    if dst.exists():
+        raise ValueError(f"dst {str(dst)!r} already exists")
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.tmp"))
     return Path(dst)
 
