@@ -37,7 +37,7 @@ from .memory import SavedTensorCounter
 from .models import MAX_LAYERS, _check_module, _check_size, _check_tensor
 
 #: The most timing rounds :func:`time_ratios` runs.
-MAX_ROUNDS = 1000
+MAX_ROUNDS = 200
 
 
 def _check_model_and_input(model, x):

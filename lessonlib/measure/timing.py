@@ -21,7 +21,7 @@ from .device import MAX_THREADS
 from .memory import _check_step_args
 
 #: The most rounds (and warm-up rounds) :func:`time_training_step` runs.
-MAX_ROUNDS = 1000
+MAX_ROUNDS = 200
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 
