@@ -157,6 +157,8 @@ def _call_with_limit(fn, kwargs):
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGALRM, old[0])
         signal.signal(signal.SIGPROF, old[1])
+        if "matplotlib.pyplot" in sys.modules:  # figures the plot functions returned
+            sys.modules["matplotlib.pyplot"].close("all")
 
 
 def _kind(param):
