@@ -168,6 +168,11 @@ def sequence(name: str, value, allow_empty: bool = False) -> list:
     return value
 
 
+def counts(name: str, value, minimum: int = 1, maximum: int | None = None) -> list:
+    """A non-empty list or tuple of whole numbers, each checked as :func:`count` (named ``name[i]``)."""
+    return [count(f"{name}[{i}]", v, minimum, maximum) for i, v in enumerate(sequence(name, value))]
+
+
 def mapping(name: str, value, allow_empty: bool = False) -> dict:
     """A dict; empty only if ``allow_empty``."""
     if not isinstance(value, dict):

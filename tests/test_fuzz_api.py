@@ -61,6 +61,7 @@ DENY = {
     "lessonlib.measure.distributed.splits.run_splits": "starts processes; test_interrupt",
     "lessonlib.measure.distributed.splits.run_expert_parallel": "starts processes; test_parallel",
     "lessonlib.measure.distributed.splits.run_stalled_job": "starts processes; test_parallel",
+    "lessonlib.measure.crash_demo.crash_twice": "starts and kills training processes; checks its arguments first",
 }
 
 NAN, INF = float("nan"), float("inf")

@@ -296,6 +296,11 @@ def activation_sweep_figure(results: dict, sweeps: dict):
 
     ``results`` is :func:`lessonlib.measure.activations.sweep`'s ``{(name, value): (measured, formula)}``.
     """
+    mapping("results", results)
+    for knob, values in mapping("sweeps", sweeps).items():
+        for v in sequence(f"sweeps[{knob!r}]", values):
+            if (knob, v) not in results:
+                raise ValueError(f"results has no entry for {knob}={v!r}: pass sweep()'s results and the same sweeps")
     fig, axes = plt.subplots(1, len(sweeps), figsize=(13, 3.4))
     for ax, (knob, values) in zip(axes, sweeps.items()):
         ax.plot(values, [results[(knob, v)][1] / MIB for v in values], "-", color="grey", label="formula")
@@ -317,6 +322,9 @@ def crossover_figure(c, bytes_per_param: int):
 
     ``c`` is :func:`lessonlib.measure.activations.crossover`'s result.
     """
+    if not all(hasattr(c, k) for k in ("batches", "activations", "state_bytes", "serving_bytes")):
+        raise TypeError(f"c must be crossover()'s result, got {c!r:.80}")
+    count("bytes_per_param", bytes_per_param)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(c.batches, [x / MIB for x in c.activations], "o-", color="#C44E52", label="activations (measured, bf16)")
     ax.axhline(c.state_bytes / MIB, color="#55A868",
@@ -334,6 +342,9 @@ def crossover_figure(c, bytes_per_param: int):
 
 def multiplier_figure(ratios: dict, slogan: float = 3.0):
     """Bars of training memory / weight memory for each case, on a log scale, with the slogan's line."""
+    for k, v in mapping("ratios", ratios).items():
+        positive(f"ratios[{k!r}]", v)
+    positive("slogan", slogan)
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     fig, ax = plt.subplots(figsize=(9, 4))
