@@ -12,6 +12,8 @@ from .models import _check_tensor
 
 #: The most gradient-descent steps :func:`train_linear` runs (the page uses 600).
 MAX_STEPS = 10_000
+#: The largest learning rate accepted (a larger one only overflows the update).
+MAX_LR = 10.0
 
 
 def _check_regression(X, y, W=None, b=None):
@@ -39,7 +41,7 @@ def train_linear(mode: str, X: torch.Tensor, y: torch.Tensor, lr: float = 0.01, 
     """
     choice("mode", mode, MODES)
     _check_regression(X, y)
-    lr = positive("lr", lr)
+    lr = positive("lr", lr, maximum=MAX_LR)
     steps = count("steps", steps, maximum=MAX_STEPS)
     low = torch.bfloat16
     features = X.shape[1]
@@ -73,7 +75,7 @@ def largest_update_over_half_gap(X: torch.Tensor, y: torch.Tensor, W: torch.Tens
     Below 1, every update rounds away: the weights cannot change.
     """
     _check_regression(X, y, W, b)
-    lr = positive("lr", lr)
+    lr = positive("lr", lr, maximum=MAX_LR)
     low = torch.bfloat16
     Wc, bc = W.clone().requires_grad_(), b.clone().requires_grad_()
     ((X.to(low) @ Wc + bc - y.to(low)).float() ** 2).mean().backward()
@@ -99,7 +101,7 @@ def mixed_precision_step(model, inputs, targets, loss_fn, lr: float = 1e-3) -> d
     (inputs,) = _check_step_args(model, inputs, loss_fn, targets=targets)
     if loss_fn is None:
         raise TypeError("loss_fn must be callable, got None")
-    lr = positive("lr", lr)
+    lr = positive("lr", lr, maximum=MAX_LR)
 
     model16 = copy.deepcopy(model).to(torch.bfloat16)
     master = [p.detach().float().clone().requires_grad_() for p in model16.parameters()]
