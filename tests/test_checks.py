@@ -31,3 +31,58 @@ def test_amount_positive_share_and_choice():
         checks.share("serial_share", 1.2)
     with pytest.raises(ValueError, match="unknown optimizer 'lion'; choose one of 'sgd', 'adam'"):
         checks.choice("optimizer", "lion", ("sgd", "adam"))
+
+
+# --- the examples issues 13 and 14 named -------------------------------------------
+
+def test_errors_name_the_argument_as_the_caller_spelled_it():
+    from lessonlib.book.reports import plan_html
+    from lessonlib.calc.planner import plan
+    from lessonlib.measure.models import TinyGPT
+
+    with pytest.raises(ValueError, match="batch_per_device must be positive"):
+        plan(1000, batch_per_device=0)
+    with pytest.raises(ValueError, match="train_tokens must be a whole number"):
+        plan(1000, train_tokens=2.5, device_flops_per_s=1e12)
+    with pytest.raises(ValueError, match="device_GB must be positive"):
+        plan_html("1.3B", "adam", "mixed", 1, 2048, "none", device_GB=0)
+    with pytest.raises(ValueError, match="dropout must be below 1"):
+        TinyGPT(vocab=8, seq_len=4, hidden=8, heads=2, layers=1, dropout=1.5)
+
+
+def test_what_used_to_hang_or_pass_silently_is_refused_at_once():
+    import time
+
+    from lessonlib.book.reports import plan_html
+    from lessonlib.calc.pipeline import MAX_TASK_PAIRS, pipeline_schedule
+    from lessonlib.calc.recompute import predicted_flops_ratio
+    from lessonlib.calc.reliability import MAX_EVENTS, simulate_overhead
+
+    t0 = time.process_time()
+    # a learner swaps the save time and the MTBF: the simulation would never end
+    with pytest.raises(ValueError, match="check the order of the arguments"):
+        simulate_overhead(7200, 86400, 300, 10 * 86400, trials=200)
+    with pytest.raises(ValueError, match=f"limit of {MAX_TASK_PAIRS:,}"):
+        pipeline_schedule(10**6, 10**6)
+    with pytest.raises(ValueError, match="backward_to_forward must be finite"):
+        predicted_flops_ratio(1.0, float("nan"))
+    with pytest.raises(ValueError, match="batch_per_device must be a whole number"):
+        plan_html("1.3B", "adam", "mixed", "8" * 10**6, 2048, "none", 80)  # no 1.3 GB string first
+    assert time.process_time() - t0 < 5  # refused before any work (CPU time: immune to a busy machine)
+    assert MAX_EVENTS == 2_000_000
+
+
+@pytest.mark.parametrize("value", [np.int64(4), np.int32(4), 4.0, np.float64(4.0), 4])
+def test_numpy_integers_and_whole_floats_are_counts(value):
+    assert checks.count("devices", value) == 4 and type(checks.count("devices", value)) is int
+
+
+@pytest.mark.parametrize("value, message", [(True, "boolean"), (np.bool_(True), "boolean"),
+                                            (float("nan"), "whole number"), (float("inf"), "whole number"),
+                                            (10**400, "at most"), ("4", "whole number")])
+def test_bool_nan_inf_and_overflow_are_refused_clearly(value, message):
+    with pytest.raises(ValueError, match=f"devices .*{message}|devices must be at most"):
+        checks.count("devices", value)
+    if not isinstance(value, str):
+        with pytest.raises(ValueError, match="serial"):
+            checks.amount("serial", value if value is not True else True)

@@ -49,7 +49,7 @@ def test_math_and_sdpa_agree_without_dropout():
 
 @pytest.mark.parametrize("kwargs,word", [
     (dict(hidden=0), "hidden"), (dict(layers=1.5), "layers"), (dict(hidden=10, heads=3), "divisible"),
-    (dict(dropout_impl="x"), "dropout_impl"), (dict(attention="flash"), "impl"),
+    (dict(dropout_impl="x"), "dropout_impl"), (dict(attention="flash"), "attention"),  # the caller's name, not the inner "impl"
 ])
 def test_gpt_bad_input(kwargs, word):
     with pytest.raises(ValueError, match=word):

@@ -69,7 +69,7 @@ def test_numeric_boundary_is_inclusive_and_direction_is_reported():
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: SingleChoice("q?", []), "choices must be a non-empty"),
+    (lambda: SingleChoice("q?", []), "choices must not be empty"),
     (lambda: SingleChoice("q?", ["a", "b"], answer="c"), "not among the choices"),
     (lambda: SingleChoice("q?", ["a", "b"]), "no choice is marked correct"),
     (lambda: SingleChoice("q?", ["a", "b"], answer=["a", "b"]), "exactly one correct"),

@@ -5,6 +5,8 @@ and a harmless stand-in elsewhere (Colab), so the same notebook runs in both.
 """
 from __future__ import annotations
 
+from ..checks import text as _check_text
+
 
 def _myst_glue():
     """myst-nb's glue where myst-nb is installed (the book build), else None (Colab)."""
@@ -30,6 +32,7 @@ def glue(name: str, value) -> None:
     format them in the prose. Returns None, so a glue call on a cell's last
     line adds no stray output to the page.
     """
+    _check_text("name", name)
     if isinstance(value, str) and not isinstance(value, Text):
         value = Text(value)
     myst_glue = _myst_glue()

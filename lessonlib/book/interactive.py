@@ -26,6 +26,8 @@ import json
 from importlib import resources
 from typing import Any, Callable, Mapping, Sequence
 
+from ..checks import count, function, mapping, sequence, text
+
 #: The most input combinations an Explorer precomputes for the static page.
 MAX_COMBINATIONS = 2000
 
@@ -33,6 +35,10 @@ MAX_COMBINATIONS = 2000
 
 def static_text(name: str) -> str:
     """The text of ``lessonlib/book/static/<name>`` (CSS and JS ship as package files)."""
+    text("name", name)
+    folder = resources.files("lessonlib.book").joinpath("static")
+    if "/" in name or "\\" in name or not folder.joinpath(name).is_file():
+        raise ValueError(f"name must be one of the files in lessonlib/book/static, got {name!r:.80}")
     return resources.files("lessonlib.book").joinpath("static", name).read_text(encoding="utf-8")
 
 
@@ -46,8 +52,22 @@ def stable_id(*parts: Any) -> str:
 
 
 def script_json(data: Any) -> str:
-    """JSON that is safe to embed inside a ``<script>`` element."""
-    return json.dumps(data).replace("</", "<\\/")
+    """JSON that is safe to embed inside a ``<script>`` element.
+
+    numpy numbers are written as plain numbers; NaN and infinity, which JSON
+    does not have, and objects JSON cannot hold are a ``ValueError``/``TypeError`` naming ``data``.
+    """
+    def plain(obj):
+        if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "shape", None) == ():
+            return obj.item()  # a numpy scalar
+        raise TypeError(f"data holds a {type(obj).__name__}, which JSON cannot store")
+
+    try:
+        return json.dumps(data, default=plain, allow_nan=False).replace("</", "<\\/")
+    except ValueError:
+        raise ValueError("data holds NaN or infinity, which JSON cannot store") from None
+    except RecursionError:
+        raise ValueError("data refers to itself, which JSON cannot store") from None
 
 
 class Interactive:
@@ -100,14 +120,20 @@ class Explorer(Interactive):
         initial: Mapping[str, Any] | None = None,
         max_combinations: int = MAX_COMBINATIONS,
     ):
-        if not callable(fn):
-            raise ValueError("fn must be callable")
-        if not controls:
-            raise ValueError("controls must name at least one input")
+        function("fn", fn)
+        mapping("controls", controls)
+        text("title", title, allow_empty=True)
+        text("description", description, allow_empty=True)
+        if labels is not None:
+            mapping("labels", labels, allow_empty=True)
+        if initial is not None:
+            mapping("initial", initial, allow_empty=True)
+        max_combinations = count("max_combinations", max_combinations)
         self.fn = fn
         self.controls = {}
         for name, values in controls.items():
-            values = list(values)
+            text("controls' names", name)
+            values = sequence(f"controls[{name!r}]", values, allow_empty=True)
             if not values:
                 raise ValueError(f"controls[{name!r}] has no values to choose from")
             if len(set(map(repr, values))) != len(values):

@@ -13,6 +13,14 @@ import io
 
 import matplotlib.pyplot as plt
 
+from ..checks import choice, count, instance, mapping, number, positive, sequence, text
+
+
+def _check_title(title, ylabel=None):
+    text("title", title)
+    if ylabel is not None:
+        text("ylabel", ylabel)
+
 MIB = 2 ** 20
 COLORS = {
     "weights": "#4C72B0", "gradients": "#DD8452", "master_weights": "#8172B3",
@@ -26,7 +34,8 @@ class Figure:
     """A rendered figure with alt text; displays as PNG (Jupyter) and <img alt> (book)."""
 
     def __init__(self, png: bytes, alt: str):
-        self.png, self.alt = png, alt
+        self.png = instance("png", png, bytes, "PNG bytes")
+        self.alt = text("alt", alt)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         b64 = base64.b64encode(self.png).decode()
@@ -40,8 +49,9 @@ class Figure:
 
 def show(fig, alt: str):
     """Render ``fig`` to PNG with alt text ``alt`` and close it; the return value displays it."""
-    if not isinstance(alt, str) or not alt.strip():
-        raise ValueError("alt must be a non-empty description of the figure")
+    text("alt", alt)
+    if not callable(getattr(fig, "savefig", None)):
+        raise TypeError(f"fig must be a matplotlib figure, got {fig!r:.80}")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -55,6 +65,20 @@ def stacked_bars(data: dict, title: str, ylabel: str, scale: float = 1.0, ax=Non
     ``line`` optionally marks a value per case (``{case: value}``, same units)
     with a black tick, e.g. a formula beside a measurement. Returns the figure.
     """
+    mapping("data", data)
+    for case, parts in data.items():
+        for comp, v in mapping(f"data[{case!r}]", parts).items():
+            number(f"data[{case!r}][{comp!r}]", v)
+    text("title", title)
+    text("ylabel", ylabel)
+    scale = positive("scale", scale)
+    if ax is not None and not hasattr(ax, "bar"):
+        raise TypeError(f"ax must be a matplotlib Axes or None, got {ax!r:.80}")
+    if colors is not None:
+        mapping("colors", colors, allow_empty=True)
+    if line is not None:
+        for case, v in mapping("line", line, allow_empty=True).items():
+            number(f"line[{case!r}]", v)
     if ax is None:
         fig, ax = plt.subplots(figsize=(7, 4))
     else:
@@ -82,6 +106,15 @@ def stacked_bars(data: dict, title: str, ylabel: str, scale: float = 1.0, ax=Non
 def plot_ledger(ledgers: dict, title: str = "Memory held in one training step", unit: str = "MiB",
                 formula: dict | None = None):
     """Stacked bars of ``{case: MemoryLedger}`` in ``unit`` ("KiB", "MiB" or "GiB")."""
+    from ..measure.memory import MemoryLedger
+
+    for k, v in mapping("ledgers", ledgers).items():
+        instance(f"ledgers[{k!r}]", v, MemoryLedger, "a MemoryLedger")
+    _check_title(title)
+    choice("unit", unit, ("KiB", "MiB", "GiB"))
+    if formula is not None:
+        for k, v in mapping("formula", formula, allow_empty=True).items():
+            number(f"formula[{k!r}]", v)
     scale = {"KiB": 2 ** 10, "MiB": MIB, "GiB": 2 ** 30}[unit]
     data = {k: v.as_dict() for k, v in ledgers.items()}
     fig = stacked_bars(data, title, f"memory ({unit})", scale=scale, line=formula)
@@ -91,6 +124,12 @@ def plot_ledger(ledgers: dict, title: str = "Memory held in one training step", 
 
 def plot_timing(timings: dict, title: str = "Time of a training step by phase", unit: str = "ms"):
     """Stacked bars of phase medians, ``{case: StepTiming}``, with prediction alongside."""
+    from ..measure.timing import StepTiming
+
+    for k, v in mapping("timings", timings).items():
+        instance(f"timings[{k!r}]", v, StepTiming, "a StepTiming")
+    _check_title(title)
+    choice("unit", unit, ("s", "ms", "us"))
     scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[unit]
     data = {}
     for k, t in timings.items():
@@ -116,6 +155,13 @@ def plot_activation_life(recordings: dict, title: str = "The life of each activa
     forward; orange: recomputed in backward). Returns the matplotlib figure.
     """
     import matplotlib.pyplot as plt
+
+    from ..measure.four_layer import Event
+
+    for k, events in mapping("recordings", recordings).items():
+        for e in sequence(f"recordings[{k!r}]", events):
+            instance(f"recordings[{k!r}]", e, Event, "a list of Event (from record_activation_life)")
+    _check_title(title)
 
     fig, axes = plt.subplots(len(recordings), 1, figsize=(9, 2.3 * len(recordings) + 0.6),
                              squeeze=False)
@@ -164,6 +210,12 @@ def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"
     :class:`~lessonlib.measure.recompute.SweepPoint`. Returns the figure."""
     import matplotlib.pyplot as plt
 
+    for k, rows in mapping("sweeps", sweeps).items():
+        for r in sequence(f"sweeps[{k!r}]", rows):
+            if not isinstance(r, dict) or not {"strategy", "peak_bytes", "recomputed_forwards"} <= set(r):
+                raise TypeError(f"sweeps[{k!r}] must hold segment_sweep's rows (dicts), got {r!r:.80}")
+    _check_title(title)
+
     fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 4.2), squeeze=False)
     for ax, (label, rows) in zip(axes[0], sweeps.items()):
         seg = [r for r in rows if r.strategy != "per-block"]
@@ -199,6 +251,20 @@ def plot_resume_comparison(reference: dict, resumed: dict, resumed_from: int | N
     """
     import matplotlib.pyplot as plt
 
+    def losses(name, run):
+        for s, v in mapping(name, run).items():
+            count(f"{name}'s steps", s)
+            number(f"{name}[{s}]", v)
+
+    losses("reference", reference)
+    for label, run in mapping("resumed", resumed).items():
+        losses(f"resumed[{label!r}]", run)
+        if not set(run) <= set(reference):
+            raise ValueError(f"resumed[{label!r}] has steps that reference lacks")
+    if resumed_from is not None:
+        resumed_from = count("resumed_from", resumed_from, minimum=0)
+    _check_title(title)
+
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     steps = list(reference)
     top.plot(steps, [reference[s] for s in steps], color="black", lw=2.5, alpha=0.35,
@@ -232,6 +298,11 @@ def activation_sweep_figure(results: dict, sweeps: dict):
 
     ``results`` is :func:`lessonlib.measure.activations.sweep`'s ``{(name, value): (measured, formula)}``.
     """
+    mapping("results", results)
+    for knob, values in mapping("sweeps", sweeps).items():
+        for v in sequence(f"sweeps[{knob!r}]", values):
+            if (knob, v) not in results:
+                raise ValueError(f"results has no entry for {knob}={v!r}: pass sweep()'s results and the same sweeps")
     fig = plot_activation_sweep(results, sweeps, _SWEEP_NAMES)
     worst = max(abs(m / f - 1) for m, f in results.values())
     return show(fig, alt="Four panels with logarithmic axes, saved activation bytes against batch, sequence length, "
@@ -247,6 +318,9 @@ def crossover_figure(c, bytes_per_param: int):
 
     ``c`` is :func:`lessonlib.measure.activations.crossover`'s result.
     """
+    if not all(hasattr(c, k) for k in ("batches", "activations", "state_bytes", "serving_bytes")):
+        raise TypeError(f"c must be crossover()'s result, got {c!r:.80}")
+    count("bytes_per_param", bytes_per_param)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(c.batches, [x / MIB for x in c.activations], "o-", color="#C44E52", label="activations (measured, bf16)")
     ax.axhline(c.state_bytes / MIB, color="#55A868",
@@ -262,9 +336,13 @@ def crossover_figure(c, bytes_per_param: int):
                 f"{c.first_batch_above}; the serving weights line is far below.")
 
 
+
 def multiplier_figure(ratios: dict, slogan: float = 3.0):
     """Bars of training memory / weight memory for each case, each labelled with its value (see
     :func:`plot_memory_multiplier`), with the slogan's line."""
+    for k, v in mapping("ratios", ratios).items():
+        positive(f"ratios[{k!r}]", v)
+    positive("slogan", slogan)
     fig = plot_memory_multiplier(ratios, slogan)
     lo_case, hi_case = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
     values = "; ".join(f"{k.replace(chr(10), ', ')}: {v:.1f}" for k, v in ratios.items())

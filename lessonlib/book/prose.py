@@ -20,6 +20,8 @@ class Prose:
     """Markdown text that displays as Markdown (Jupyter, Colab, the book) or as plain text."""
 
     def __init__(self, markdown: str):
+        if not isinstance(markdown, str):
+            raise TypeError(f"markdown must be a str, got {type(markdown).__name__}")
         self.markdown = markdown
 
     def _repr_markdown_(self) -> str:

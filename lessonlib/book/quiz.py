@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from ..checks import amount, flag, number, sequence, text
 from .interactive import Interactive, script_json, stable_id, static_text
 
 
@@ -38,6 +39,11 @@ class Choice:
     text: str
     correct: bool = False
     feedback: str = ""
+
+    def __post_init__(self):
+        text("text", self.text)
+        flag("correct", self.correct)
+        text("feedback", self.feedback, allow_empty=True)
 
 
 @dataclass(frozen=True)
@@ -51,18 +57,10 @@ class Verdict:
 RIGHT, WRONG = "Correct.", "Not quite."
 
 
-def _check_text(name: str, value) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-    return value
-
-
 def _normalise_choices(choices, answer) -> list[Choice]:
-    if choices is None or isinstance(choices, (str, bytes)) or len(list(choices)) == 0:
-        raise ValueError("choices must be a non-empty list of Choice objects or strings")
-    choices = list(choices)
+    choices = sequence("choices", choices)
     if answer is not None:
-        wanted = [answer] if isinstance(answer, str) else list(answer)
+        wanted = [answer] if isinstance(answer, str) else sequence("answer", answer)
         texts = [c.text if isinstance(c, Choice) else c for c in choices]
         for a in wanted:
             if a not in texts:
@@ -77,7 +75,7 @@ def _normalise_choices(choices, answer) -> list[Choice]:
             c = Choice(c)
         if not isinstance(c, Choice):
             raise ValueError(f"choices[{i}] must be a Choice or a string, got {type(c).__name__}")
-        _check_text(f"choices[{i}].text", c.text)
+        text(f"choices[{i}].text", c.text)
         out.append(c)
     texts = [c.text for c in out]
     if len(set(texts)) != len(texts):
@@ -88,9 +86,9 @@ def _normalise_choices(choices, answer) -> list[Choice]:
 class _ChoiceQuiz(Interactive):
 
     def __init__(self, question: str, choices: Sequence[Choice | str], explanation: str = "", answer=None):
-        self.question = _check_text("question", question)
+        self.question = text("question", question)
         self.choices = _normalise_choices(choices, answer)
-        self.explanation = explanation or ""
+        self.explanation = text("explanation", explanation, allow_empty=True)
         n_correct = sum(c.correct for c in self.choices)
         if n_correct == 0:
             raise ValueError("no choice is marked correct: the correct answer must be among the choices")
@@ -216,17 +214,12 @@ class Numeric(Interactive):
 
     def __init__(self, question: str, answer: float | None = None, tolerance: float = 0.0,
                  units: str = "", explanation: str = ""):
-        self.question = _check_text("question", question)
+        self.question = text("question", question)
         if answer is None:
             raise ValueError("a Numeric quiz needs an answer")
-        if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
-            raise ValueError(f"answer must be a finite number, got {answer!r}")
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance):
-            raise ValueError(f"tolerance must be a finite number, got {tolerance!r}")
-        if tolerance < 0:
-            raise ValueError(f"tolerance must be zero or positive, got {tolerance!r}")
-        self.answer, self.tolerance = float(answer), float(tolerance)
-        self.units, self.explanation = units, explanation or ""
+        self.answer, self.tolerance = number("answer", answer), amount("tolerance", tolerance)
+        self.units = text("units", units, allow_empty=True)
+        self.explanation = text("explanation", explanation, allow_empty=True)
 
     def __repr__(self) -> str:
         return f"Numeric: {self.question} [answer in {self.units or 'units'}]"
@@ -280,8 +273,8 @@ class Prediction(Interactive):
 
 
     def __init__(self, question: str, answer: str):
-        self.question = _check_text("question", question)
-        self.answer = _check_text("answer", answer)
+        self.question = text("question", question)
+        self.answer = text("answer", answer)
 
     def __repr__(self) -> str:
         return f"Prediction: {self.question}"

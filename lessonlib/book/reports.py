@@ -11,13 +11,16 @@ import math
 from ..calc.amdahl import amdahl_time, speedup_from_share
 from ..calc.devices import sustained_flops_per_s
 from ..calc.goodput import SECONDS_PER_HOUR, goodput, job_mtbf_seconds
-from ..calc.memory import ACTIVATION_BYTES_PER_VALUE, RECOMPUTE_CHOICES, format_bytes, training_state_bytes
+from ..calc.memory import (ACTIVATION_BYTES_PER_VALUE, OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM,
+                           RECOMPUTE_CHOICES, format_bytes, training_state_bytes)
 from ..calc.planner import PRESETS, plan
 from ..calc.reliability import (daly_interval, expected_overhead, first_order_overhead, optimal_interval,
                                  young_interval)
 from ..measure.memory import MemoryLedger
 from ..measure.timing import PHASES, StepTiming
-from ..checks import amount as _check_amount, choice as check_choice, count as _check_count, share as _check_share
+from ..checks import amount as _check_amount, choice as check_choice, count as _check_count, \
+    instance as _check_instance, mapping as _check_mapping, positive as _check_positive, \
+    share as _check_share
 
 
 def _trim(x: float, digits: int = 2) -> str:
@@ -75,6 +78,10 @@ def data_parallel_display_rows(result) -> list:
     and both speedups are ratios of the rounded steps, rounded to 0.01, so a
     reader who adds or divides the shown numbers gets the shown results.
     """
+    from ..measure.distributed.data_parallel import DataParallelRun
+
+    if not isinstance(result, DataParallelRun):
+        raise TypeError(f"result must be run_data_parallel's DataParallelRun, got {type(result).__name__}")
     out = []
     for row in result.rows:
         ms = {k: round(1e3 * getattr(row, k), 2) for k in ("single", "ddp") + DATA_PARALLEL_PIECES}
@@ -92,6 +99,7 @@ def data_parallel_table(result) -> str:
     three pieces shown and each speedup is the ratio of two steps shown
     (see :func:`data_parallel_display_rows`).
     """
+    rows = data_parallel_display_rows(result)  # checks result first
     world = result.world_size
     share = "half" if world == 2 else f"1/{world}"
     cols = [("global_batch", "global batch", "{:,}"), ("single", "1 process: step", "{:.2f}"),
@@ -101,7 +109,7 @@ def data_parallel_table(result) -> str:
             ("speedup", "measured speedup", "{:.2f}×")]
     head = "".join(f"<th>{label}</th>" for _, label, _ in cols)
     body = []
-    for row in data_parallel_display_rows(result):
+    for row in rows:
         body.append("<tr>" + "".join(f"<td>{fmt.format(row[key])}</td>" for key, _, fmt in cols) + "</tr>")
     rounds = result.rounds
     over = f"over {rounds} rounds " if rounds else "over rounds "
@@ -166,12 +174,12 @@ def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds,
     """
     speed = speedup_from_share(serial_share, devices)
     if isinstance(interval, str):
-        if interval not in INTERVALS:
-            raise ValueError(f"interval must be one of {list(INTERVALS)} or seconds, got {interval!r}")
-        interval = INTERVALS[interval]
+        interval = INTERVALS[check_choice("interval", interval, INTERVALS)]
         if interval in ("young", "daly"):
             rule = young_interval if interval == "young" else daly_interval
             interval = rule(checkpoint_seconds, job_mtbf_seconds(device_mtbf_hours, devices))
+    elif interval is not None:
+        interval = _check_positive("interval", interval)
     g = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds, interval)
     best = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds)
     warn = ""
@@ -200,13 +208,22 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     ``device_GB`` is device memory in 10^9 bytes; training tokens are
     ``tokens_per_param`` x parameters; ``device_flops_per_s`` is the sustained rate
     (default: the course's device at its stated utilisation, :func:`lessonlib.calc.devices.sustained_flops_per_s`).
+    Every argument is checked first, under its own name.
     """
     if device_flops_per_s is None:
         device_flops_per_s = sustained_flops_per_s()
     check_choice("model", model, PRESETS)
+    check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
+    check_choice("precision", precision, PRECISION_BYTES_PER_PARAM)
+    batch_per_device = _check_count("batch_per_device", batch_per_device)
+    seq_len = _check_count("seq_len", seq_len)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    device_GB = _check_positive("device_GB", device_GB, maximum=1e9)
+    tokens_per_param = _check_positive("tokens_per_param", tokens_per_param, maximum=1e9)
+    device_flops_per_s = _check_positive("device_flops_per_s", device_flops_per_s)
+    max_days = _check_positive("max_days", max_days)
     p = PRESETS[model]
-    tokens = int(tokens_per_param * p["n_params"])
+    tokens = max(1, int(tokens_per_param * p["n_params"]))
     r = plan(p["n_params"], optimizer, precision, batch_per_device, seq_len, p["layers"], p["hidden"],
              p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days)
     gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
@@ -252,6 +269,12 @@ def ledger_table(ledgers, formula: dict | None = None) -> str:
     """
     if isinstance(ledgers, MemoryLedger):
         ledgers = {"measured": ledgers}
+    for k, v in _check_mapping("ledgers", ledgers).items():
+        _check_instance(f"ledgers[{k!r}]", v, MemoryLedger, "a MemoryLedger")
+    if formula is not None:
+        for k, v in _check_mapping("formula", formula, allow_empty=True).items():
+            if v is not None:
+                _check_amount(f"formula[{k!r}]", v)
     rows = ["weights", "gradients", "optimizer_state", "activations", "total", "peak"]
     names = list(ledgers)
     head = f"{'':16s}" + "".join(f"{n:>14s}" for n in names)
@@ -273,6 +296,7 @@ def ledger_table(ledgers, formula: dict | None = None) -> str:
 
 def timing_table(t: StepTiming) -> str:
     """Plain-text table: median ms per phase, x prediction, share of step."""
+    _check_instance("t", t, StepTiming, "a StepTiming (from time_training_step)")
     lines = [f"{'phase':12s}{'median ms':>11s}{'x prediction':>14s}{'share of step':>15s}"]
     for k in ("prediction",) + PHASES + ("step",):
         share = f"{100 * t.shares[k]:.1f} %" if k in t.shares else ""

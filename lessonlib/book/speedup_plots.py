@@ -12,17 +12,28 @@ from ..calc.amdahl import speedup_from_share
 from ..calc.collectives import ring_allreduce_bytes
 from ..calc.goodput import goodput
 from ..calc.pipeline import pipeline_bubble_fraction
+from ..calc.goodput import check_runs
+from ..checks import amount, counts, count, positive, sequence, share as check_share, text
+from ..measure.distributed.data_parallel import DataParallelRow
 from .plots import plot_goodput_failures, show
 
 
 def growing_communication(share: float, ns, per_step: float) -> list[float]:
     """Speedups on ``ns`` devices with a communication cost of ``per_step`` x 2(n-1) of the one-device time."""
+    check_share("share", share)
+    ns = counts("ns", ns)
+    per_step = amount("per_step", per_step)
     return [speedup_from_share(share, n, per_step * 2 * (n - 1)) for n in ns]
 
 
 def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
     """Left: speedup against devices for several serial ``shares``. Right: serial ``share``
     with no, a ``fixed`` and a growing (``per_step`` x 2(n-1)) communication cost (shares of the one-device time)."""
+    ns = counts("ns", ns)
+    shares = [check_share(f"shares[{i}]", s) for i, s in enumerate(sequence("shares", shares))]
+    check_share("share", share)
+    amount("fixed", fixed)
+    amount("per_step", per_step)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for sh in shares:
         ax1.plot(ns, [speedup_from_share(sh, n) for n in ns], marker="o", ms=3, label=f"serial share {sh:.0%}")
@@ -56,6 +67,10 @@ def data_parallel_figure(rows: list, world_size: int):
     ``rows`` are the :class:`~lessonlib.measure.distributed.data_parallel.DataParallelRow` of a
     :func:`~lessonlib.measure.distributed.data_parallel.run_data_parallel` run (seconds).
     """
+    for i, r in enumerate(sequence("rows", rows)):
+        if not isinstance(r, DataParallelRow):
+            raise TypeError(f"rows[{i}] must be one of run_data_parallel's rows (a DataParallelRow), got {r!r:.80}")
+    world_size = count("world_size", world_size, minimum=2)
     labels = [f"{r.global_batch:,}" for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.3))
     xs = range(len(rows))
@@ -97,6 +112,9 @@ def data_parallel_figure(rows: list, world_size: int):
 
 
 def allreduce_volume_figure(grad_bytes: int, ns, name: str):
+    amount("grad_bytes", grad_bytes)
+    ns = counts("ns", ns)
+    text("name", name)
     """Bytes each device sends per ring all-reduce of ``grad_bytes`` against the device count."""
     vol = [ring_allreduce_bytes(grad_bytes, n) / 1e9 for n in ns]
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
@@ -113,6 +131,15 @@ def allreduce_volume_figure(grad_bytes: int, ns, name: str):
 
 def pipeline_schedule_figure(tasks: list, stages: int, micro: int, idle: float):
     """Gantt chart of a pipeline schedule (``lessonlib.calc.pipeline.pipeline_schedule``'s tasks)."""
+    from ..calc.pipeline import schedule_idle_fraction
+
+    schedule_idle_fraction(tasks)  # checks every task
+    for i, t in enumerate(tasks):
+        if t.get("kind") not in ("F", "B") or "microbatch" not in t:
+            raise TypeError(f"tasks[{i}] must be one of pipeline_schedule's tasks, got {t!r:.80}")
+    count("stages", stages)
+    count("micro", micro)
+    check_share("idle", idle)
     fig, ax = plt.subplots(figsize=(11, 3.2))
     cmap = plt.get_cmap("tab10")
     for t in tasks:
@@ -134,6 +161,7 @@ def pipeline_schedule_figure(tasks: list, stages: int, micro: int, idle: float):
 
 def bubble_figure(ms=(1, 2, 4, 8, 16, 32, 64), ps=(2, 4, 8, 16)):
     """The bubble (p-1)/(m+p-1), in percent, against micro-batches ``ms`` for stage counts ``ps``."""
+    ms, ps = counts("ms", ms), counts("ps", ps)
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for p in ps:
         ax.plot(ms, [100 * pipeline_bubble_fraction(p, m) for m in ms], marker="o", label=f"{p} stages")
@@ -148,6 +176,15 @@ def bubble_figure(ms=(1, 2, 4, 8, 16, 32, 64), ps=(2, 4, 8, 16)):
 
 def stall_figure(runs: list, stall_step: int, stall_s: float, stalled_rank: int = 1):
     """Steps completed against wall-clock time for each process of a job with one stall."""
+    check_runs(runs)
+    for i, r in enumerate(runs):
+        if "rank" not in r:
+            raise TypeError(f"runs[{i}] must say its 'rank'")
+    stall_step = count("stall_step", stall_step)
+    if stall_step >= len(runs[0]["wall"]):
+        raise ValueError(f"stall_step must be below the number of steps ({len(runs[0]['wall'])}), got {stall_step}")
+    amount("stall_s", stall_s)
+    count("stalled_rank", stalled_rank, minimum=0)
     steps = len(runs[0]["wall"])
     w0 = runs[0]["wall"]
     fig, ax = plt.subplots(figsize=(8, 3.8))
@@ -166,6 +203,11 @@ def stall_figure(runs: list, stall_step: int, stall_s: float, stalled_rank: int 
 def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtbfs=(5_000, 50_000, 500_000)):
     """What failures cost as a job grows, for device MTBFs ``mtbfs`` (hours): the share of time lost, and
     one-device hours per paid device-hour beside the no-failure line (see :func:`lessonlib.book.plots.plot_goodput_failures`)."""
+    ns = counts("ns", ns)
+    check_share("serial_share", serial_share)
+    positive("ckpt_s", ckpt_s)
+    amount("restart_s", restart_s)
+    mtbfs = [positive(f"mtbfs[{i}]", m) for i, m in enumerate(sequence("mtbfs", mtbfs))]
     rows = {f"device MTBF {mt:,} h": [goodput(n, speedup_from_share(serial_share, n), mt, ckpt_s, restart_s)
                                       for n in ns] for mt in mtbfs}
     no_failure = [speedup_from_share(serial_share, n) / n for n in ns]

@@ -4,7 +4,7 @@ Pure Python (no torch).
 """
 from __future__ import annotations
 
-from ..checks import amount as _check_amount
+from ..checks import amount as _check_amount, sequence as _check_sequence
 
 
 def expert_load_imbalance(tokens_per_expert) -> float:
@@ -21,14 +21,8 @@ def expert_load_imbalance(tokens_per_expert) -> float:
     >>> expert_load_imbalance([25, 5, 5, 5])
     2.5
     """
-    try:
-        counts = [float(c) for c in tokens_per_expert]
-    except TypeError:
-        raise ValueError(f"tokens_per_expert must be a sequence of counts, got {tokens_per_expert!r}") from None
-    if not counts:
-        raise ValueError("tokens_per_expert must not be empty")
-    for c in counts:
-        _check_amount("tokens_per_expert", c)
+    counts = [_check_amount(f"tokens_per_expert[{i}]", c)
+              for i, c in enumerate(_check_sequence("tokens_per_expert", tokens_per_expert))]
     mean = sum(counts) / len(counts)
     if mean == 0:
         raise ValueError("tokens_per_expert sums to zero: no tokens were routed")

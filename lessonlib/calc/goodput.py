@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import amount as _check_amount, count as _check_count
+from ..checks import amount as _check_amount, count as _check_count, sequence as _check_sequence
 from .reliability import expected_overhead, optimal_interval
 
 
@@ -126,14 +126,29 @@ class StallAccount:
         return self.useful_s / self.paid_s
 
 
+def check_runs(runs) -> list:
+    """Check ``runs``: a non-empty list of dicts whose ``wall`` and ``cpu`` lists (seconds) have one entry per step."""
+    runs = _check_sequence("runs", runs)
+    n = None
+    for i, r in enumerate(runs):
+        if not isinstance(r, dict) or "wall" not in r or "cpu" not in r:
+            raise TypeError(f"runs[{i}] must be a dict with 'wall' and 'cpu' lists, got {r!r:.80}")
+        for key in ("wall", "cpu"):
+            values = [_check_amount(f"runs[{i}][{key!r}]", v) for v in _check_sequence(f"runs[{i}][{key!r}]", r[key])]
+            if n is None:
+                n = len(values)
+            elif len(values) != n:
+                raise ValueError(f"runs[{i}][{key!r}] has {len(values)} steps, runs[0] has {n}")
+    return runs
+
+
 def stall_account(runs: list, stall_step: int) -> StallAccount:
     """Account a stall from each process's cumulative ``wall`` and ``cpu`` seconds after every step.
 
     ``runs`` is a list (one per process) of dicts with lists ``wall`` and ``cpu``;
     ``stall_step`` the index of the stalled step (>= 1).
     """
-    if not runs:
-        raise ValueError("runs must hold at least one process's clock times")
+    check_runs(runs)
     stall_step = _check_count("stall_step", stall_step)
     w0, c0 = runs[0]["wall"], runs[0]["cpu"]
     if stall_step >= len(w0):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, asdict
 
-from ..checks import choice as check_choice, count as check_count
+from ..checks import amount as check_amount, choice as check_choice, count as check_count
 
 
 #: Bytes per parameter that each optimizer keeps between steps (fp32 values).
@@ -152,8 +152,8 @@ def activation_bytes(seq_len, batch, hidden, heads, layers, recompute: str = "no
 
 
 def format_bytes(n: float) -> str:
-    """``1536`` -> ``'1.50 KiB'`` (binary units)."""
-    n = float(n)
+    """``1536`` -> ``'1.50 KiB'`` (binary units). ``n`` is a number of bytes, zero or more."""
+    n = check_amount("n", n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"

@@ -5,7 +5,11 @@ dimensionless. Pure Python (no torch).
 """
 from __future__ import annotations
 
-from ..checks import amount as _check_amount, count as _check_count
+from ..checks import amount as _check_amount, count as _check_count, sequence as _check_sequence
+
+#: The largest schedule :func:`pipeline_schedule` works out: stages × micro-batches
+#: (it builds two tasks for each, as Python dicts, for drawing and checking).
+MAX_TASK_PAIRS = 100_000
 
 
 def pipeline_bubble_fraction(stages, microbatches) -> float:
@@ -40,6 +44,9 @@ def pipeline_schedule(stages, microbatches, forward_time=1.0, backward_time=2.0)
     """
     p = _check_count("stages", stages)
     m = _check_count("microbatches", microbatches)
+    if p * m > MAX_TASK_PAIRS:
+        raise ValueError(f"stages × microbatches = {p * m:,} is more than this schedule's limit of "
+                         f"{MAX_TASK_PAIRS:,}; pipeline_bubble_fraction gives the bubble of any size")
     tf = _check_amount("forward_time", forward_time, allow_zero=False)
     tb = _check_amount("backward_time", backward_time, allow_zero=False)
     f_end = [[0.0] * m for _ in range(p)]
@@ -63,9 +70,17 @@ def pipeline_schedule(stages, microbatches, forward_time=1.0, backward_time=2.0)
 
 def schedule_idle_fraction(tasks) -> float:
     """Idle share of a schedule: 1 - busy time / (stages × makespan), dimensionless."""
-    if not tasks:
-        raise ValueError("tasks must not be empty")
+    tasks = _check_sequence("tasks", tasks)
+    for i, t in enumerate(tasks):
+        if not isinstance(t, dict) or not {"stage", "start", "end"} <= set(t):
+            raise TypeError(f"tasks[{i}] must be a dict with 'stage', 'start' and 'end', as pipeline_schedule "
+                            f"gives, got {t!r:.80}")
+        start = _check_amount(f"tasks[{i}]['start']", t["start"])
+        if _check_amount(f"tasks[{i}]['end']", t["end"]) < start:
+            raise ValueError(f"tasks[{i}] ends before it starts")
     stages = {t["stage"] for t in tasks}
     makespan = max(t["end"] for t in tasks) - min(t["start"] for t in tasks)
     busy = sum(t["end"] - t["start"] for t in tasks)
+    if makespan == 0:
+        raise ValueError("tasks take no time at all: the idle share is undefined")
     return 1.0 - busy / (len(stages) * makespan)

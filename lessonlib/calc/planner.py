@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checks import choice as check_choice, count as check_count, positive as check_positive
-from .memory import ACTIVATION_BYTES_PER_VALUE, RECOMPUTE_CHOICES, activation_bytes, training_state_bytes
+from .memory import (ACTIVATION_BYTES_PER_VALUE, OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM,
+                     RECOMPUTE_CHOICES, activation_bytes, training_state_bytes)
 
 
 SECONDS_PER_DAY = 86_400
@@ -89,7 +90,9 @@ def training_flops(n_params, tokens, recompute: str = "none", seq_len=None, hidd
     n = check_count("n_params", n_params)
     t = check_count("tokens", tokens)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
-    flops = 6.0 * n * t
+    if n >= 2**1000 or t >= 2**1000:
+        raise ValueError(f"n_params × tokens is too large to count in FLOPs (n_params={n:.3g}, tokens={t:.3g})")
+    flops = 6.0 * float(n) * float(t)
     if recompute == "full":
         flops += 2.0 * n * t
     elif recompute == "selective":
@@ -146,6 +149,20 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
     no master copy and 4-byte activations. ``recompute`` shrinks the
     activations and adds its forward work to the time (:func:`training_flops`).
     """
+    # Every argument checked here, under the name the caller used.
+    n_params = check_count("n_params", n_params)
+    check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
+    check_choice("precision", precision, PRECISION_BYTES_PER_PARAM)
+    batch_per_device = check_count("batch_per_device", batch_per_device)
+    seq_len, layers = check_count("seq_len", seq_len), check_count("layers", layers)
+    hidden, heads = check_count("hidden", hidden), check_count("heads", heads)
+    check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    dev = check_count("device_bytes", device_bytes)
+    if train_tokens is not None:
+        train_tokens = check_count("train_tokens", train_tokens)
+    if device_flops_per_s is not None:
+        device_flops_per_s = check_positive("device_flops_per_s", device_flops_per_s)
+    max_days = check_positive("max_days", max_days)
     state = training_state_bytes(n_params, optimizer, precision).total
     e = ACTIVATION_BYTES_PER_VALUE[precision]
     act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute, e)

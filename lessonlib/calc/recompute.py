@@ -4,7 +4,7 @@ Pure Python (no torch). The measured counterpart is :mod:`lessonlib.measure.reco
 """
 from __future__ import annotations
 
-import math
+from ..checks import count, positive, share
 
 
 #: The three names of one technique.
@@ -35,13 +35,9 @@ def predicted_flops_ratio(recomputed_forward_fraction: float = 1.0,
     >>> round(predicted_flops_ratio(no_input_grad_share=1 / 8), 4)
     1.3478
     """
-    if not 0 <= recomputed_forward_fraction <= 1:
-        raise ValueError(
-            f"recomputed_forward_fraction must be in [0, 1], got {recomputed_forward_fraction!r}")
-    if backward_to_forward <= 0:
-        raise ValueError(f"backward_to_forward must be positive, got {backward_to_forward!r}")
-    if not 0 <= no_input_grad_share <= 1:
-        raise ValueError(f"no_input_grad_share must be in [0, 1], got {no_input_grad_share!r}")
+    recomputed_forward_fraction = share("recomputed_forward_fraction", recomputed_forward_fraction)
+    backward_to_forward = positive("backward_to_forward", backward_to_forward)
+    no_input_grad_share = share("no_input_grad_share", no_input_grad_share)
     plain = 1.0 + backward_to_forward * (1.0 - no_input_grad_share / 2.0)
     return (plain + recomputed_forward_fraction) / plain
 
@@ -63,8 +59,6 @@ def chain_memory_units(layers: int, segments: int) -> int:
     >>> chain_memory_units(16, 1)
     16
     """
-    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-        raise ValueError(f"layers must be a positive integer, got {layers!r}")
-    if not isinstance(segments, int) or isinstance(segments, bool) or not 1 <= segments <= layers:
-        raise ValueError(f"segments must be an integer in [1, layers], got {segments!r}")
-    return (segments - 1) + math.ceil(layers / segments)
+    layers = count("layers", layers)
+    segments = count("segments", segments, maximum=layers)
+    return (segments - 1) + -(-layers // segments)  # whole-number ceil: exact for any size

@@ -27,7 +27,14 @@ from __future__ import annotations
 import math
 import random
 
-from ..checks import amount, positive
+from ..checks import amount, count, positive
+
+#: The most simulated events (completed chunks plus failures) :func:`simulate_losses`
+#: runs: about a second of pure Python. Beyond it the call is refused, not left to run.
+MAX_EVENTS = 2_000_000
+
+#: Beyond e**700 a float overflows: (interval + save) / MTBF above this is refused.
+_MAX_EXPONENT = 700.0
 
 
 def _restart(restart_seconds) -> float:
@@ -88,6 +95,10 @@ def expected_segment_seconds(interval_seconds: float, checkpoint_seconds: float,
     c = amount("checkpoint_seconds", checkpoint_seconds)
     m = positive("mtbf_seconds", mtbf_seconds)
     r = _restart(restart_seconds)
+    if (t + c) / m > _MAX_EXPONENT:
+        raise ValueError(f"interval_seconds + checkpoint_seconds ({t + c:g} s) is more than {_MAX_EXPONENT:g} times "
+                         f"mtbf_seconds ({m:g} s): the job would essentially never finish a save "
+                         "(check the order of the arguments)")
     return (m + r) * math.expm1((t + c) / m)
 
 
@@ -183,14 +194,31 @@ def simulate_losses(interval_seconds: float, checkpoint_seconds: float, mtbf_sec
     work since the last complete save and costs ``restart_seconds``, during
     which no failure strikes. These are the assumptions of
     :func:`expected_overhead`; the simulation checks its algebra.
+
+    The simulation has a stated size limit: its expected number of events,
+    ``trials × chunks × e^((interval + save) / MTBF)`` (a chunk of work and
+    its save complete only when no failure falls inside them), must stay
+    below :data:`MAX_EVENTS`. A save that is long next to the MTBF (often two
+    arguments swapped) is refused at once with a ``ValueError`` saying so,
+    instead of running for ever.
     """
     t = positive("interval_seconds", interval_seconds)
     c = positive("checkpoint_seconds", checkpoint_seconds)
     m = positive("mtbf_seconds", mtbf_seconds)
     w = positive("work_seconds", work_seconds)
     r = _restart(restart_seconds)
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive integer, got {trials!r}")
+    trials = count("trials", trials, maximum=MAX_EVENTS)
+    seed = count("seed", seed, minimum=0)
+    chunks = math.ceil(w / t) if w / t < MAX_EVENTS else math.inf
+    exponent = (min(t, w) + c) / m
+    events = trials * chunks * math.exp(exponent) if exponent < _MAX_EXPONENT else math.inf
+    if events > MAX_EVENTS:
+        hint = (" The save and interval are long next to mtbf_seconds, so almost every chunk fails"
+                " before it completes: check the order of the arguments (interval_seconds,"
+                " checkpoint_seconds, mtbf_seconds, work_seconds)." if exponent > 3 else
+                " Use fewer trials or less work_seconds per interval_seconds.")
+        raise ValueError(f"simulate_overhead would run about {events:.3g} simulated events, more than its "
+                         f"limit of {MAX_EVENTS:,}.{hint}")
     rng = random.Random(seed)
     rate = 1.0 / m
     losses = []

@@ -12,7 +12,20 @@ import torch
 
 from ..calc.memory import activation_bytes, serving_bytes, training_state_bytes
 from . import data, models
-from .device import get_device
+from ..checks import choice, count, counts, function, instance, mapping, text
+from .device import as_device
+
+#: The most numbers (batch × seq_len × hidden) a measured input here may hold: the page's
+#: largest case is a quarter of this; more would take minutes and gigabytes.
+MAX_NUMBERS = 2**20
+
+
+def _check_shape(batch, seq_len, hidden):
+    batch, seq_len, hidden = count("batch", batch), count("seq_len", seq_len), count("hidden", hidden)
+    if batch * seq_len * hidden > MAX_NUMBERS:
+        raise ValueError(f"batch × seq_len × hidden = {batch * seq_len * hidden:,} numbers, more than the {MAX_NUMBERS:,} "
+                         f"a measured input here may hold")
+    return batch, seq_len, hidden
 from .memory import SavedTensorCounter, measure_activations, measure_training_memory
 
 #: The GPT the multiplier is measured on (its sequence limit allows the longest case, 256 tokens).
@@ -25,7 +38,8 @@ def layers_activations(batch: int = 2, seq_len: int = 64, layers: int = 2, hidde
 
     ``kw`` goes to :class:`lessonlib.measure.models.TinyGPT` (``dropout``, ``dropout_impl``, ``attention``).
     """
-    device = torch.device(device) if device is not None else get_device()
+    batch, seq_len, hidden = _check_shape(batch, seq_len, hidden)
+    device = as_device("device", device)
     gpt = models.TinyGPT(seq_len=seq_len, hidden=hidden, heads=heads, layers=layers, **kw).to(device, torch.bfloat16)
     x = torch.randn(batch, seq_len, hidden, dtype=torch.bfloat16, device=device)
     return measure_activations(gpt.blocks, x)
@@ -38,6 +52,15 @@ def sweep(base: dict, sweeps: dict, device=None, progress=None) -> dict:
     those names to the values to try. Returns ``{(name, value): (measured, formula)}``
     in bytes. ``progress`` optionally wraps the loop (``lessonlib.progress.progress``).
     """
+    mapping("base", base)
+    if set(base) != {"batch", "seq_len", "layers", "hidden", "heads"}:
+        raise ValueError(f"base must hold exactly batch, seq_len, layers, hidden and heads, got {sorted(map(str, base))}")
+    for knob, values in mapping("sweeps", sweeps).items():
+        for v in counts(f"sweeps[{knob!r}]", values):
+            _check_shape(*({**base, knob: v}[k] for k in ("batch", "seq_len", "hidden")))
+    as_device("device", device)
+    if progress is not None:
+        function("progress", progress)
     unknown = set(sweeps) - set(base)
     if unknown:
         raise ValueError(f"sweeps names sizes that base lacks: {sorted(unknown)}")
@@ -54,6 +77,7 @@ def sweep(base: dict, sweeps: dict, device=None, progress=None) -> dict:
 
 def layer_part(where: str) -> str:
     """The paper's part of a layer ("LayerNorms", "attention" or "MLP") for a saved tensor's module name."""
+    text("where", where, allow_empty=True)
     name = where.split(".", 1)[1] if "." in where else ""
     if name.startswith("ln"):
         return "LayerNorms"
@@ -64,6 +88,7 @@ def layer_part(where: str) -> str:
 
 def bytes_by_part(counter: SavedTensorCounter) -> dict:
     """Saved bytes of one layer grouped by :func:`layer_part`."""
+    instance("counter", counter, SavedTensorCounter, "a SavedTensorCounter (from measure_activations)")
     out = {"LayerNorms": 0, "attention": 0, "MLP": 0}
     for where, *_, nbytes in counter.items:
         out[layer_part(where)] += nbytes
@@ -72,7 +97,13 @@ def bytes_by_part(counter: SavedTensorCounter) -> dict:
 
 def crossover(batches, seq_len: int = 64, device=None, progress=None, **gpt) -> "Crossover":
     """Activations of the whole GPT (bf16, loss included) for each batch, against its training state."""
-    device = torch.device(device) if device is not None else get_device()
+    batches = counts("batches", batches)
+    seq_len = count("seq_len", seq_len)
+    for b in batches:
+        _check_shape(b, seq_len, gpt.get("hidden", 128))
+    if progress is not None:
+        function("progress", progress)
+    device = as_device("device", device)
     model = models.TinyGPT(seq_len=seq_len, **gpt).to(device, torch.bfloat16)
     n = models.n_params(model)
     state = training_state_bytes(n).total
@@ -119,11 +150,11 @@ def memory_multiplier(optimizer: str, precision: str, batch: int, seq_len: int, 
     of :func:`lessonlib.calc.memory.training_state_bytes` plus activations measured
     in bf16, over the 16-bit weights.
     """
-    if optimizer not in ("sgd", "adam"):
-        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
-    if precision not in ("fp32", "mixed"):
-        raise ValueError(f"precision must be 'fp32' or 'mixed', got {precision!r}")
-    device = torch.device(device) if device is not None else get_device()
+    choice("optimizer", optimizer, ("sgd", "adam"))
+    choice("precision", precision, ("fp32", "mixed"))
+    batch, seq_len, _ = _check_shape(batch, seq_len, MULTIPLIER_GPT["hidden"])
+    count("seq_len", seq_len, maximum=MULTIPLIER_GPT["seq_len"])
+    device = as_device("device", device)
     if precision == "fp32":
         state, weights = _state_fp32(optimizer, device)
         return (state + _activations(torch.float32, batch, seq_len, device)) / weights

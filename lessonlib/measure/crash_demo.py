@@ -20,6 +20,8 @@ from .recovery import copy_run, read_losses, run_training
 
 def saved_bytes(obj) -> int:
     """Bytes ``torch.save`` writes for ``obj`` (a state dict, an RNG state, a number)."""
+    if callable(obj) and not isinstance(obj, torch.Tensor):
+        raise TypeError(f"obj must be data (tensors, numbers, containers), got {obj!r:.80}")
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getbuffer().nbytes
@@ -45,7 +47,14 @@ def crash_twice(crash_dir, copies=(), seed: int = 7, steps: int = 60, save_every
     ``progress`` optionally wraps the two phases (``lessonlib.progress.progress``).
     Raises RuntimeError if a kill did not land (the job finished first).
     """
-    crash_dir = Path(crash_dir)
+    from ..checks import count, function, path, sequence
+
+    crash_dir = path("crash_dir", crash_dir)
+    copies = [path(f"copies[{i}]", c) for i, c in enumerate(sequence("copies", copies, allow_empty=True))]
+    seed = count("seed", seed, minimum=0)
+    steps, save_every = count("steps", steps, maximum=10_000), count("save_every", save_every, maximum=10_000)
+    if progress is not None:
+        function("progress", progress)
     chooser = random.Random(seed)  # the "random moments", seeded so the page is reproducible
     phases = ["crash at a random moment", "resume, then crash in the middle of a save"]
     out = {}

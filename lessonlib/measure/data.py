@@ -9,6 +9,14 @@ import math
 
 from ..checks import count as check_count
 
+#: The most numbers one generated data set holds (e.g. stores × days): teaching-sized.
+MAX_NUMBERS = 50_000_000
+
+
+def _check_total(what: str, n: int) -> None:
+    if n > MAX_NUMBERS:
+        raise ValueError(f"{what} = {n:,} numbers, more than the {MAX_NUMBERS:,} a generated data set here may hold")
+
 
 def make_sales(n_stores: int = 20, n_days: int = 730, seed: int = 0):
     """Daily umbrella sales (units) for ``n_stores`` stores over ``n_days`` days.
@@ -21,6 +29,8 @@ def make_sales(n_stores: int = 20, n_days: int = 730, seed: int = 0):
 
     n_stores = check_count("n_stores", n_stores)
     n_days = check_count("n_days", n_days)
+    seed = check_count("seed", seed, minimum=0)
+    _check_total("n_stores × n_days", n_stores * n_days)
     g = torch.Generator().manual_seed(seed)
     day = torch.arange(n_days, dtype=torch.float32)
     season = 1.0 + 0.6 * torch.sin(2 * math.pi * day / 365.0)
@@ -41,6 +51,8 @@ def make_forecast_dataset(window: int = 28, n_stores: int = 20, n_days: int = 73
     scaled by each store's mean daily sales so values are around 1.
     """
     window = check_count("window", window)
+    n_days = check_count("n_days", n_days)
+    _check_total("n_stores × n_days × window", check_count("n_stores", n_stores) * n_days * window)
     sales = make_sales(n_stores, n_days, seed)
     if window >= sales.shape[1]:
         raise ValueError(f"window must be shorter than n_days ({n_days}), got {window}")
@@ -57,6 +69,8 @@ def make_tokens(batch: int, seq_len: int, vocab: int = 256, seed: int = 0):
     batch = check_count("batch", batch)
     seq_len = check_count("seq_len", seq_len)
     vocab = check_count("vocab", vocab)
+    seed = check_count("seed", seed, minimum=0)
+    _check_total("batch × seq_len", batch * seq_len)
     g = torch.Generator().manual_seed(seed)
     seq = torch.randint(0, vocab, (batch, seq_len + 1), generator=g)
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
@@ -72,6 +86,8 @@ def make_regression(n: int = 256, features: int = 8, seed: int = 0):
 
     n = check_count("n", n)
     features = check_count("features", features)
+    seed = check_count("seed", seed, minimum=0)
+    _check_total("n × features", n * features)
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(n, features, generator=g)
     w = 3.0 * torch.randn(features, 1, generator=g)

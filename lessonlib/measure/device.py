@@ -12,6 +12,30 @@ from contextlib import contextmanager
 
 import torch
 
+from ..checks import count as _check_count
+
+#: The most CPU threads :func:`threads` sets (torch accepts more, but no course machine has them).
+MAX_THREADS = 1024
+
+
+def as_device(name: str, value) -> torch.device:
+    """``value`` (None, ``"cpu"``, ``"cuda"``, ``"cuda:0"`` or a ``torch.device``) as a device.
+
+    None means :func:`get_device`'s choice. Anything else is a ``ValueError``
+    or ``TypeError`` naming the argument ``name``.
+    """
+    if value is None:
+        return get_device()
+    if isinstance(value, torch.device):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a device name such as 'cpu' or 'cuda', a torch.device, or None, "
+                        f"got {value!r:.80}")
+    try:
+        return torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{name} must be a device name such as 'cpu' or 'cuda', got {value!r:.80}") from None
+
 
 def get_device(prefer: str | None = None) -> torch.device:
     """Return CUDA when available, else CPU.
@@ -19,11 +43,13 @@ def get_device(prefer: str | None = None) -> torch.device:
     ``prefer`` ("cpu" or "cuda") overrides the choice; the environment variable
     ``LESSONLIB_DEVICE`` does the same without editing a notebook.
     """
+    if prefer is not None and not isinstance(prefer, str):
+        raise TypeError(f"prefer must be 'cpu', 'cuda' or None, got {prefer!r:.80}")
     choice = prefer or os.environ.get("LESSONLIB_DEVICE")
     if choice is not None:
         choice = choice.lower()
         if choice not in ("cpu", "cuda"):
-            raise ValueError(f"prefer must be 'cpu' or 'cuda', got {choice!r}")
+            raise ValueError(f"prefer (or LESSONLIB_DEVICE) must be 'cpu' or 'cuda', got {choice!r:.80}")
         if choice == "cuda" and not torch.cuda.is_available():
             raise ValueError("prefer='cuda' but torch.cuda.is_available() is False")
         return torch.device(choice)
@@ -32,7 +58,7 @@ def get_device(prefer: str | None = None) -> torch.device:
 
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait until all queued work on ``device`` has finished (no-op on CPU)."""
-    device = torch.device(device) if device is not None else get_device()
+    device = as_device("device", device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -52,7 +78,7 @@ class Timer:
     """
 
     def __init__(self, device: torch.device | str | None = None):
-        self.device = torch.device(device) if device is not None else get_device()
+        self.device = as_device("device", device)
         self.seconds: float | None = None
 
     def __enter__(self) -> "Timer":
@@ -73,11 +99,16 @@ class Timer:
             self.seconds = time.perf_counter() - self._t0
 
 
-@contextmanager
 def threads(n: int):
-    """Run the block with ``torch.set_num_threads(n)``, then restore."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive integer number of threads, got {n!r}")
+    """Run the block with ``torch.set_num_threads(n)`` (1 to :data:`MAX_THREADS`), then restore.
+
+    ``n`` is checked when this is called, not when the ``with`` block starts.
+    """
+    return _threads(_check_count("n", n, maximum=MAX_THREADS))
+
+
+@contextmanager
+def _threads(n: int):
     old = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -88,7 +119,7 @@ def threads(n: int):
 
 def device_name(device: torch.device | str | None = None) -> str:
     """A human-readable name for the device: the GPU model, or the CPU."""
-    device = torch.device(device) if device is not None else get_device()
+    device = as_device("device", device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cpu = platform.processor() or platform.machine()
@@ -112,7 +143,7 @@ def environment_report(device: torch.device | str | None = None) -> str:
     the third gives torch's and Python's versions. A page that runs something on
     the CPU regardless (a subprocess job, a two-process gloo run) says so where it does.
     """
-    device = torch.device(device) if device is not None else get_device()
+    device = as_device("device", device)
     if device.type == "cuda":
         how = "timing: CUDA events | memory: torch.cuda stats"
     else:

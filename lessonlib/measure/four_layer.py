@@ -16,6 +16,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..checks import count, flag
+
+#: The widest (and largest batch) four-layer example: it is drawn and read name by name.
+MAX_HIDDEN = 4096
+
 
 def _storage_key(t: torch.Tensor):
     return (t.device, t.untyped_storage().data_ptr())
@@ -56,8 +61,7 @@ class FourLayerNet(nn.Module):
 
     def __init__(self, hidden: int = 8):
         super().__init__()
-        if hidden < 1:
-            raise ValueError(f"hidden must be positive, got {hidden!r}")
+        hidden = count("hidden", hidden, maximum=MAX_HIDDEN)
         self.linears = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(4))
         self.acts = nn.ModuleList(nn.ReLU() for _ in range(4))
 
@@ -76,11 +80,15 @@ class FourLayerNet(nn.Module):
         return self.acts[3](z4)
 
 
-def _four_layer_setup(hidden: int, batch: int, seed: int, device=None):
+def _four_layer_setup(checkpointed, hidden: int, batch: int, seed: int, device=None):
     """The net, an input and a target on ``device`` (default: ``get_device()``), the same on every device."""
-    from .device import get_device
+    from .device import as_device
 
-    device = torch.device(device) if device is not None else get_device()
+    flag("checkpointed", checkpointed)
+    hidden = count("hidden", hidden, maximum=MAX_HIDDEN)
+    batch = count("batch", batch, maximum=MAX_HIDDEN)
+    seed = count("seed", seed, minimum=0)
+    device = as_device("device", device)
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     model = FourLayerNet(hidden).to(device)
@@ -111,7 +119,7 @@ def four_layer_census(checkpointed: bool, hidden: int = 8, batch: int = 4, seed:
     Runs one real training step (forward, MSE loss, backward) and returns a
     :class:`Census`. ``device`` defaults to ``get_device()``.
     """
-    model, x, target = _four_layer_setup(hidden, batch, seed, device)
+    model, x, target = _four_layer_setup(checkpointed, hidden, batch, seed, device)
     owner: dict = {}
     phase = {"now": "forward"}
     recomputed: list[str] = []
@@ -172,7 +180,7 @@ def record_activation_life(checkpointed: bool, hidden: int = 8, batch: int = 4,
     """
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    model, x, target = _four_layer_setup(hidden, batch, seed, device)
+    model, x, target = _four_layer_setup(checkpointed, hidden, batch, seed, device)
     events: list[Event] = []
     phase = {"now": "forward"}
     owner: dict = {}

@@ -16,6 +16,31 @@ import torch
 import torch.utils._pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..checks import flag, function, instance, sequence
+
+
+def _check_step_args(model, inputs, loss_fn=None, optimizer=None, targets=None) -> tuple:
+    """Check a model, its inputs (a tensor or a tuple of tensors) and the optional loss and optimizer.
+
+    Returns ``inputs`` as a tuple of arguments for ``model``. Raises
+    ``TypeError``/``ValueError`` naming the argument.
+    """
+    instance("model", model, torch.nn.Module, "a torch.nn.Module")
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    if not args:
+        raise ValueError("inputs must not be an empty tuple")
+    for a in args:
+        instance("inputs", a, torch.Tensor, "a torch.Tensor or a tuple of tensors")
+    if loss_fn is not None:
+        function("loss_fn", loss_fn)
+        instance("targets", targets, (torch.Tensor, tuple, type(None)),
+                 "a torch.Tensor (what loss_fn compares the output with) or None")
+    if optimizer is not None:
+        instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
+    return args
+
+
+
 @dataclass
 class MemoryLedger:
     """Bytes measured during one training step.
@@ -115,6 +140,9 @@ class SavedTensorCounter:
     """
 
     def __init__(self, exclude=()):
+        exclude = sequence("exclude", exclude, allow_empty=True)
+        for t in exclude:
+            instance("exclude", t, torch.Tensor, "a list of tensors")
         self._exclude = {_storage_key(t)[0] for t in exclude}
         self._spans: dict = {}
         self._stack: list = []
@@ -124,6 +152,7 @@ class SavedTensorCounter:
 
     def watch(self, model) -> "SavedTensorCounter":
         """Attribute saved tensors to ``model``'s submodules by name (hooks removed on exit)."""
+        instance("model", model, torch.nn.Module, "a torch.nn.Module")
         for name, mod in model.named_modules():
             self._handles.append(mod.register_forward_pre_hook(self._enter_hook(name)))
             self._handles.append(mod.register_forward_hook(self._exit_hook))
@@ -188,7 +217,7 @@ def measure_activations(model, inputs, targets=None, loss_fn=None) -> SavedTenso
     dtype, bytes). No backward is run; the
     graph is freed when the result goes out of scope.
     """
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    args = _check_step_args(model, inputs, loss_fn, targets=targets)
     counter = SavedTensorCounter(exclude=list(model.parameters())).watch(model)
     with counter:
         out = model(*args)
@@ -209,6 +238,7 @@ def _tensor_bytes(tensors) -> int:
 
 def optimizer_state_bytes(optimizer) -> int:
     """Bytes of every tensor in ``optimizer.state`` (Adam's averages, its ``step`` counters...)."""
+    instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
     return _tensor_bytes(v for s in optimizer.state.values() for v in s.values()
                          if isinstance(v, torch.Tensor))
 
@@ -281,11 +311,14 @@ def measure_training_memory(model, inputs, targets, loss_fn, optimizer, track_pe
     "tensors only, a lower bound": memory that kernels allocate for their own
     scratch work is missing from it.
     """
+    args = _check_step_args(model, inputs, loss_fn, optimizer, targets)
+    function("loss_fn", loss_fn)
+    instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
+    track_peak = flag("track_peak", track_peak)
     params = [p for p in model.parameters()]
     if not params:
         raise ValueError("model has no parameters to train")
     device = params[0].device
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
     optimizer.zero_grad(set_to_none=True)
     weights = _tensor_bytes(params)
 

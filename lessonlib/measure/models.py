@@ -14,11 +14,46 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import count as check_count
+from ..checks import choice as check_choice, count as check_count, fraction_below_one, function as check_function, \
+    instance as check_instance
+
+#: The course's models are teaching-sized: at most this many parameters (80 MB in
+#: fp32), so a slip of a few zeros is refused at once instead of exhausting memory.
+MAX_PARAMS = 20_000_000
+#: The most layers (blocks) a model here may have.
+MAX_LAYERS = 1000
+#: The longest sequence a model here accepts (its causal mask is seq_len² numbers).
+MAX_SEQ_LEN = 4096
+
+
+def _check_size(what: str, n_params: int) -> int:
+    """Refuse a model of more than :data:`MAX_PARAMS` parameters; ``what`` names the arguments."""
+    if n_params > MAX_PARAMS:
+        raise ValueError(f"{what} give about {n_params:,} parameters, more than the {MAX_PARAMS:,} "
+                         f"that the course's teaching-sized models allow")
+    return n_params
+
+
+def _check_module(name: str, value, kind=None):
+    """``value`` if it is a ``torch.nn.Module`` (of ``kind``, e.g. ``nn.Sequential``) with parameters."""
+    kind = kind or nn.Module
+    check_instance(name, value, kind, f"a torch.nn.{kind.__name__}")
+    if next(value.parameters(), None) is None:
+        raise ValueError(f"{name} has no parameters")
+    return value
+
+
+def _check_tensor(name: str, value, floating: bool = False):
+    """``value`` if it is a ``torch.Tensor`` (a floating-point one if ``floating``)."""
+    check_instance(name, value, torch.Tensor, "a torch.Tensor")
+    if floating and not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+    return value
 
 
 def n_params(model: nn.Module) -> int:
     """Number of parameters (elements) of ``model``."""
+    check_instance("model", model, nn.Module, "a torch.nn.Module")
     return sum(p.numel() for p in model.parameters())
 
 
@@ -31,7 +66,9 @@ class ForecastMLP(nn.Module):
 
     def __init__(self, window: int = 28, hidden: int = 256, layers: int = 2):
         super().__init__()
-        window, hidden, layers = check_count("window", window), check_count("hidden", hidden), check_count("layers", layers)
+        window, hidden = check_count("window", window), check_count("hidden", hidden)
+        layers = check_count("layers", layers, maximum=MAX_LAYERS)
+        _check_size("window, hidden and layers", window * hidden + (layers - 1) * hidden * hidden + hidden)
         mods, inputs = [], window
         for _ in range(layers):
             mods += [nn.Linear(inputs, hidden), nn.ReLU()]
@@ -54,9 +91,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.1):
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"p must be in [0, 1), got {p!r}")
-        self.p = p
+        self.p = fraction_below_one("p", p)
 
     def forward(self, x):
         if not self.training or self.p == 0.0:
@@ -76,10 +111,14 @@ class Attention(nn.Module):
 
     def __init__(self, hidden, heads, seq_len, dropout, dropout_cls, impl="math"):
         super().__init__()
+        hidden, heads = check_count("hidden", hidden), check_count("heads", heads)
+        seq_len = check_count("seq_len", seq_len, maximum=MAX_SEQ_LEN)
+        dropout = fraction_below_one("dropout", dropout)
+        check_function("dropout_cls", dropout_cls)
+        check_choice("impl", impl, ("math", "sdpa"))
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
-        if impl not in ("math", "sdpa"):
-            raise ValueError(f"unknown impl {impl!r}; choose 'math' or 'sdpa'")
+        _check_size("hidden", 4 * hidden * hidden)
         self.heads, self.impl, self.p = heads, impl, dropout
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
@@ -107,6 +146,11 @@ class Block(nn.Module):
 
     def __init__(self, hidden, heads, seq_len, dropout=0.1, dropout_cls=Dropout, attention="math"):
         super().__init__()
+        hidden, heads = check_count("hidden", hidden), check_count("heads", heads)
+        dropout = fraction_below_one("dropout", dropout)
+        check_choice("attention", attention, ("math", "sdpa"))
+        check_function("dropout_cls", dropout_cls)
+        _check_size("hidden", 12 * hidden * hidden)
         self.ln1 = nn.LayerNorm(hidden)
         self.attn = Attention(hidden, heads, seq_len, dropout, dropout_cls, attention)
         self.drop1 = dropout_cls(dropout)
@@ -134,10 +178,15 @@ class TinyGPT(nn.Module):
                  layers: int = 2, dropout: float = 0.1, dropout_impl: str = "native",
                  attention: str = "math"):
         super().__init__()
-        vocab, seq_len = check_count("vocab", vocab), check_count("seq_len", seq_len)
-        hidden, heads, layers = check_count("hidden", hidden), check_count("heads", heads), check_count("layers", layers)
-        if dropout_impl not in ("native", "module"):
-            raise ValueError(f"unknown dropout_impl {dropout_impl!r}; choose 'native' or 'module'")
+        vocab, seq_len = check_count("vocab", vocab), check_count("seq_len", seq_len, maximum=MAX_SEQ_LEN)
+        hidden, heads = check_count("hidden", hidden), check_count("heads", heads)
+        layers = check_count("layers", layers, maximum=MAX_LAYERS)
+        dropout = fraction_below_one("dropout", dropout)
+        check_choice("dropout_impl", dropout_impl, ("native", "module"))
+        check_choice("attention", attention, ("math", "sdpa"))
+        if hidden % heads:
+            raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
+        _check_size("vocab, seq_len, hidden and layers", (2 * vocab + seq_len) * hidden + layers * 12 * hidden * hidden)
         dropout_cls = Dropout if dropout_impl == "native" else nn.Dropout
         self.seq_len = seq_len
         self.tok = nn.Embedding(vocab, hidden)
@@ -158,4 +207,11 @@ class TinyGPT(nn.Module):
 
 def lm_loss(logits, targets):
     """Next-token cross-entropy for ``(batch, seq, vocab)`` logits and ``(batch, seq)`` targets."""
+    _check_tensor("logits", logits, floating=True)
+    _check_tensor("targets", targets)
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(f"logits must be (batch, seq, vocab) and targets (batch, seq); got logits "
+                         f"{tuple(logits.shape)} and targets {tuple(targets.shape)}")
+    if targets.is_floating_point():
+        raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())

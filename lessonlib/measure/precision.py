@@ -7,6 +7,27 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import choice, count, number, positive, sequence
+from .models import _check_tensor
+
+#: The most gradient-descent steps :func:`train_linear` runs (the page uses 600).
+MAX_STEPS = 10_000
+#: The largest learning rate accepted (a larger one only overflows the update).
+MAX_LR = 10.0
+
+
+def _check_regression(X, y, W=None, b=None):
+    _check_tensor("X", X, floating=True)
+    _check_tensor("y", y, floating=True)
+    if X.dim() != 2 or y.shape != (X.shape[0], 1) or X.numel() > 10**7:
+        raise ValueError(f"X must be (n, features) and y (n, 1), at most 10 million numbers; got X "
+                         f"{tuple(X.shape)} and y {tuple(y.shape)}")
+    if W is not None:
+        _check_tensor("W", W, floating=True)
+        _check_tensor("b", b, floating=True)
+        if W.shape != (X.shape[1], 1) or b.shape != (1,):
+            raise ValueError(f"W must be ({X.shape[1]}, 1) and b (1,); got {tuple(W.shape)} and {tuple(b.shape)}")
+
 MODES = ("fp32", "pure bf16", "bf16 + fp32 master")
 
 
@@ -18,10 +39,10 @@ def train_linear(mode: str, X: torch.Tensor, y: torch.Tensor, lr: float = 0.01, 
     copy of fp32 master weights; the update is applied to the master copy). The loss
     is the mean squared error, computed in fp32 from the model's outputs.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"steps must be a positive whole number, got {steps!r}")
+    choice("mode", mode, MODES)
+    _check_regression(X, y)
+    lr = positive("lr", lr, maximum=MAX_LR)
+    steps = count("steps", steps, maximum=MAX_STEPS)
     low = torch.bfloat16
     features = X.shape[1]
     W, b = torch.zeros(features, 1), torch.zeros(1)  # fp32: the master copy in "bf16 + fp32 master"
@@ -43,8 +64,7 @@ def train_linear(mode: str, X: torch.Tensor, y: torch.Tensor, lr: float = 0.01, 
 
 def frozen_from(losses: list) -> int:
     """The first step from which the loss never changes again (the last step if it always changes)."""
-    if not losses:
-        raise ValueError("losses must not be empty")
+    losses = [number(f"losses[{i}]", v) for i, v in enumerate(sequence("losses", losses))]
     return next(i for i in range(len(losses)) if all(l == losses[i] for l in losses[i:]))
 
 
@@ -54,6 +74,8 @@ def largest_update_over_half_gap(X: torch.Tensor, y: torch.Tensor, W: torch.Tens
 
     Below 1, every update rounds away: the weights cannot change.
     """
+    _check_regression(X, y, W, b)
+    lr = positive("lr", lr, maximum=MAX_LR)
     low = torch.bfloat16
     Wc, bc = W.clone().requires_grad_(), b.clone().requires_grad_()
     ((X.to(low) @ Wc + bc - y.to(low)).float() ** 2).mean().backward()
@@ -74,11 +96,18 @@ def mixed_precision_step(model, inputs, targets, loss_fn, lr: float = 1e-3) -> d
     """
     import copy
 
-    from .memory import optimizer_state_bytes
+    from .memory import _check_step_args, optimizer_state_bytes
+
+    (inputs,) = _check_step_args(model, inputs, loss_fn, targets=targets)
+    if loss_fn is None:
+        raise TypeError("loss_fn must be callable, got None")
+    lr = positive("lr", lr, maximum=MAX_LR)
 
     model16 = copy.deepcopy(model).to(torch.bfloat16)
     master = [p.detach().float().clone().requires_grad_() for p in model16.parameters()]
     opt = torch.optim.Adam(master, lr=lr)
+    if inputs.is_floating_point():  # the bf16 copy takes bf16 inputs (token ids stay integers)
+        inputs = inputs.to(torch.bfloat16)
     loss_fn(model16(inputs), targets).backward()
     w16 = sum(p.numel() * p.element_size() for p in model16.parameters())
     g16 = sum(p.grad.numel() * p.grad.element_size() for p in model16.parameters())

@@ -32,6 +32,26 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .memory import SavedTensorCounter, peak_memory
 from .rounds import time_rounds
+from ..checks import choice, count, flag, fraction_below_one, function, sequence
+from .models import MAX_LAYERS, _check_module, _check_size, _check_tensor
+
+#: The most timing rounds :func:`time_ratios` runs.
+MAX_ROUNDS = 200
+
+
+def _check_model_and_input(model, x):
+    _check_module("model", model, nn.Sequential)
+    _check_tensor("x", x, floating=True)
+    hidden = next(model.parameters()).shape[-1]
+    if x.dim() < 1 or x.shape[-1] != hidden:
+        raise ValueError(f"x must end in the model's hidden size {hidden}, got shape {tuple(x.shape)}")
+
+
+def _check_strategy(name: str, strategy, model) -> None:
+    if isinstance(strategy, str):
+        choice(name, strategy, ("none", "per-block"))
+    else:
+        count(name, strategy, maximum=len(model))
 
 
 @dataclass
@@ -56,6 +76,11 @@ def saved_activations(fn: Callable[[], torch.Tensor], params: Sequence[torch.Ten
     a checkpointed region are visible here: inside one, the checkpoint's own
     hooks replace the saving, which is the point of checkpointing.
     """
+    function("fn", fn)
+    params = sequence("params", params, allow_empty=True)
+    exclude = sequence("exclude", exclude, allow_empty=True)
+    for i, t in enumerate(params + exclude):
+        _check_tensor("params" if i < len(params) else "exclude", t)
     with SavedTensorCounter(exclude=list(params) + list(exclude)) as counter:
         loss = fn()
     return loss, SavedActivations(counter.storages, counter.bytes)
@@ -71,6 +96,9 @@ class MLPBlock(nn.Module):
 
     def __init__(self, hidden: int, dropout: float = 0.1):
         super().__init__()
+        hidden = count("hidden", hidden)
+        dropout = fraction_below_one("dropout", dropout)
+        _check_size("hidden", 8 * hidden * hidden)
         self.norm = nn.LayerNorm(hidden)
         self.fc1 = nn.Linear(hidden, 4 * hidden)
         self.act = nn.GELU()
@@ -83,8 +111,10 @@ class MLPBlock(nn.Module):
 
 def block_stack(layers: int = 8, hidden: int = 64, dropout: float = 0.1, seed: int = 0) -> nn.Sequential:
     """``layers`` :class:`MLPBlock` of ``hidden`` units in an ``nn.Sequential`` (seeded)."""
-    if layers < 1 or hidden < 1:
-        raise ValueError(f"layers and hidden must be positive, got {layers!r}, {hidden!r}")
+    layers, hidden = count("layers", layers, maximum=MAX_LAYERS), count("hidden", hidden)
+    dropout = fraction_below_one("dropout", dropout)
+    seed = count("seed", seed, minimum=0)
+    _check_size("layers and hidden", layers * 8 * hidden * hidden)
     torch.manual_seed(seed)
     return nn.Sequential(*[MLPBlock(hidden, dropout) for _ in range(layers)])
 
@@ -98,11 +128,11 @@ def layer_chain(layers: int = 16, hidden: int = 32, activation: str = "tanh",
     which ``sqrt(n)`` segments is the memory-optimal split, and for which
     checkpointing every layer saves nothing.
     """
-    if layers < 1 or hidden < 1:
-        raise ValueError(f"layers and hidden must be positive, got {layers!r}, {hidden!r}")
+    layers, hidden = count("layers", layers, maximum=MAX_LAYERS), count("hidden", hidden)
     acts = {"tanh": nn.Tanh, "relu": nn.ReLU}
-    if activation not in acts:
-        raise ValueError(f"activation must be 'tanh' or 'relu', got {activation!r}")
+    choice("activation", activation, acts)
+    seed = count("seed", seed, minimum=0)
+    _check_size("layers and hidden", layers * (hidden * hidden + hidden))
     torch.manual_seed(seed)
     return nn.Sequential(*[nn.Sequential(nn.Linear(hidden, hidden), acts[activation]())
                            for _ in range(layers)])
@@ -112,6 +142,7 @@ def checkpointed_forward(model: nn.Sequential, x, strategy):
     """Forward through ``model`` with a checkpointing ``strategy``:
     ``"none"``, ``"per-block"`` (checkpoint every child), or an int number of
     segments for :func:`checkpoint_sequential`."""
+    _check_model_and_input(model, x)
     if strategy == "none":
         return model(x)
     if strategy == "per-block":
@@ -132,6 +163,9 @@ def train_step(model: nn.Sequential, x: torch.Tensor, strategy="none", early_sto
     Returns the loss. ``early_stop=False`` makes each checkpoint recompute its
     whole region (``torch.utils.checkpoint.set_checkpoint_early_stop(False)``).
     """
+    _check_model_and_input(model, x)
+    _check_strategy("strategy", strategy, model)
+    early_stop = flag("early_stop", early_stop)
     with set_checkpoint_early_stop(early_stop):
         loss = checkpointed_forward(model, x, strategy).pow(2).mean()
     loss.backward()
@@ -140,7 +174,13 @@ def train_step(model: nn.Sequential, x: torch.Tensor, strategy="none", early_sto
 
 def make_input(model: nn.Sequential, batch: int, seq_len: int, seed: int = 1) -> torch.Tensor:
     """A seeded input of shape (batch, seq_len, hidden) for ``model``, with ``requires_grad``."""
+    _check_module("model", model)
+    batch, seq_len = count("batch", batch), count("seq_len", seq_len)
+    seed = count("seed", seed, minimum=0)
     hidden = next(model.parameters()).shape[-1]
+    if batch * seq_len * hidden > 5 * 10**7:
+        raise ValueError(f"batch × seq_len × hidden = {batch * seq_len * hidden:,} numbers is more than the 50 million "
+                         f"a teaching-sized input may hold")
     g = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     # requires_grad: the stack sits inside a bigger model, so its input gradient is needed.
@@ -149,6 +189,9 @@ def make_input(model: nn.Sequential, batch: int, seq_len: int, seed: int = 1) ->
 
 def step_flops(model, x, strategy="none", early_stop: bool = True) -> int:
     """FLOPs of one training step (forward + backward, recomputation included)."""
+    _check_model_and_input(model, x)
+    _check_strategy("strategy", strategy, model)
+    flag("early_stop", early_stop)
     with FlopCounterMode(display=False) as counter:
         train_step(model, x, strategy, early_stop)
     model.zero_grad(set_to_none=True)
@@ -158,6 +201,7 @@ def step_flops(model, x, strategy="none", early_stop: bool = True) -> int:
 
 def forward_flops(model, x) -> int:
     """FLOPs of one forward pass (no gradient work)."""
+    _check_model_and_input(model, x)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(x)
     return int(counter.get_total_flops())
@@ -165,6 +209,8 @@ def forward_flops(model, x) -> int:
 
 def saved_step_activations(model, x, strategy="none") -> SavedActivations:
     """What the forward of one step keeps for backward (bytes, count); runs backward too."""
+    _check_model_and_input(model, x)
+    _check_strategy("strategy", strategy, model)
     with set_checkpoint_early_stop(True):
         loss, saved = saved_activations(lambda: checkpointed_forward(model, x, strategy).pow(2).mean(),
                                         params=list(model.parameters()), exclude=[x])
@@ -183,6 +229,8 @@ def peak_step_memory(model, x, strategy="none") -> int:
     bound, since scratch buffers that kernels allocate inside themselves are
     not seen). Gradients are set to ``None`` before and after, so they count once.
     """
+    _check_model_and_input(model, x)
+    _check_strategy("strategy", strategy, model)
     model.zero_grad(set_to_none=True)
     x.grad = None
     _, peak = peak_memory(lambda: train_step(model, x, strategy), device=x.device, track=(model,))
@@ -196,6 +244,9 @@ def peak_step_memory(model, x, strategy="none") -> int:
 
 def gradients(model, x, strategy="none", seed: int = 0) -> list[torch.Tensor]:
     """Parameter gradients after one step from the same RNG state (for dropout)."""
+    _check_model_and_input(model, x)
+    _check_strategy("strategy", strategy, model)
+    seed = count("seed", seed, minimum=0)
     model.zero_grad(set_to_none=True)
     x.grad = None
     torch.manual_seed(seed)
@@ -215,6 +266,12 @@ def time_ratios(model, x, strategies: Sequence, rounds: int = 21, baseline="none
     alike; only ratios measured in the same round are compared. Returns
     ``{strategy: median ratio}`` (the baseline maps to 1.0).
     """
+    _check_model_and_input(model, x)
+    for s in sequence("strategies", strategies):
+        _check_strategy("strategies", s, model)
+    rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
+    _check_strategy("baseline", baseline, model)
+    progress = flag("progress", progress)
     order = [baseline] + [s for s in strategies if s != baseline]
 
     def one_round(clock):
@@ -255,6 +312,10 @@ def segment_sweep(model: nn.Sequential, x: torch.Tensor, segment_counts: Sequenc
     One :class:`SweepPoint` for each segment count (and ``"per-block"`` when
     ``per_block``).
     """
+    _check_model_and_input(model, x)
+    for s in sequence("segment_counts", segment_counts):
+        _check_strategy("segment_counts", s, model)
+    per_block = flag("per_block", per_block)
     fwd = forward_flops(model, x)
     plain = step_flops(model, x, "none")
     rows = []

@@ -21,7 +21,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from ..checks import count as check_count, flag as check_flag
+from .device import MAX_THREADS
+from .memory import _check_step_args
 from .rounds import time_rounds
+
+#: The most rounds (and warm-up rounds) :func:`time_training_step` runs.
+MAX_ROUNDS = 200
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 
@@ -108,7 +114,7 @@ def count_flops(model, inputs, targets=None, loss_fn=None, strict: bool = False)
     :class:`UncountedFlopsWarning` is issued, or, with ``strict=True``, a
     ``ValueError`` is raised instead.
     """
-    args = _as_args(inputs)
+    args = _check_step_args(model, inputs, loss_fn, targets=targets)
     seen = _OpsSeen()
     with FlopCounterMode(display=False) as fc, seen:
         out = model(*args)
@@ -175,9 +181,14 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
     ``num_threads`` sets torch's CPU threads for the measurement (1 by default:
     steadier; None keeps the current setting). The model's weights are updated.
     """
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}")
-    args = _as_args(inputs)
+    args = _check_step_args(model, inputs, loss_fn, optimizer, targets)
+    if loss_fn is None or optimizer is None:
+        raise TypeError("loss_fn and optimizer are needed to time a training step, got None")
+    rounds = check_count("rounds", rounds, maximum=MAX_ROUNDS)
+    warmup = check_count("warmup", warmup, minimum=0, maximum=MAX_ROUNDS)
+    if num_threads is not None:
+        num_threads = check_count("num_threads", num_threads, maximum=MAX_THREADS)
+    progress = check_flag("progress", progress)
     device = next(model.parameters()).device
     was_training = model.training
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...checks import count as _check_count
+from ...checks import amount as _check_amount, count as _check_count, sequence as _check_sequence
 from ..rounds import Rounds, time_rounds
-from .launch import launch
+from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
+
+#: The largest global batch, width and round count :func:`run_data_parallel` accepts.
+MAX_SIZE = 65_536
 
 
 FEATURES = 64  # inputs of the stand-in forecast model (recent sales figures)
@@ -29,13 +32,19 @@ def forecast_model(hidden: int = 512, features: int = FEATURES):
 
     from ..models import ForecastMLP
 
+    hidden = _check_count("hidden", hidden, maximum=MAX_SIZE)
+    features = _check_count("features", features, maximum=MAX_SIZE)
     torch.manual_seed(0)
     return ForecastMLP(window=features, hidden=hidden, layers=2)
 
 
 def synthetic_batch(global_batch: int, features: int = FEATURES, seed: int = 1):
-    """A seeded synthetic batch (same on every process): inputs and targets."""
+    """A seeded synthetic batch (same on every process): inputs and targets (``features`` >= 8)."""
     import torch
+
+    global_batch = _check_count("global_batch", global_batch, maximum=MAX_SIZE)
+    features = _check_count("features", features, minimum=8, maximum=MAX_SIZE)
+    seed = _check_count("seed", seed, minimum=0)
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(global_batch, features, generator=g)
@@ -224,13 +233,12 @@ def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup
     times are in ``per_round`` (one dict of lists per batch size) for whoever
     wants another statistic.
     """
-    world_size = _check_count("world_size", world_size, minimum=2)
-    rounds = _check_count("rounds", rounds)
-    warmup = _check_count("warmup", warmup, minimum=0)
-    hidden = _check_count("hidden", hidden)
-    sizes = [_check_count("batch_sizes", b) for b in batch_sizes]
-    if not sizes:
-        raise ValueError("batch_sizes must not be empty")
+    world_size = _check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
+    rounds = _check_count("rounds", rounds, maximum=1000)
+    warmup = _check_count("warmup", warmup, minimum=0, maximum=1000)
+    hidden = _check_count("hidden", hidden, maximum=MAX_SIZE)
+    sizes = [_check_count("batch_sizes", b, maximum=MAX_SIZE) for b in _check_sequence("batch_sizes", batch_sizes)]
+    timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
     for b in sizes:
         if b % world_size:
             raise ValueError(f"batch_sizes: global batch {b} does not divide evenly by world_size={world_size}")

@@ -10,14 +10,23 @@ cannot see functions defined in a notebook.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from ...checks import amount as _check_amount, count as _check_count
+from ...checks import amount as _check_amount, count as _check_count, function as _check_function, \
+    instance as _check_instance, text as _check_text
 from ...progress import progress as _progress
+
+#: The most processes :func:`launch` starts (each is a full Python with torch).
+MAX_WORLD_SIZE = 64
+#: The longest :func:`launch` waits for its workers, in seconds (a day).
+MAX_TIMEOUT = 86_400.0
 
 
 def choose_backend(world_size: int = 2) -> tuple[str, str]:
@@ -28,7 +37,7 @@ def choose_backend(world_size: int = 2) -> tuple[str, str]:
     what PyTorch ships for CPU tensors). This is the only place the choice
     is made; set ``LESSONLIB_DIST_BACKEND=gloo`` to force gloo on a GPU box.
     """
-    world_size = _check_count("world_size", world_size, minimum=1)
+    world_size = _check_count("world_size", world_size, minimum=1, maximum=MAX_WORLD_SIZE)
     forced = os.environ.get("LESSONLIB_DIST_BACKEND")
     import torch
     import torch.distributed as dist
@@ -106,14 +115,29 @@ def launch(target, world_size: int = 2, args: tuple = (), timeout: float = 180.0
     (:func:`lessonlib.progress.progress`) counts those ticks. ``timeout`` is in seconds for the whole run.
 
     Clean-up is guaranteed: whatever happens (a worker raises, the timeout
-    passes, the caller is interrupted), every child still alive is
-    terminated, then killed, before this function returns or raises.
+    passes, the caller is interrupted with ``KeyboardInterrupt`` or the
+    Jupyter stop button, even while the workers are still being started),
+    every child still alive is terminated, then killed, before this function
+    returns or raises; a second interrupt during that clean-up is held back
+    until it is done. The arguments are checked before any process starts:
+    ``target`` a function importable by name, ``world_size`` from 1 to
+    :data:`MAX_WORLD_SIZE`, ``timeout`` up to :data:`MAX_TIMEOUT` seconds.
 
     The free port is found a moment before the workers bind it; if another
     program takes it in between, the launch is retried once on a new port.
     """
-    world_size = _check_count("world_size", world_size, minimum=1)
-    timeout = _check_amount("timeout", timeout, allow_zero=False)
+    _check_function("target", target)
+    if not hasattr(target, "__module__") or not hasattr(target, "__qualname__") or "<locals>" in target.__qualname__ \
+            or target.__module__ == "__main__" and not _main_is_importable():
+        raise ValueError(f"target {target!r} must be a function defined at the top of a library module: "
+                         f"spawned processes import it by name and cannot see a notebook's functions")
+    world_size = _check_count("world_size", world_size, minimum=1, maximum=MAX_WORLD_SIZE)
+    _check_instance("args", args, tuple, "a tuple of extra arguments for target")
+    timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
+    if progress_total is not None:
+        progress_total = _check_count("progress_total", progress_total, minimum=0)
+    if desc is not None:
+        _check_text("desc", desc, allow_empty=True)
     try:
         return _launch_once(target, world_size, args, timeout, progress_total, desc)
     except RuntimeError as exc:
@@ -122,7 +146,36 @@ def launch(target, world_size: int = 2, args: tuple = (), timeout: float = 180.0
     return _launch_once(target, world_size, args, timeout, progress_total, desc)
 
 
+def _main_is_importable() -> bool:
+    import sys
+
+    return bool(getattr(sys.modules.get("__main__"), "__file__", None))
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Hold back Ctrl-C / the Jupyter stop button while children are being stopped.
+
+    A second interrupt during clean-up would leave children running; it is
+    remembered and raised as ``KeyboardInterrupt`` once clean-up is done.
+    Only the main thread can set signal handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got = []
+    previous = signal.signal(signal.SIGINT, lambda *_: got.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if got:
+        raise KeyboardInterrupt
+
+
 def _launch_once(target, world_size, args, timeout, progress_total, desc) -> list:
+    import multiprocessing
+
     import torch
     import torch.multiprocessing as mp
 
@@ -131,6 +184,7 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
     progress = ctx.SimpleQueue()
     saved_env = {k: os.environ.get(k) for k in _CHILD_ENV}
     procs = None
+    before = set(multiprocessing.active_children())  # children of ours that existed already
     with tempfile.TemporaryDirectory(prefix="lessonlib-dist-") as out_dir:
         try:
             os.environ.update(_CHILD_ENV)  # inherited by the children at spawn
@@ -156,13 +210,18 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
                 for _ in ticks:
                     pass
             except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-                _stop(procs.processes)
+                with _interrupts_held():
+                    _stop(procs.processes)
                 raise RuntimeError(_worker_errors(procs.error_files, exc)) from None
             return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
         finally:
-            if procs is not None:
-                _stop(procs.processes)
-                for f in procs.error_files:  # torch leaves them in the temp folder
+            with _interrupts_held():
+                # procs is None when the interrupt came while the workers were being
+                # started: the ones already running are found among our children.
+                started = procs.processes if procs is not None else []
+                strays = [p for p in multiprocessing.active_children() if p not in before and p not in started]
+                _stop(list(started) + strays)
+                for f in procs.error_files if procs is not None else ():  # torch leaves them in the temp folder
                     try:
                         os.unlink(f)
                     except OSError:

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import time
 
-from ...checks import amount as _check_amount, count as _check_count
+from ...checks import amount as _check_amount, count as _check_count, mapping as _check_mapping, \
+    sequence as _check_sequence
 from ..device import synchronize as _sync
 from .data_parallel import forecast_model, synthetic_batch
-from .launch import launch
+from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
+
+#: The largest size (tokens, widths, steps) the demonstration runs accept: they are
+#: teaching-sized, and an accidental extra zero should fail at once, not exhaust memory.
+MAX_SIZE = 65_536
+#: The largest gate skew (gate-score units): beyond it every token goes to expert 0 anyway.
+MAX_SKEW = 1000.0
 
 
 def _tensor_parallel_worker(rank, world_size, device, progress, batch, d_in, d_out):
@@ -154,11 +161,12 @@ def run_expert_parallel(tokens: int = 256, hidden: int = 32, experts_per_rank: i
     ``max_diff``/``allclose``: the routed result against computing every
     expert locally.
     """
-    world_size = _check_count("world_size", world_size, minimum=2)
-    _check_count("tokens", tokens)
-    _check_count("hidden", hidden)
-    _check_count("experts_per_rank", experts_per_rank)
-    skew = _check_amount("skew", skew)
+    world_size = _check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
+    tokens = _check_count("tokens", tokens, maximum=MAX_SIZE)
+    hidden = _check_count("hidden", hidden, maximum=MAX_SIZE)
+    experts_per_rank = _check_count("experts_per_rank", experts_per_rank, maximum=MAX_SIZE)
+    skew = _check_amount("skew", skew, maximum=MAX_SKEW)
+    timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
     return launch(_expert_parallel_worker, world_size,
                   args=(tokens, hidden, experts_per_rank, skew), timeout=timeout)
 
@@ -179,11 +187,22 @@ def run_splits(tp=dict(batch=64, d_in=256, d_out=512),
     shows both runs them together. Returns ``{"tensor": [per-rank dicts],
     "expert": [[per-rank dicts] for each ep config]}``.
     """
-    world_size = _check_count("world_size", world_size, minimum=2)
-    tp_args = (tp["batch"], tp["d_in"], tp["d_out"])
-    if tp["d_in"] % world_size or tp["d_out"] % world_size:
+    world_size = _check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
+    _check_mapping("tp", tp)
+    if set(tp) != {"batch", "d_in", "d_out"}:
+        raise ValueError(f"tp must have exactly the keys 'batch', 'd_in', 'd_out', got {sorted(map(str, tp))}")
+    tp_args = tuple(_check_count(f"tp[{k!r}]", tp[k], maximum=MAX_SIZE) for k in ("batch", "d_in", "d_out"))
+    if tp_args[1] % world_size or tp_args[2] % world_size:
         raise ValueError(f"tp: d_in and d_out must divide evenly by world_size={world_size}")
-    ep_list = [(e["tokens"], e["hidden"], e["experts_per_rank"], _check_amount("skew", e["skew"])) for e in ep]
+    ep_list = []
+    for i, e in enumerate(_check_sequence("ep", ep)):
+        _check_mapping(f"ep[{i}]", e)
+        if set(e) != {"tokens", "hidden", "experts_per_rank", "skew"}:
+            raise ValueError(f"ep[{i}] must have exactly the keys 'tokens', 'hidden', 'experts_per_rank', 'skew'")
+        ep_list.append(tuple(_check_count(f"ep[{i}][{k!r}]", e[k], maximum=MAX_SIZE)
+                             for k in ("tokens", "hidden", "experts_per_rank"))
+                       + (_check_amount(f"ep[{i}]['skew']", e["skew"], maximum=MAX_SKEW),))
+    timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
     per_rank = launch(_splits_worker, world_size, args=(tp_args, ep_list), timeout=timeout,
                       progress_total=world_size * (1 + len(ep_list)), desc="split runs")
     return {
@@ -238,17 +257,18 @@ def run_stalled_job(steps: int = 60, stall_step: int = 30, stall_seconds: float 
     rank's step ``stall_step`` lasts at least ``stall_seconds``: the gradient
     all-reduce cannot finish until the stalled process arrives.
     """
-    world_size = _check_count("world_size", world_size, minimum=2)
-    steps = _check_count("steps", steps)
+    world_size = _check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
+    steps = _check_count("steps", steps, maximum=MAX_SIZE)
     stall_step = _check_count("stall_step", stall_step, minimum=0)
     if stall_step >= steps:
         raise ValueError(f"stall_step must be below steps={steps}, got {stall_step}")
-    stall_seconds = _check_amount("stall_seconds", stall_seconds)
+    stall_seconds = _check_amount("stall_seconds", stall_seconds, maximum=600.0)
     stall_rank = _check_count("stall_rank", stall_rank, minimum=0)
     if stall_rank >= world_size:
         raise ValueError(f"stall_rank must be below world_size={world_size}, got {stall_rank}")
-    hidden = _check_count("hidden", hidden)
-    batch = _check_count("batch", batch)
+    hidden = _check_count("hidden", hidden, maximum=MAX_SIZE)
+    batch = _check_count("batch", batch, maximum=MAX_SIZE)
+    timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
     if batch % world_size:
         raise ValueError(f"batch {batch} does not divide evenly by world_size={world_size}")
     return launch(_stall_worker, world_size,

@@ -1,0 +1,344 @@
+"""Property test over lessonlib's whole public API: bad input never hangs, never
+passes silently, and is refused with a ValueError/TypeError naming the argument.
+
+The functions and classes are discovered, not listed: every public function
+or class defined in a module of ``lessonlib.calc``, ``lessonlib.measure`` or
+``lessonlib.book`` is called, so a new one is covered without editing this
+file. Each call gets, for one argument at a time (the others from their
+defaults, or from ``GOOD`` by argument name), a value drawn by hypothesis
+from the kinds the outside fuzz of issue 14 used: negative, zero, NaN, inf,
+bool, str and None; numpy scalars and whole floats; huge integers; empty
+sequences; wrong spellings of choices; fractions above 1.
+
+Every call must, within ``LIMIT_S`` seconds of CPU time and ``WALL_LIMIT_S``
+of wall-clock time (SIGPROF and SIGALRM timers), either
+
+* return -- and then not a NaN from finite input, and not after accepting a
+  value that is never valid for that argument (NaN, inf, a bool, a string or
+  None where a number belongs; a number where a string belongs; anything but
+  True/False where a flag belongs); or
+* raise ``ValueError``/``TypeError`` whose message names an argument of the call.
+
+Whole-number arguments must give the same answer for ``4``, ``numpy.int64(4)``
+and ``4.0``.
+
+``LESSONLIB_FUZZ_EXAMPLES`` sets the examples per callable (default 12; the
+``slow`` test runs 150 each). The totals are printed at the end (``-s``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import math
+import os
+import pkgutil
+import signal
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st  # noqa: E402
+
+#: Per call: this much CPU time (SIGPROF: immune to a busy shared machine) and this
+#: much wall-clock time (SIGALRM: catches a call blocked without using the CPU).
+LIMIT_S = 5.0
+WALL_LIMIT_S = 60.0
+PACKAGES = ("lessonlib.calc", "lessonlib.measure", "lessonlib.book")
+
+#: Not called with fuzzed values, and why. Each still checks its arguments
+#: before doing any work, which the named tests check directly.
+DENY = {
+    "lessonlib.measure.recovery.train": "trains for up to MAX_STEPS; test_recovery checks its arguments",
+    "lessonlib.measure.recovery.TrainingProcess": "starts a process; test_recovery checks arguments first",
+    "lessonlib.measure.recovery.run_training": "starts a process; test_recovery checks arguments first",
+    "lessonlib.measure.recovery.main": "the command line (argparse exits); TrainingProcess checks before it",
+    "lessonlib.measure.distributed.launch.launch": "starts processes; test_interrupt checks arguments first",
+    "lessonlib.measure.distributed.data_parallel.run_data_parallel": "starts processes; test_interrupt",
+    "lessonlib.measure.distributed.splits.run_splits": "starts processes; test_interrupt",
+    "lessonlib.measure.distributed.splits.run_expert_parallel": "starts processes; test_parallel",
+    "lessonlib.measure.distributed.splits.run_stalled_job": "starts processes; test_parallel",
+    "lessonlib.measure.crash_demo.crash_twice": "starts and kills training processes; checks its arguments first",
+}
+
+NAN, INF = float("nan"), float("inf")
+BAD = [0, -1, -3, 0.5, 1.5, 1.2, NAN, INF, -INF, True, False, None, "4", "ADAM", "adamw", "", [], (), {},
+       10**30, 2**64, 10**400, np.int64(3), np.float64(3.0), 3.0, np.float64(NAN), np.bool_(True)]
+NEVER_A_NUMBER = (lambda v: v is None or isinstance(v, (bool, np.bool_, str, list, tuple, dict))
+                  or (isinstance(v, float) and not math.isfinite(v)))
+
+
+def _good():
+    """Valid values for required arguments, by name (built lazily: some need torch)."""
+    import torch
+
+    from lessonlib.measure import recompute
+    from lessonlib.measure.checkpoint import capture_rng_state
+    from lessonlib.measure.memory import MemoryLedger
+    from lessonlib.measure.timing import StepTiming
+
+    model = recompute.block_stack(n_blocks=2, width=8, seed=0)
+    x = recompute.make_input(model, batch=2, seq=4)
+    ledger = MemoryLedger(weights=10, gradients=10, optimizer_state=20, activations=5)
+    return {
+        "serial": 20, "parallel": 80, "devices": 4, "n_bytes": 1000, "tokens_per_expert": [10, 30],
+        "device_mtbf_hours": 1000.0, "speedup": 3.0, "checkpoint_seconds": 300.0, "n_params": 1000,
+        "seq_len": 8, "batch": 2, "hidden": 16, "heads": 2, "layers": 2, "stages": 4, "microbatches": 8,
+        "tasks": [{"stage": 0, "microbatch": 0, "kind": "F", "start": 0.0, "end": 1.0}], "tokens": 1000,
+        "total_flops": 1e12, "device_flops_per_s": 1e12, "n_layers": 4, "segments": 2,
+        "interval_seconds": 3600.0, "mtbf_seconds": 86400.0, "work_seconds": 86400.0, "n": 1536,
+        "state": capture_rng_state(), "obj": {"a": 1}, "step": 5, "steps": 10, "n": 1536, "width": 8,
+        "model": model, "x": x, "inputs": x, "targets": torch.zeros(2, 4, 8), "loss_fn": lambda out, targets: out.float().pow(2).mean(),  # a loss that reads no targets
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "fn": lambda: model(x).sum(),
+        "strategy": "none", "strategies": ["per-block"], "segment_counts": [1, 2], "checkpointed": False,
+        "global_batch": 8, "logits": torch.zeros(2, 4, 5), "dropout": 0.1, "dropout_cls": torch.nn.Dropout,
+        "name": "a_name", "value": 1.0, "data": {"a": {"x": 1.0}}, "title": "A title", "ylabel": "bytes",
+        "png": b"\x89PNG", "alt": "a picture", "fig": None, "question": "What?", "choices": ["yes", "no"],
+        "answer": "yes", "serial_share": 0.2, "interval": 3600.0, "restart_seconds": 0.0,
+        "model_name": "1.3B", "optimizer_name": "adam", "precision": "mixed", "batch_per_device": 1,
+        "recompute": "none", "device_GB": 80, "ledgers": {"plain": ledger}, "t": None,
+        "result": {"rows": []}, "controls": {"a": [1, 2]}, "timings": None, "recordings": None,
+        "sweeps": None, "reference": {1: 1.0, 2: 0.5}, "resumed": {1: 1.0, 2: 0.5}, "run_dir": None,
+        "path": None, "src": None, "dst": None, "parts": (), "n_blocks": 2, "seq": 4,
+    }
+
+
+def _discover():
+    found = []
+    for pkg_name in PACKAGES:
+        pkg = importlib.import_module(pkg_name)
+        names = [pkg_name] + [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg_name + ".")]
+        for mod_name in names:
+            mod = importlib.import_module(mod_name)
+            for name, obj in vars(mod).items():
+                if name.startswith("_") or getattr(obj, "__module__", None) != mod_name:
+                    continue
+                if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+                    continue
+                if inspect.isclass(obj) and (dataclasses.is_dataclass(obj) or issubclass(obj, BaseException)):
+                    continue  # result records the library fills in, and exception types: not inputs
+                if inspect.isclass(obj) and issubclass(obj, str):
+                    continue  # a str subclass (glue.Text) accepts what str accepts
+                found.append(f"{mod_name}.{name}")
+    return sorted(found)
+
+
+DISCOVERED = _discover()
+COVERED = [q for q in DISCOVERED if q not in DENY]
+STATS = {"functions": set(), "calls": 0, "returned": 0, "refused": 0, "failures": []}
+
+
+def _resolve(qualname):
+    mod, _, name = qualname.rpartition(".")
+    return getattr(importlib.import_module(mod), name)
+
+
+class _Timeout(BaseException):
+    """Raised by the alarm: a BaseException, so no `except Exception` in the library swallows it."""
+
+
+def _call_with_limit(fn, kwargs):
+    def alarm(*_):
+        raise _Timeout
+
+    old = signal.signal(signal.SIGALRM, alarm), signal.signal(signal.SIGPROF, alarm)
+    signal.setitimer(signal.ITIMER_REAL, WALL_LIMIT_S)
+    signal.setitimer(signal.ITIMER_PROF, LIMIT_S)
+    try:
+        return "returned", fn(**kwargs)
+    except _Timeout:
+        return "timeout", None
+    except Exception as err:  # noqa: BLE001 - classified below
+        return "raised", err
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGALRM, old[0])
+        signal.signal(signal.SIGPROF, old[1])
+        if "matplotlib.pyplot" in sys.modules:  # figures the plot functions returned
+            sys.modules["matplotlib.pyplot"].close("all")
+
+
+def _kind(param):
+    """What the argument must be, from its default or annotation: number, text, flag, or None (unknown)."""
+    d, ann = param.default, str(param.annotation)
+    if isinstance(d, bool) or "bool" in ann:
+        return "flag"
+    if (isinstance(d, (int, float)) and not isinstance(d, bool)) or (d is inspect.Parameter.empty or d is None) \
+            and ("int" in ann or "float" in ann) and "str" not in ann and "Sequence" not in ann and "Mapping" not in ann:
+        return "number"
+    if isinstance(d, str) or ann in ("str", "'str'"):
+        return "text"
+    return None
+
+
+def _never_valid(kind, value, param):
+    if kind == "number":
+        if value is None and param.default is None:
+            return False
+        if isinstance(param.default, (int, float)) and not isinstance(param.default, bool) and param.default >= 0 \
+                and isinstance(value, (int, float, np.number)) and not isinstance(value, bool) and value < 0:
+            return True  # a default of zero or more: a size, a time, a count; never negative
+        return NEVER_A_NUMBER(value)
+    if kind == "text":
+        return not isinstance(value, str) and not (value is None and param.default is None)
+    if kind == "flag":
+        return not isinstance(value, (bool, np.bool_))
+    return False
+
+
+def _finite_inputs(kwargs):
+    for v in kwargs.values():
+        if isinstance(v, (float, np.floating)) and not math.isfinite(v):
+            return False
+    return True
+
+
+def _is_nan(result):
+    vals = [result] if not dataclasses.is_dataclass(result) else list(dataclasses.asdict(result).values())
+    return any(isinstance(v, float) and math.isnan(v) for v in vals)
+
+
+def _run_one(qualname, fn, params, good, data, tmp_path):
+    spoil = data.draw(st.sampled_from([p.name for p in params]), label="argument")
+    value = data.draw(st.one_of(st.sampled_from(BAD), st.integers(-10, 10**6),
+                                st.floats(allow_nan=True, allow_infinity=True)), label="value")
+    kwargs = {}
+    for p in params:
+        if p.name == spoil:
+            kwargs[p.name] = value
+        elif p.default is not inspect.Parameter.empty:
+            continue
+        elif good.get(p.name) is not None:
+            kwargs[p.name] = good[p.name]
+        elif p.name in ("run_dir", "path", "src", "dst"):
+            kwargs[p.name] = tmp_path / f"{p.name}-dir"
+        else:
+            kwargs[p.name] = data.draw(st.sampled_from(BAD), label=p.name)
+    if spoil in ("path", "run_dir", "dst") and isinstance(value, str) and value:
+        kwargs[spoil] = str(tmp_path / value)  # never write into the working directory
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        how, out = _call_with_limit(fn, kwargs)
+    finally:
+        os.chdir(cwd)
+    STATS["calls"] += 1
+    shown = {k: (v if not hasattr(v, "shape") else f"<{type(v).__name__}>") for k, v in kwargs.items()}
+    problem = None
+    if how == "timeout":
+        problem = f"no answer within {LIMIT_S} s of CPU time or {WALL_LIMIT_S} s of wall time"
+    elif how == "raised":
+        names = [p.name for p in params]
+        if not isinstance(out, (ValueError, TypeError)):
+            problem = f"raw {type(out).__name__}: {out}"
+        elif not any(n in str(out) for n in names):
+            problem = f"{type(out).__name__} not naming an argument: {out}"
+        else:
+            STATS["refused"] += 1
+    else:
+        STATS["returned"] += 1
+        param = next(p for p in params if p.name == spoil)
+        if _never_valid(_kind(param), value, param):
+            problem = f"silently accepted {spoil}={value!r}"
+        elif _finite_inputs(kwargs) and _is_nan(out):
+            problem = "NaN result from finite input"
+    if problem:
+        STATS["failures"].append(f"{qualname}({shown}): {problem}")
+    assert problem is None, f"{qualname}({shown}): {problem}"
+
+
+def _params(fn):
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    sig = inspect.signature(target)
+    return [p for p in sig.parameters.values() if p.name != "self"
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _examples():
+    return int(os.environ.get("LESSONLIB_FUZZ_EXAMPLES", "12"))
+
+
+@pytest.fixture(scope="module")
+def good():
+    return _good()
+
+
+def _fuzz(qualname, good, tmp_path, examples):
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("the per-call time limit needs SIGALRM in the main thread")
+    fn = _resolve(qualname)
+    params = _params(fn)
+    STATS["functions"].add(qualname)
+    if not params:  # nothing to spoil: it must simply answer in time
+        how, out = _call_with_limit(fn, {})
+        STATS["calls"] += 1
+        assert how == "returned", f"{qualname}(): {how} {out!r}"
+        STATS["returned"] += 1
+        return
+
+    # No shrinking: a failing example is reported as drawn (each call is already small),
+    # which keeps a failing run as bounded in time as a passing one.
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def prop(data):
+        _run_one(qualname, fn, params, good, data, tmp_path)
+
+    prop()
+
+
+@pytest.mark.parametrize("qualname", COVERED)
+def test_bad_input_is_refused_in_bounded_time(qualname, good, tmp_path):
+    _fuzz(qualname, good, tmp_path, _examples())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qualname", COVERED)
+def test_bad_input_deep(qualname, good, tmp_path):
+    _fuzz(qualname, good, tmp_path, 150)
+
+
+@pytest.mark.parametrize("qualname", [q for q in COVERED if q.startswith("lessonlib.calc.")])
+def test_counts_take_numpy_integers_and_whole_floats_alike(qualname):
+    """For every whole-number argument (default an int): 4, numpy.int64(4) and 4.0 give the same answer."""
+    fn = _resolve(qualname)
+    for p in _params(fn):
+        if not isinstance(p.default, int) or isinstance(p.default, bool) or p.default < 1:
+            continue
+        answers = []
+        for v in (p.default, np.int64(p.default), float(p.default)):
+            how, out = _call_with_limit(fn, {**{q.name: _good_calc(q.name) for q in _params(fn)
+                                                if q.default is inspect.Parameter.empty}, p.name: v})
+            answers.append((how, out if how == "returned" else type(out).__name__))
+        assert answers[0] == answers[1] == answers[2], (qualname, p.name, answers)
+
+
+def _good_calc(name):
+    return {"serial": 20, "parallel": 80, "devices": 4, "n_bytes": 1000, "device_mtbf_hours": 1000.0,
+            "speedup": 3.0, "checkpoint_seconds": 300.0, "n_params": 1000, "seq_len": 8, "batch": 2,
+            "hidden": 16, "heads": 2, "layers": 2, "stages": 4, "microbatches": 8, "tokens": 1000,
+            "total_flops": 1e12, "device_flops_per_s": 1e12, "n_layers": 4, "segments": 2,
+            "interval_seconds": 3600.0, "mtbf_seconds": 86400.0, "work_seconds": 86400.0, "n": 1536,
+            "tokens_per_expert": [1, 3], "serial_share": 0.2,
+            "tasks": [{"stage": 0, "microbatch": 0, "kind": "F", "start": 0.0, "end": 1.0}]}.get(name)
+
+
+def test_the_deny_list_is_short_and_every_entry_exists():
+    assert len(DENY) <= 10
+    for qualname in DENY:
+        assert qualname in DISCOVERED, f"{qualname} is no longer public: drop it from DENY"
+
+
+def teardown_module(module):
+    if STATS["calls"]:
+        sys.__stdout__.write(
+            f"\n[fuzz] callables discovered: {len(DISCOVERED)}, covered: {len(STATS['functions'])} "
+            f"(deny-listed: {len(DENY)}), inputs tried: {STATS['calls']} "
+            f"(returned {STATS['returned']}, refused with a named argument {STATS['refused']}), "
+            f"failures: {len(STATS['failures'])}\n")
+        for f in STATS["failures"][:200]:
+            sys.__stdout__.write(f"  FAIL {f[:300]}\n")
