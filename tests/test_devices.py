@@ -28,7 +28,7 @@ def test_table_states_peaks_with_sources_and_a_utilisation():
 
 
 def test_bad_input_is_refused_by_name():
-    with pytest.raises(ValueError, match="device"):
+    with pytest.raises(ValueError, match="name.*TPU v9"):  # the argument is called name
         D.device("TPU v9")
     with pytest.raises(ValueError, match="utilisation"):
         D.sustained_flops_per_s(utilisation=1.5)

@@ -5,7 +5,7 @@ matplotlib.use("Agg")
 
 import pytest
 
-from lessonlib.book import plots
+from lessonlib.book import memory_plots, plots, speedup_plots
 from lessonlib.calc import amdahl
 from lessonlib.calc.goodput import goodput
 from lessonlib.calc.memory import activation_bytes
@@ -32,7 +32,7 @@ def _slope(line):
 
 def test_activation_sweep_is_log_log_with_a_slope_one_guide():
     sweeps, results = _sweep()
-    fig = plots.plot_activation_sweep(results, sweeps, {"batch": "batch (sequences)"})
+    fig = memory_plots.plot_activation_sweep(results, sweeps, {"batch": "batch (sequences)"})
     for ax, knob in zip(fig.axes, sweeps):
         assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
         guide, formula, measured = ax.get_lines()
@@ -53,7 +53,7 @@ def test_activation_sweep_is_log_log_with_a_slope_one_guide():
 
 def test_memory_multiplier_bars_are_labelled_with_their_values():
     ratios = {"SGD, fp32": 2.77, "Adam, fp32": 4.77, "Adam, mixed": 8.84, "long sequences": 50.7}
-    fig = plots.plot_memory_multiplier(ratios)
+    fig = memory_plots.plot_memory_multiplier(ratios)
     ax = fig.axes[0]
     texts = [t.get_text() for t in ax.texts]
     assert texts == ["2.8×", "4.8×", "8.8×", "50.7×"]  # every value readable without the axis
@@ -68,7 +68,7 @@ def test_goodput_failure_figure_separates_the_reliability_curves():
     rows = {f"{mt:,} h": [goodput(n, amdahl.speedup_from_share(0.001, n), mt, 60, 600) for n in ns]
             for mt in (5_000, 50_000, 500_000)}
     no_fail = [amdahl.speedup_from_share(0.001, n) / n for n in ns]
-    fig = plots.plot_goodput_failures(ns, rows, no_fail, title="t")
+    fig = speedup_plots.plot_goodput_failures(ns, rows, no_fail, title="t")
     left, right = fig.axes
     lost = [line.get_ydata() for line in left.get_lines()]
     # at the largest job the three reliabilities lose clearly different shares (points, not a hair apart)

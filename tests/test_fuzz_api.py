@@ -71,6 +71,15 @@ NEVER_A_NUMBER = (lambda v: v is None or isinstance(v, (bool, np.bool_, str, lis
                   or (isinstance(v, float) and not math.isfinite(v)))
 
 
+def _empty_run():
+    """A data-parallel result with no rows: what data_parallel_table accepts."""
+    from lessonlib.measure.distributed.data_parallel import DataParallelRun
+
+    return DataParallelRun(world_size=2, backend="gloo", device="cpu", n_params=1, grad_bytes=4,
+                           replica_grads_equal=True, replica_weights_equal=True, full_batch_grad_max_diff=0.0,
+                           full_batch_grad_max=1.0, rounds=1, rows=[])
+
+
 def _good():
     """Valid values for required arguments, by name (built lazily: some need torch)."""
     import torch
@@ -80,8 +89,8 @@ def _good():
     from lessonlib.measure.memory import MemoryLedger
     from lessonlib.measure.timing import StepTiming
 
-    model = recompute.block_stack(n_blocks=2, width=8, seed=0)
-    x = recompute.make_input(model, batch=2, seq=4)
+    model = recompute.block_stack(layers=2, hidden=8, seed=0)
+    x = recompute.make_input(model, batch=2, seq_len=4)
     ledger = MemoryLedger(weights=10, gradients=10, optimizer_state=20, activations=5)
     return {
         "serial": 20, "parallel": 80, "devices": 4, "n_bytes": 1000, "tokens_per_expert": [10, 30],
@@ -100,7 +109,7 @@ def _good():
         "answer": "yes", "serial_share": 0.2, "interval": 3600.0, "restart_seconds": 0.0,
         "model_name": "1.3B", "optimizer_name": "adam", "precision": "mixed", "batch_per_device": 1,
         "recompute": "none", "device_GB": 80, "ledgers": {"plain": ledger}, "t": None,
-        "result": {"rows": []}, "controls": {"a": [1, 2]}, "timings": None, "recordings": None,
+        "result": _empty_run(), "controls": {"a": [1, 2]}, "timings": None, "recordings": None,
         "sweeps": None, "reference": {1: 1.0, 2: 0.5}, "resumed": {1: 1.0, 2: 0.5}, "run_dir": None,
         "path": None, "src": None, "dst": None, "parts": (), "n_blocks": 2, "seq": 4,
     }

@@ -20,7 +20,7 @@ from ..measure.memory import MemoryLedger
 from ..measure.timing import PHASES, StepTiming
 from ..checks import amount as _check_amount, choice as check_choice, count as _check_count, \
     instance as _check_instance, mapping as _check_mapping, positive as _check_positive, \
-    share as _check_share
+    sequence as _check_sequence, share as _check_share
 
 
 def _trim(x: float, digits: int = 2) -> str:
@@ -313,6 +313,11 @@ class HTMLTable(str):
 
 def html_table(header, rows) -> HTMLTable:
     """A plain HTML table from a header (strings) and rows (sequences of values, shown with ``str``; escaped)."""
+    header = _check_sequence("header", header)
+    rows = _check_sequence("rows", rows, allow_empty=True)
+    for i, r in enumerate(rows):
+        if len(_check_sequence(f"rows[{i}]", r)) != len(header):
+            raise ValueError(f"rows[{i}] has {len(r)} cells, header has {len(header)}")
     import html
 
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
@@ -326,6 +331,9 @@ def interval_report(save_minutes, mtbf_hours) -> str:
     first-order formula would say at Young's interval."""
     c = _check_amount("save_minutes", save_minutes, allow_zero=False) * 60
     m = _check_amount("mtbf_hours", mtbf_hours, allow_zero=False) * SECONDS_PER_HOUR
+    if c > 100 * m:
+        raise ValueError(f"save_minutes ({c / 60:g}) is more than 100 times mtbf_hours ({m / 3600:g} h): "
+                         "a job that fails far more often than it saves never finishes (are the two swapped?)")
     rows = [("Young: √(2CM)", young_interval(c, m)), ("Daly (2006)", daly_interval(c, m)),
             ("exact optimum", optimal_interval(c, m))]
     body = "".join(f"<tr><td>{name}</td><td align=right>{t / 60:,.1f} min</td>"

@@ -13,9 +13,9 @@ from ..calc.collectives import ring_allreduce_bytes
 from ..calc.goodput import goodput
 from ..calc.pipeline import pipeline_bubble_fraction
 from ..calc.goodput import check_runs
-from ..checks import amount, counts, count, positive, sequence, share as check_share, text
+from ..checks import amount, counts, count, mapping, positive, sequence, share as check_share, text
 from ..measure.distributed.data_parallel import DataParallelRow
-from .plots import plot_goodput_failures, show
+from .plots import show
 
 
 def growing_communication(share: float, ns, per_step: float) -> list[float]:
@@ -202,7 +202,7 @@ def stall_figure(runs: list, stall_step: int, stall_s: float, stalled_rank: int 
 
 def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtbfs=(5_000, 50_000, 500_000)):
     """What failures cost as a job grows, for device MTBFs ``mtbfs`` (hours): the share of time lost, and
-    one-device hours per paid device-hour beside the no-failure line (see :func:`lessonlib.book.plots.plot_goodput_failures`)."""
+    one-device hours per paid device-hour beside the no-failure line (see :func:`plot_goodput_failures`)."""
     ns = counts("ns", ns)
     check_share("serial_share", serial_share)
     positive("ckpt_s", ckpt_s)
@@ -223,3 +223,48 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
                 f"faster: at {ns[-1]:,} devices {lost}. Right: one-device hours of progress per paid device-hour, "
                 "on a log axis. The dotted no-failure line (the serial share alone) lies on top; each failure "
                 "curve falls further below it as devices are added.")
+
+
+def plot_goodput_failures(devices: list, rows: dict, no_failure: list, title: str = ""):
+    """Two panels on what failures cost a synchronous job as it grows.
+
+    ``devices`` is the device counts; ``rows`` maps a curve label (e.g. a
+    device MTBF) to a list of :class:`lessonlib.calc.goodput.Goodput`, one
+    per device count; ``no_failure`` is speedup / devices alone (Amdahl).
+    Left: share of wall-clock time lost to saves, redone work and restarts
+    (%, linear). Right: useful progress per paid device-hour on a log axis,
+    with the no-failure line drawn on top, so the gap that failures open is
+    visible beside Amdahl's fall. Returns the figure.
+    """
+    devices = counts("devices", devices)
+    for label, gs in mapping("rows", rows).items():
+        if len(sequence(f"rows[{label!r}]", gs)) != len(devices):
+            raise ValueError(f"rows[{label!r}] must hold one result per device count ({len(devices)})")
+    no_failure = [positive(f"no_failure[{i}]", v) for i, v in enumerate(sequence("no_failure", no_failure))]
+    if len(no_failure) != len(devices):
+        raise ValueError(f"no_failure must hold one value per device count ({len(devices)})")
+    text("title", title, allow_empty=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    styles = ["-", "--", "-."]
+    for i, (label, gs) in enumerate(rows.items()):
+        left.plot(devices, [100 * (1 - g.useful_fraction) for g in gs], styles[i % 3], marker="o", label=label)
+        right.plot(devices, [g.per_device_hour for g in gs], styles[i % 3], marker="o", label=label)
+    right.plot(devices, no_failure, ":", color="black", lw=2, zorder=5, label="no failures (Amdahl alone)")
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xticks(devices, [f"{n:,}" for n in devices], rotation=30)
+        ax.minorticks_off()
+        ax.set_xlabel("devices (count, log scale)")
+        ax.grid(alpha=0.3)
+    left.set_ylim(0, 100)
+    left.set_ylabel("time lost to saves, redone work, restarts (%)")
+    left.set_title("What failures take from the wall-clock time", fontsize=10)
+    right.set_yscale("log")
+    right.set_ylabel("one-device hours per paid device-hour (log scale)")
+    right.set_title("Useful progress per paid device-hour", fontsize=10)
+    left.legend(fontsize=8, loc="upper left")
+    right.legend(fontsize=8, loc="lower left")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

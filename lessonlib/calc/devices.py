@@ -48,7 +48,7 @@ UTILISATION = 0.40
 
 def device(name: str = DEFAULT_DEVICE) -> Device:
     """The :class:`Device` called ``name`` (a key of :data:`DEVICES`)."""
-    return DEVICES[choice("device", name, DEVICES)]
+    return DEVICES[choice("name", name, DEVICES)]
 
 
 def sustained_flops_per_s(name: str = DEFAULT_DEVICE, utilisation: float = UTILISATION) -> float:

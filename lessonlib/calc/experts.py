@@ -4,7 +4,7 @@ Pure Python (no torch).
 """
 from __future__ import annotations
 
-from ..checks import amount as _check_amount, sequence as _check_sequence
+from ..checks import amount as _check_amount, count as _check_count, sequence as _check_sequence
 
 
 def expert_load_imbalance(tokens_per_expert) -> float:
@@ -44,11 +44,9 @@ def process_load_imbalance(tokens_per_expert, experts_per_process: int) -> float
     >>> process_load_imbalance([25, 5, 5, 5], experts_per_process=1)
     2.5
     """
-    if isinstance(experts_per_process, bool) or not isinstance(experts_per_process, int) or experts_per_process < 1:
-        raise ValueError(f"experts_per_process must be a positive whole number, got {experts_per_process!r}")
-    counts = list(tokens_per_expert) if not isinstance(tokens_per_expert, (str, bytes)) else None
-    if counts is None:
-        raise ValueError(f"tokens_per_expert must be a sequence of counts, got {tokens_per_expert!r}")
+    experts_per_process = _check_count("experts_per_process", experts_per_process, maximum=10**6)
+    counts = [_check_amount(f"tokens_per_expert[{i}]", c)
+              for i, c in enumerate(_check_sequence("tokens_per_expert", tokens_per_expert))]
     if len(counts) % experts_per_process:
         raise ValueError(f"tokens_per_expert has {len(counts)} experts, not a multiple of "
                          f"experts_per_process={experts_per_process}")

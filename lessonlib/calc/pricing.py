@@ -54,6 +54,7 @@ def activation_bytes_per_device(seq_len, micro_batch, hidden, heads, layers, ten
     sequence parallelism divides every term by ``tensor``. Uses
     :func:`lessonlib.calc.memory.activation_bytes` (a GPT-shaped layer).
     """
+    micro_batch = count("micro_batch", micro_batch)
     t, p = count("tensor", tensor), count("pipeline", pipeline)
     stage_layers = math.ceil(count("layers", layers) / p)  # the first stage's share, rounded up
     one_stage = activation_bytes(seq_len, micro_batch, hidden, heads, stage_layers, recompute)
@@ -70,7 +71,7 @@ def save_seconds(checkpoint_bytes, bandwidth_bytes_per_s) -> float:
     return positive("checkpoint_bytes", checkpoint_bytes) / positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
 
 
-def restart_for_useful_fraction(useful_fraction, interval_seconds, checkpoint_seconds, mtbf_seconds_) -> float:
+def restart_for_useful_fraction(useful_fraction, interval_seconds, checkpoint_seconds, mtbf_seconds) -> float:
     """The restart time (seconds) at which the expected useful share of wall time equals ``useful_fraction``.
 
     Inverts :func:`lessonlib.calc.reliability.expected_overhead`: useful =
@@ -80,5 +81,5 @@ def restart_for_useful_fraction(useful_fraction, interval_seconds, checkpoint_se
     f = positive("useful_fraction", share("useful_fraction", useful_fraction))
     t = positive("interval_seconds", interval_seconds)
     c = positive("checkpoint_seconds", checkpoint_seconds)
-    m = positive("mtbf_seconds", mtbf_seconds_)
+    m = positive("mtbf_seconds", mtbf_seconds)
     return t / (f * math.expm1((t + c) / m)) - m

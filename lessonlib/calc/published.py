@@ -91,6 +91,8 @@ LLAMA3_DEVICE = "H100 SXM 80GB"  # the card: "H100-80GB (TDP of 700W)"
 
 def format_value(figure: Figure) -> str:
     """The value as a reader would write it, with its unit: '126 layers', '30.84 million GPU-hours', '38 %'."""
+    if not isinstance(figure, Figure):
+        raise TypeError(f"figure must be a published Figure, got {type(figure).__name__}")
     x = figure.value
     if x < 1:
         text = f"{100 * x:g} %"

@@ -153,15 +153,14 @@ def optimal_interval(checkpoint_seconds: float, mtbf_seconds: float, iterations:
     """
     c = positive("checkpoint_seconds", checkpoint_seconds)
     m = positive("mtbf_seconds", mtbf_seconds)
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
+    iterations = count("iterations", iterations, maximum=10_000)
     k = c / m
     lo, hi = 0.0, 1.0
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
         if mid in (lo, hi):
             break
-        if (1.0 - mid) * math.exp(mid + k) > 1.0:
+        if math.log1p(-mid) + mid + k > 0.0:  # (1 - x) e^(x + C/M) > 1, in logs: no overflow
             lo = mid
         else:
             hi = mid

@@ -272,7 +272,10 @@ def peak_memory(fn, device=None, track=()):
     allocated inside ``fn``; the result is None when the tracker is missing
     from the torch build.
     """
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    function("fn", fn)
+    from .device import as_device
+
+    device = as_device("device", device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         start = torch.cuda.memory_allocated(device)

@@ -90,6 +90,8 @@ def time_rounds(round_fn: Callable[[Clock], object], rounds: int, warmup: int = 
     shows a bar (:mod:`lessonlib.progress`); ``after_round`` is called after
     every round (a spawned worker reports its progress this way).
     """
+    if not callable(round_fn):
+        raise TypeError(f"round_fn must be a function of one clock, got {type(round_fn).__name__}")
     rounds = _check_count("rounds", rounds)
     warmup = _check_count("warmup", warmup, minimum=0)
     device = torch.device(device) if device is not None else get_device()

@@ -114,6 +114,7 @@ def count_flops(model, inputs, targets=None, loss_fn=None, strict: bool = False)
     :class:`UncountedFlopsWarning` is issued, or, with ``strict=True``, a
     ``ValueError`` is raised instead.
     """
+    strict = check_flag("strict", strict)
     args = _check_step_args(model, inputs, loss_fn, targets=targets)
     seen = _OpsSeen()
     with FlopCounterMode(display=False) as fc, seen:

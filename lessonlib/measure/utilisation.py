@@ -17,8 +17,12 @@ from contextlib import nullcontext
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .device import Timer, synchronize, threads
+from .device import MAX_THREADS, Timer, as_device, synchronize, threads
 from ..checks import count as check_count
+
+
+#: The largest matrix side :func:`measure_matmul_flops` multiplies (4096² fp32: 64 MiB a matrix).
+MAX_SIZE = 4096
 
 
 def measure_matmul_flops(size: int = 1024, dtype=torch.float32, device=None, repeats: int = 10,
@@ -28,9 +32,14 @@ def measure_matmul_flops(size: int = 1024, dtype=torch.float32, device=None, rep
     ``num_threads`` sets torch's CPU threads for the measurement (1 by default, as
     :func:`lessonlib.measure.timing.time_training_step` uses; None keeps the current setting).
     """
-    n = check_count("size", size)
-    repeats = check_count("repeats", repeats)
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    n = check_count("size", size, maximum=MAX_SIZE)
+    repeats = check_count("repeats", repeats, maximum=50)
+    warmup = check_count("warmup", warmup, minimum=0, maximum=50)
+    if num_threads is not None:
+        num_threads = check_count("num_threads", num_threads, maximum=MAX_THREADS)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r:.60}")
+    device = as_device("device", device) if device is not None else torch.device("cpu")
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     with FlopCounterMode(display=False) as fc:

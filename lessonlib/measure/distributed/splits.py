@@ -285,6 +285,11 @@ def expert_step_wait(per_rank: list) -> dict:
     process), ``seconds_per_process`` (each process's expert compute,
     seconds) and ``time_imbalance`` (slowest process / mean, measured).
     """
+    for i, r in enumerate(_check_sequence("per_rank", per_rank)):
+        _check_mapping(f"per_rank[{i}]", r)
+        missing = {"rank", "tokens_per_expert", "tokens_processed", "expert_seconds"} - set(r)
+        if missing:
+            raise ValueError(f"per_rank[{i}] is not a run_splits expert result: it lacks {sorted(missing)}")
     from ...calc.experts import expert_load_imbalance, process_load_imbalance
 
     if not per_rank:

@@ -1,0 +1,164 @@
+"""Chapter 1's memory figures: activations against every size, the crossover of
+activations and state, and why no single multiplier of the weights exists.
+
+Each function draws with matplotlib and returns :func:`lessonlib.book.plots.show`'s
+figure with computed alt text. Sizes are bytes (shown in MiB).
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from ..checks import count, mapping, positive, sequence
+from .plots import MIB, show
+
+
+_SWEEP_NAMES = {"batch": "batch (sequences)", "seq_len": "sequence length (tokens)", "layers": "layers", "hidden": "width h"}
+
+
+def activation_sweep_figure(results: dict, sweeps: dict):
+    """One log-log panel per swept size: measured saved bytes (dots) on the formula's line (MiB),
+    with a slope-1 guide (see :func:`plot_activation_sweep`).
+
+    ``results`` is :func:`lessonlib.measure.activations.sweep`'s ``{(name, value): (measured, formula)}``.
+    """
+    mapping("results", results)
+    for knob, values in mapping("sweeps", sweeps).items():
+        for v in sequence(f"sweeps[{knob!r}]", values):
+            if (knob, v) not in results:
+                raise ValueError(f"results has no entry for {knob}={v!r}: pass sweep()'s results and the same sweeps")
+    fig = plot_activation_sweep(results, sweeps, _SWEEP_NAMES)
+    worst = max(abs(m / f - 1) for m, f in results.values())
+    return show(fig, alt="Four panels with logarithmic axes, saved activation bytes against batch, sequence length, "
+                "layers and width, each with a dotted guide of slope 1 (bytes proportional to the size). Measured "
+                f"points sit on the formula's line (within {100 * worst:.1f} percent). In batch and layers the line "
+                "lies on the slope-1 guide: exactly proportional. In sequence length it climbs more steeply than the "
+                "guide (the s-squared attention term); in width less steeply (the s-squared term does not grow "
+                "with width).")
+
+
+def crossover_figure(c, bytes_per_param: int):
+    """Activations against batch beside the flat training-state and serving lines (MiB).
+
+    ``c`` is :func:`lessonlib.measure.activations.crossover`'s result.
+    """
+    if not all(hasattr(c, k) for k in ("batches", "activations", "state_bytes", "serving_bytes")):
+        raise TypeError(f"c must be crossover()'s result, got {c!r:.80}")
+    count("bytes_per_param", bytes_per_param)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(c.batches, [x / MIB for x in c.activations], "o-", color="#C44E52", label="activations (measured, bf16)")
+    ax.axhline(c.state_bytes / MIB, color="#55A868",
+               label=f"weights + gradients + master + Adam ({bytes_per_param} B/param)")
+    ax.axhline(c.serving_bytes / MIB, color="#4C72B0", linestyle="--", label="16-bit weights (serving)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch (sequences of 64 tokens)")
+    ax.set_ylabel("memory (MiB)")
+    ax.set_title(f"Tiny GPT ({c.n_params:,} parameters): activations against the training state")
+    ax.legend(fontsize=8)
+    return show(fig, alt="Activation memory rises in proportion to the batch (the batch axis is logarithmic) and "
+                f"crosses the flat line of the {bytes_per_param}-bytes-per-parameter state at batch "
+                f"{c.first_batch_above}; the serving weights line is far below.")
+
+
+
+def multiplier_figure(ratios: dict, slogan: float = 3.0):
+    """Bars of training memory / weight memory for each case, each labelled with its value (see
+    :func:`plot_memory_multiplier`), with the slogan's line."""
+    for k, v in mapping("ratios", ratios).items():
+        positive(f"ratios[{k!r}]", v)
+    positive("slogan", slogan)
+    fig = plot_memory_multiplier(ratios, slogan)
+    lo_case, hi_case = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
+    values = "; ".join(f"{k.replace(chr(10), ', ')}: {v:.1f}" for k, v in ratios.items())
+    return show(fig, alt=f"Bars of training memory as a multiple of the weight memory, on a log axis, each bar "
+                f"labelled with its value ({values}). They run from {ratios[lo_case]:.1f} for "
+                f"{lo_case.replace(chr(10), ', ')} to {ratios[hi_case]:.1f} for {hi_case.replace(chr(10), ', ')}; "
+                f"the dashed line of the slogan, {slogan:g} times the weights, matches none in particular.")
+
+
+def plot_activation_sweep(results: dict, sweeps: dict, names: dict | None = None,
+                          title: str = "Saved activations of the GPT's layers: measured against Korthikanti et al."):
+    """Measured and formula activation bytes against each size, on log-log axes.
+
+    ``sweeps`` maps a size ("batch", "seq", ...) to the values tried;
+    ``results[(size, value)]`` is ``(measured_bytes, formula_bytes)``. Both
+    axes are logarithmic, so a quantity proportional to the size is a straight
+    line of slope 1: a dotted slope-1 guide through each panel's first point
+    shows it. The s**2 attention term makes the sequence panel steeper than the
+    guide; a part that does not grow (width's s**2 term) makes a panel flatter.
+    Returns the figure.
+    """
+    mapping("results", results)
+    for knob, values in mapping("sweeps", sweeps).items():
+        for v in sequence(f"sweeps[{knob!r}]", values):
+            if (knob, v) not in results:
+                raise ValueError(f"results has no entry for {knob}={v!r}")
+    names = mapping("names", names, allow_empty=True) if names is not None else None
+    names = names or {}
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(3.4 * len(sweeps), 3.6), squeeze=False)
+    for ax, (knob, values) in zip(axes[0], sweeps.items()):
+        measured = [results[(knob, v)][0] / MIB for v in values]
+        formula = [results[(knob, v)][1] / MIB for v in values]
+        guide = [measured[0] * v / values[0] for v in values]
+        ax.plot(values, guide, ":", color="black", lw=1, label="∝ size (slope 1)")
+        ax.plot(values, formula, "-", color="grey", label="formula")
+        ax.plot(values, measured, "o", color="#C44E52", label="measured")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xticks(values, [str(v) for v in values])
+        lo, hi = min(guide + measured), max(guide + measured)
+        ticks = [2.0 ** k for k in range(int(_floor_log2(lo)), int(_floor_log2(hi)) + 2)]
+        ax.set_yticks(ticks, [_mib_label(t) for t in ticks])
+        ax.minorticks_off()
+        name = names.get(knob, knob)
+        ax.set_xlabel(f"{name[:-1]}, log scale)" if name.endswith(")") else f"{name} (log scale)")
+        ax.set_title(f"varying {knob}", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("activations (MiB, log scale)")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(title, y=1.02)
+    fig.tight_layout()
+    return fig
+
+
+def _floor_log2(x: float) -> float:
+    import math
+
+    return math.floor(math.log2(x))
+
+
+def _mib_label(v: float) -> str:
+    return f"{v:g}" if v >= 1 else f"1/{1 / v:g}"
+
+
+def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
+                           title: str = "Training memory as a multiple of the weights: it depends on the choices"):
+    """Bars of training memory / weight memory, one per configuration, each labelled with its value.
+
+    ``ratios`` maps a configuration label to the ratio (×). The axis is
+    logarithmic (the values span more than tenfold) with ticks at 1, 2, 5,
+    10, 20, 50...; each bar carries its value, so none has to be read off
+    the axis. A dashed line marks the slogan's multiplier. Returns the figure.
+    """
+    for k, v in mapping("ratios", ratios).items():
+        positive(f"ratios[{k!r}]", v)
+    positive("slogan", slogan)
+    labels, vals = list(ratios), list(ratios.values())
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    bars = ax.bar(labels, vals, color="#8172B3")
+    for bar, v in zip(bars, vals):
+        ax.text(bar.get_x() + bar.get_width() / 2, v * 1.06, f"{v:.1f}×", ha="center", va="bottom", fontsize=9,
+                bbox=dict(facecolor="white", edgecolor="none", pad=1.0), zorder=4)
+    ax.axhline(slogan, color="black", linestyle="--", label=f'the slogan: "{slogan:g} × the weights"')
+    ax.set_yscale("log")
+    top = max(vals + [slogan]) * 1.6
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top]
+    ax.set_yticks(ticks, [f"{t}×" for t in ticks])
+    ax.minorticks_off()
+    ax.set_ylim(1, top)
+    ax.set_ylabel("training memory / weight memory (×, log scale)")
+    ax.set_xlabel("optimizer, precision, batch × sequence length")
+    ax.set_title(title)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
