@@ -129,9 +129,9 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
     progress = ctx.SimpleQueue()
     bar = None
     if progress_total and not static_build():  # the static book shows no bar (lessonlib.progress)
-        from tqdm.auto import tqdm
+        from ...progress import bar as _bar
 
-        bar = tqdm(total=progress_total, desc=desc or getattr(target, "__name__", "workers"))
+        bar = _bar(total=progress_total, desc=desc or getattr(target, "__name__", "workers"))
     saved_env = {k: os.environ.get(k) for k in _CHILD_ENV}
     procs = None
     with tempfile.TemporaryDirectory(prefix="lessonlib-dist-") as out_dir:
