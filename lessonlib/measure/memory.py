@@ -201,9 +201,9 @@ def measure_training_memory(model, inputs, targets, loss_fn, optimizer, track_pe
         tracker = None
         if track_peak:
             try:  # private API: may move between torch versions
-                from torch.distributed._tools.mem_tracker import MemTracker
+                from .compat import require
 
-                tracker = MemTracker()
+                tracker = require("mem_tracker")()
                 tracker.track_external(model, optimizer, *args)
             except Exception:  # pragma: no cover - depends on the torch build
                 tracker = None

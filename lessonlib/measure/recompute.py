@@ -29,9 +29,9 @@ from typing import Callable, Sequence
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint, checkpoint_sequential, set_checkpoint_early_stop
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+from .compat import checkpoint_early_stop, feature, require
 from .memory import SavedTensorCounter
 
 
@@ -133,7 +133,7 @@ def train_step(model: nn.Sequential, x: torch.Tensor, strategy="none", early_sto
     Returns the loss. ``early_stop=False`` makes each checkpoint recompute its
     whole region (``torch.utils.checkpoint.set_checkpoint_early_stop(False)``).
     """
-    with set_checkpoint_early_stop(early_stop):
+    with checkpoint_early_stop(early_stop):
         loss = checkpointed_forward(model, x, strategy).pow(2).mean()
     loss.backward()
     return loss
@@ -150,6 +150,7 @@ def make_input(model: nn.Sequential, batch: int, seq: int, seed: int = 1) -> tor
 
 def step_flops(model, x, strategy="none", early_stop: bool = True) -> int:
     """FLOPs of one training step (forward + backward, recomputation included)."""
+    FlopCounterMode = require("flop_counter")
     with FlopCounterMode(display=False) as counter:
         train_step(model, x, strategy, early_stop)
     model.zero_grad(set_to_none=True)
@@ -159,6 +160,7 @@ def step_flops(model, x, strategy="none", early_stop: bool = True) -> int:
 
 def forward_flops(model, x) -> int:
     """FLOPs of one forward pass (no gradient work)."""
+    FlopCounterMode = require("flop_counter")
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(x)
     return int(counter.get_total_flops())
@@ -166,7 +168,7 @@ def forward_flops(model, x) -> int:
 
 def saved_step_activations(model, x, strategy="none") -> SavedActivations:
     """What the forward of one step keeps for backward (bytes, count); runs backward too."""
-    with set_checkpoint_early_stop(True):
+    with checkpoint_early_stop(True):
         loss, saved = saved_activations(lambda: checkpointed_forward(model, x, strategy).pow(2).mean(),
                                         params=list(model.parameters()), exclude=[x])
     loss.backward()
@@ -175,13 +177,15 @@ def saved_step_activations(model, x, strategy="none") -> SavedActivations:
     return saved
 
 
-def peak_step_memory(model, x, strategy="none") -> int:
+def peak_step_memory(model, x, strategy="none") -> int | None:
     """Peak memory of one training step above the weights, in bytes.
 
     On CUDA: ``torch.cuda.max_memory_allocated`` minus the memory held before
     the step. On CPU: PyTorch's ``MemTracker``, whose peak total (parameters,
-    gradients, activations, temporaries) minus the parameter bytes is returned.
-    Gradients are set to ``None`` before and after, so they count once.
+    gradients, activations, temporaries) minus the parameter bytes is returned;
+    None on a CPU whose torch lacks that private tracker
+    (:mod:`lessonlib.measure.compat`). Gradients are set to ``None`` before and
+    after, so they count once.
     """
     model.zero_grad(set_to_none=True)
     x.grad = None
@@ -193,8 +197,11 @@ def peak_step_memory(model, x, strategy="none") -> int:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
     else:
-        from torch.distributed._tools.mem_tracker import MemTracker
-
+        MemTracker = feature("mem_tracker")  # private: None on a torch without it
+        if MemTracker is None:
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            return None
         tracker = MemTracker()
         tracker.track_external(model)
         with tracker:

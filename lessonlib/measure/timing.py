@@ -13,8 +13,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from .compat import require
 from .device import Timer, synchronize, threads
 from ..checks import count as check_count
 
@@ -55,6 +55,7 @@ def count_flops(model, inputs, targets=None, loss_fn=None) -> FlopCount:
 
     Without ``loss_fn`` the backward starts from ``output.sum()``.
     """
+    FlopCounterMode = require("flop_counter")
     args = _as_args(inputs)
     with FlopCounterMode(display=False) as fc:
         out = model(*args)
