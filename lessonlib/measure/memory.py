@@ -214,10 +214,14 @@ def measure_training_memory(model, inputs, targets, loss_fn, optimizer, track_pe
             peak = int(sum(d.get("Total", 0) for d in snap.values()))
         else:
             grads = step(counter)
-    return MemoryLedger(
+    ledger = MemoryLedger(
         weights=weights,
         gradients=grads,
         optimizer_state=optimizer_state_bytes(optimizer),
         activations=counter.bytes,
         peak=peak,
     )
+    from .record import record
+
+    record("ledger", device=device.type, total=ledger.total, peak=peak)
+    return ledger

@@ -151,4 +151,7 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
     seconds = {k: med(v) for k, v in raw.items()}
     ratios = {k: med([x / p for x, p in zip(v, raw["prediction"])]) for k, v in raw.items()}
     shares = {k: med([x / s for x, s in zip(raw[k], raw["step"])]) for k in PHASES}
+    from .record import record
+
+    record("timing", device=device.type, step_over_prediction=ratios["step"])
     return StepTiming(seconds=seconds, ratios=ratios, shares=shares, rounds=raw)
