@@ -55,8 +55,11 @@ _CONTRAST = """() => {
       if (!ownText && !control) continue;
       let fg = rgba(st.color);
       const type = (el.getAttribute('type') || '').toLowerCase();
-      if (['radio', 'checkbox', 'range'].includes(type)) { fg = rgba(st.accentColor) || fg; }
-      const bg = behind(['radio', 'checkbox', 'range'].includes(type) ? el.parentElement : el);
+      const accented = ['radio', 'checkbox', 'range'].includes(type);
+      if (accented) {  // the control's colour is its accent-color; 'auto' (the browser's own) is not ours to vouch for
+        if (!rgba(st.accentColor)) { rows.push({what: tag + '[' + type + '] accent-color not set', text: '', ratio: 0}); continue; }
+        fg = rgba(st.accentColor); }
+      const bg = behind(accented ? el.parentElement : el);
       const blended = fg.slice(0, 3).map((v, i) => v * fg[3] + bg[i] * (1 - fg[3]));
       rows.push({what: tag + (type ? '[' + type + ']' : '') + (el.className ? '.' + String(el.className).split(' ')[0] : ''),
                  text: (el.innerText || el.value || '').trim().slice(0, 40), ratio: ratio(blended, bg)});
