@@ -132,11 +132,19 @@ def answer_texts(nb) -> list[str]:
     return sorted({re.sub(r"\s+", " ", t).strip() for t in found if len(t.strip()) >= 25})
 
 
-def markdown_output_numbers(nb) -> list[str]:
-    """Numbers in the text/markdown outputs of code cells (sentences a page writes from its run)."""
+def output_numbers(nb, kinds=("text/markdown",)) -> list[str]:
+    """Numbers in the outputs of code cells of the given kinds, setup cell excluded.
+
+    ``text/markdown`` outputs are the sentences a page writes from its run;
+    ``stream`` adds what cells print (an exercise's measured results).
+    """
     nums = []
     for cell in nb.cells[1:]:  # the setup cell prints versions, not measurements
         for out in cell.get("outputs", []):
-            md = out.get("data", {}).get("text/markdown", "")
-            nums += re.findall(r"\d+(?:[.,]\d+)?", md if isinstance(md, str) else "".join(md))
+            texts = [out.get("data", {}).get(k, "") for k in kinds if k != "stream"]
+            if "stream" in kinds and out.get("output_type") == "stream":
+                text = out.get("text", "")  # less progress bars ("41%|####  | 7/17 [...]")
+                texts.append("\n".join(l for l in re.split(r"[\r\n]", text) if not re.search(r"\d+%\|", l)))
+            for t in texts:
+                nums += re.findall(r"\d+(?:[.,]\d+)?", t if isinstance(t, str) else "".join(t))
     return nums
