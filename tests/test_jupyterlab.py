@@ -11,6 +11,7 @@ answers. Screenshots go to _build/screenshots/.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -51,7 +52,8 @@ def lab(tmp_path_factory):
     proc = subprocess.Popen(
         [str(venv / "bin" / "jupyter"), "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
          f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={work}", "--LabApp.news_url=None",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+        + (["--allow-root"] if os.geteuid() == 0 else []),
         env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -75,17 +77,21 @@ def lab(tmp_path_factory):
         log.close()
 
 
+_ALL_RAN = """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+  .every(p => /\\[\\d+\\]/.test(p.textContent))"""
+
+
 def _run_all_and_wait(page, timeout_s=600):
+    """Run > Run All Cells, then wait until every code cell shows an execution count."""
+    page.wait_for_selector("text=Python 3 (ipykernel) | Idle", timeout=120_000)
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_text("Run All Cells", exact=True).click()
-    page.wait_for_timeout(2000)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        busy = page.evaluate("() => [...document.querySelectorAll('.jp-InputPrompt')].some(p => p.textContent.includes('*'))")
-        if not busy:
+        if page.evaluate(_ALL_RAN):
             return
         page.wait_for_timeout(1000)
-    raise AssertionError("the notebook did not finish running")
+    raise AssertionError("the notebook did not finish running in time")
 
 
 def _answer_single_choice(page):
@@ -110,7 +116,6 @@ def test_run_answer_slide_and_reopen_in_jupyterlab(lab):
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.goto(f"{url}/lab/tree/{NOTEBOOK.name}?token={TOKEN}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
         _run_all_and_wait(page)
         errs = page.locator("[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
         failed = [e for e in errs if "Traceback" in e or "Error" in e]
