@@ -91,7 +91,10 @@ def _run_all_and_wait(page, timeout_s=600):
         if page.evaluate(_ALL_RAN):
             return
         page.wait_for_timeout(1000)
-    raise AssertionError("the notebook did not finish running in time")
+    page.screenshot(path=str(SHOTS / "jupyterlab-timeout.png"))
+    prompts = page.evaluate("() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent)")
+    first = page.locator(".jp-CodeCell .jp-OutputArea").first.inner_text()[:1500]
+    raise AssertionError(f"the notebook did not finish running in time; prompts {prompts}; first output:\n{first}")
 
 
 def _answer_single_choice(page):
