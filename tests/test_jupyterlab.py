@@ -77,8 +77,12 @@ def lab(tmp_path_factory):
         log.close()
 
 
-_ALL_RAN = """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
-  .every(p => /\\[\\d+\\]/.test(p.textContent))"""
+_ALL_RAN = """() => {
+  // A cell whose input is collapsed (jupyter.source_hidden) shows no prompt: count the others.
+  const shown = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent.trim()).filter(Boolean);
+  const idle = document.body.innerText.includes('Python 3 (ipykernel) | Idle');
+  return idle && shown.length > 0 && shown.every(t => /\\[\\d+\\]/.test(t));
+}"""
 
 
 def _run_all_and_wait(page, timeout_s=600):
