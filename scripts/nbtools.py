@@ -1,6 +1,7 @@
 """Author notebooks from percent-format Python files, with the shared setup cell.
 
     python scripts/nbtools.py SRC.py DEST.ipynb
+    python scripts/nbtools.py --update-setup NOTEBOOK.ipynb...   (re-insert the setup cell)
 
 SRC.py uses ``# %%`` to start a code cell and ``# %% [markdown]`` to start a
 markdown cell (each markdown line starts with ``# ``). Leading comment lines of
@@ -32,22 +33,66 @@ def repository_url() -> str:
     return m.group(1)
 
 
+#: Packages lessonlib needs that the setup cell installs only when they are missing
+#: (never upgrades: Colab keeps its own torch and ipywidgets).
+SETUP_NEEDS = ("torch", "numpy", "matplotlib", "ipywidgets", "tqdm")
+
+
 def setup_cell_source(url: str | None = None) -> str:
+    """The first cell of every notebook.
+
+    In a clone of the course it puts that checkout's ``lessonlib`` first on the
+    path (also for the processes a page starts, through PYTHONPATH). Elsewhere
+    (Colab), when ``lessonlib`` is not installed, it installs it from the
+    repository with ``--no-deps`` (the environment variable LESSONLIB_SOURCE,
+    any pip requirement, overrides the URL; the tests point it at a local
+    repository), then only the packages of SETUP_NEEDS that are missing. It
+    never upgrades torch or ipywidgets.
+    """
     url = url or repository_url()
+    needs = ", ".join(f'"{n}"' for n in SETUP_NEEDS)
     return (
-        "# Setup: use lessonlib from this repository, or install it (Colab) from\n"
-        f"# {url}\n"
-        "import importlib.util, subprocess, sys\n"
-        "if importlib.util.find_spec(\"lessonlib\") is None:\n"
-        "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\",\n"
-        f"                    \"git+{url}\"], check=True)\n"
+        "# @title Setup: lessonlib from this checkout, or installed without touching torch or ipywidgets\n"
+        f"# On Colab it installs lessonlib from {url} (no upgrades).\n"
+        "import importlib.util, os, pathlib, subprocess, sys\n"
+        "here = pathlib.Path.cwd()\n"
+        "clone = next((p for p in (here, *here.parents) if (p / \"lessonlib\" / \"__init__.py\").exists()), None)\n"
+        "if clone:  # a clone of the course: use its lessonlib, here and in started processes\n"
+        "    sys.path.insert(0, str(clone))\n"
+        "    os.environ[\"PYTHONPATH\"] = os.pathsep.join(filter(None, [str(clone), os.environ.get(\"PYTHONPATH\")]))\n"
+        "elif importlib.util.find_spec(\"lessonlib\") is None:\n"
+        f"    source = os.environ.get(\"LESSONLIB_SOURCE\", \"git+{url}\")\n"
+        "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", \"--no-deps\", source], check=True)\n"
+        f"missing = [m for m in ({needs}) if importlib.util.find_spec(m) is None]\n"
+        "if missing:  # only what is absent; installed versions stay as they are\n"
+        "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", *missing], check=True)\n"
+        "importlib.invalidate_caches()\n"
         "from lessonlib.measure.device import environment_report\n"
         "print(environment_report())"
     )
 
 
 def setup_cell() -> nbformat.NotebookNode:
-    return nbformat.v4.new_code_cell(setup_cell_source(), metadata={"tags": ["hide-input"]})
+    """The setup cell with its input hidden in all three places: the book
+    (``hide-input``), JupyterLab (``jupyter.source_hidden``) and Colab (a form:
+    ``# @title`` and ``cellView: form``)."""
+    return nbformat.v4.new_code_cell(setup_cell_source(), metadata=setup_cell_metadata())
+
+
+def setup_cell_metadata() -> dict:
+    return {"tags": ["hide-input"], "jupyter": {"source_hidden": True}, "cellView": "form"}
+
+
+def replace_setup_cell(nb: nbformat.NotebookNode) -> bool:
+    """Make the first cell the current setup cell; True when it changed."""
+    first = nb.cells[0]
+    meta = dict(first.metadata)
+    meta.update(setup_cell_metadata())
+    if first.source == setup_cell_source() and first.metadata == meta:
+        return False
+    first.source = setup_cell_source()
+    first.metadata = meta
+    return True
 
 
 def py_to_notebook(src: str) -> nbformat.NotebookNode:
@@ -78,6 +123,14 @@ def py_to_notebook(src: str) -> nbformat.NotebookNode:
 
 
 def main(argv: list[str]) -> None:
+    if argv[1:2] == ["--update-setup"]:
+        # python scripts/nbtools.py --update-setup NB.ipynb...: re-insert the setup cell
+        for path in argv[2:]:
+            nb = nbformat.read(path, as_version=4)
+            if replace_setup_cell(nb):
+                nbformat.write(nb, path)
+                print(f"updated the setup cell of {path}")
+        return
     if len(argv) != 3:
         sys.exit(__doc__)
     nb = py_to_notebook(Path(argv[1]).read_text())

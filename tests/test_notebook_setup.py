@@ -33,6 +33,10 @@ def test_first_cell_is_the_setup_cell_naming_the_configured_url(path):
     assert first.source == nbtools.setup_cell_source(), (
         f"{path.name}: the first cell must be the shared setup cell (scripts/nbtools.py)")
     assert f"git+{nbtools.repository_url()}" in first.source
+    # Hidden in all three places: book (tag), JupyterLab (source_hidden), Colab (form).
+    assert "hide-input" in first.metadata.get("tags", [])
+    assert first.metadata.get("jupyter", {}).get("source_hidden") is True
+    assert first.metadata.get("cellView") == "form" and first.source.startswith("# @title ")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)

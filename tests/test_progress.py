@@ -13,3 +13,13 @@ def test_live_progress_yields_every_item(monkeypatch):
     monkeypatch.delenv("LESSONLIB_STATIC_BUILD", raising=False)
     assert not p.static_build()
     assert list(p.progress(iter("abc"), desc="x", total=3)) == ["a", "b", "c"]
+
+
+def test_live_bar_is_text_not_a_widget(monkeypatch, capsys):
+    # A widget bar leaves "model not found" in a notebook reopened without its kernel.
+    monkeypatch.delenv("LESSONLIB_STATIC_BUILD", raising=False)
+    b = p.bar(total=2, desc="workers")
+    b.update(2)
+    b.close()
+    assert type(b).__module__.startswith("tqdm.std") or type(b).__module__ == "tqdm"
+    assert "workers" in capsys.readouterr().out

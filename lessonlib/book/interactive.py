@@ -1,21 +1,30 @@
-"""One Python object, two renderings: a live ipywidget and a static HTML page.
+"""One Python object, one HTML rendering that works in every place the course runs.
 
-Jupyter and Colab show ipywidgets, whose Python callbacks need a running
-kernel. The built book has no kernel, so a widget there would be an empty box.
-An :class:`Interactive` object's rich display therefore carries both:
+An :class:`Interactive` object (a quiz, a calculator) displays as a
+self-contained HTML + inline-JS page fragment (``text/html``), with no external
+script and deterministic element ids. The same fragment works
 
-* ``application/vnd.jupyter.widget-view+json``: the live widget, which Jupyter
-  and Colab prefer;
-* ``text/html``: a self-contained HTML + inline-JS version, with no external
-  script and deterministic element ids, which the book's HTML builder selects
-  (``nb_mime_priority_overrides`` in ``_config.yml``).
+* in the built book (myst-nb copies it into the page);
+* in JupyterLab 4 and Notebook 7, which run the inline script of a trusted
+  output, and show it again, still working, when the notebook is reopened
+  without a kernel (an untrusted notebook shows it without its script: the
+  question and choices, no answer);
+* in Colab, which runs each output's scripts in its own frame.
+
+Why not a live ipywidget by default: a saved ipywidget output carries only a
+model id. Reopened without that model (a new kernel, or none), JupyterLab's
+widget renderer, which outranks ``text/html`` for trusted outputs, shows
+"Error displaying widget: model not found" instead of any other rendering in
+the bundle (``@jupyter-widgets/jupyterlab-manager``, ``WidgetRenderer``).
+:meth:`Interactive.widget` still builds the live ipywidgets version
+(ipywidgets 7.7 or 8) for ``display(quiz.widget())``.
 
 The static version never re-implements the Python logic in JavaScript: every
-answer it can show is computed in Python when the page is built and embedded
-as data, and the script only looks answers up.
+answer it can show is computed in Python when the cell runs and embedded as
+data, and the script only looks answers up.
 
 :class:`Explorer` applies this to calculators: a function of a few discrete
-inputs is evaluated on the whole grid of inputs at build time.
+inputs is evaluated on the whole grid of inputs when the cell runs.
 """
 from __future__ import annotations
 
@@ -80,15 +89,9 @@ class Interactive:
         raise NotImplementedError
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = {}
-        try:
-            live = self.widget()
-            bundle.update(live._repr_mimebundle_() or {})
-        except ImportError:  # no ipywidgets: the static version still works
-            pass
-        bundle["text/html"] = _STYLE + self.static_html()
-        bundle["text/plain"] = repr(self)
-        return bundle
+        # text/html only (see the module docstring): it works live, in the
+        # book, and in a reopened notebook; text/plain is for terminals.
+        return {"text/html": _STYLE + self.static_html(), "text/plain": repr(self)}
 
 
 class Explorer(Interactive):

@@ -30,32 +30,83 @@ COLORS = {
 }
 
 
-class Figure:
-    """A rendered figure with alt text; displays as PNG (Jupyter) and <img alt> (book)."""
+#: Screens at most this wide (CSS px) get the stacked version of a multi-panel figure.
+PHONE_MAX_WIDTH = 700
 
-    def __init__(self, png: bytes, alt: str):
+
+class Figure:
+    """A rendered figure with alt text; displays as PNG (Jupyter) and <img alt> (book).
+
+    ``phone_png``, when given, is the same figure with its panels stacked in
+    one column; the HTML rendering picks it on narrow screens (``<picture>``),
+    so a multi-panel figure stays readable on a phone.
+    """
+
+    def __init__(self, png: bytes, alt: str, phone_png: bytes | None = None):
         self.png = instance("png", png, bytes, "PNG bytes")
         self.alt = text("alt", alt)
+        self.phone_png = instance("phone_png", phone_png, (bytes, type(None)), "PNG bytes or None")
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         b64 = base64.b64encode(self.png).decode()
-        return {
-            "image/png": b64,
-            "text/html": f'<img src="data:image/png;base64,{b64}" alt="{html.escape(self.alt, quote=True)}" '
-                         f'style="max-width:100%">',
-            "text/plain": f"[figure] {self.alt}",
-        }
+        img = (f'<img src="data:image/png;base64,{b64}" alt="{html.escape(self.alt, quote=True)}" '
+               f'style="max-width:100%;height:auto">')
+        if self.phone_png:
+            phone = base64.b64encode(self.phone_png).decode()
+            img = (f'<picture><source media="(max-width: {PHONE_MAX_WIDTH}px)" '
+                   f'srcset="data:image/png;base64,{phone}">{img}</picture>')
+        return {"image/png": b64, "text/html": img, "text/plain": f"[figure] {self.alt}"}
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def stack_panels(fig) -> bool:
+    """Move a figure's side-by-side panels into one column, in reading order.
+
+    Panels are the axes laid out on a grid (``plt.subplots``); a twin axis
+    moves with its panel. The figure keeps each panel's width and grows in
+    height. Returns False (and changes nothing) when there is only one column.
+    """
+    specs = {}
+    for ax in fig.axes:
+        ss = ax.get_subplotspec() if hasattr(ax, "get_subplotspec") else None
+        if ss is None:
+            continue
+        rows, cols = ss.get_geometry()[:2]
+        specs.setdefault((ss.rowspan.start, ss.colspan.start, rows, cols), []).append(ax)
+    if not specs:
+        return False
+    _, _, rows, cols = next(iter(specs))
+    if cols < 2:
+        return False
+    order = sorted(specs, key=lambda k: (k[0], k[1]))
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(max(width / cols * 1.1, 4.5), height / rows * len(order) * 1.05)
+    grid = fig.add_gridspec(len(order), 1)
+    for i, key in enumerate(order):
+        for ax in specs[key]:
+            ax.set_subplotspec(grid[i, 0])
+    fig.tight_layout()
+    return True
 
 
 def show(fig, alt: str):
-    """Render ``fig`` to PNG with alt text ``alt`` and close it; the return value displays it."""
+    """Render ``fig`` to PNG with alt text ``alt`` and close it; the return value displays it.
+
+    A figure with panels side by side also gets a stacked version for phones
+    (:func:`stack_panels`).
+    """
     text("alt", alt)
     if not callable(getattr(fig, "savefig", None)):
         raise TypeError(f"fig must be a matplotlib figure, got {fig!r:.80}")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    wide = _png(fig)
+    phone = _png(fig) if stack_panels(fig) else None
     plt.close(fig)
-    return Figure(buf.getvalue(), alt)
+    return Figure(wide, alt, phone)
 
 
 def stacked_bars(data: dict, title: str, ylabel: str, scale: float = 1.0, ax=None, colors: dict | None = None,

@@ -227,7 +227,6 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     r = plan(p["n_params"], optimizer, precision, batch_per_device, seq_len, p["layers"], p["hidden"],
              p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days)
     gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
-    color = {"none": "#2e7d32", "time": "#ef6c00", "activations": "#c62828", "state": "#c62828"}[r.failure]
     label = {"none": "fits", "time": "fits, but too slow", "activations": "activations do not fit",
              "state": "state does not fit"}[r.failure]
     days = f"{r.days:,.1f} days" if r.days < 1000 else f"{r.days / 365:,.0f} years"
@@ -259,7 +258,7 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
             answer += (f" Even batch 1 does not fit; with '{fixes[0]}' recomputation it would." if fixes else
                        " Even batch 1 with full recomputation does not fit: split the layers across devices.")
     body = "".join(f"<tr><td>{k}</td><td align=right>{v}</td></tr>" for k, v in rows)
-    return (f"<table>{body}</table><p><b style='color:{color}'>{label}.</b> {answer}</p>")
+    return (f"<table>{body}</table><p><b class='wtc-verdict-{r.failure}'>{label}.</b> {answer}</p>")
 
 
 def ledger_table(ledgers, formula: dict | None = None) -> str:

@@ -142,11 +142,19 @@ def environment_report(device: torch.device | str | None = None) -> str:
     memory statistics on a GPU, the wall clock and torch's thread count on a CPU;
     the third gives torch's and Python's versions. A page that runs something on
     the CPU regardless (a subprocess job, a two-process gloo run) says so where it does.
+    On a torch that lacks a feature of :mod:`lessonlib.measure.compat`, one more
+    line says what this runtime cannot measure.
     """
+    from .compat import missing
+
     device = as_device("device", device)
     if device.type == "cuda":
         how = "timing: CUDA events | memory: torch.cuda stats"
     else:
         how = f"timing: wall clock, {torch.get_num_threads()} torch threads"
-    return (f"measures on: {device.type}, {device_name(device)}\n{how}\n"
-            f"torch {torch.__version__} | Python {platform.python_version()}")
+    report = (f"measures on: {device.type}, {device_name(device)}\n{how}\n"
+              f"torch {torch.__version__} | Python {platform.python_version()}")
+    lacking = missing()
+    if lacking:
+        report += "\nnot measured with this torch: " + "; ".join(lacking.values())
+    return report

@@ -283,9 +283,12 @@ def peak_memory(fn, device=None, track=()):
         result = fn()
         torch.cuda.synchronize(device)
         return result, PeakMemory(int(start), int(torch.cuda.max_memory_allocated(device)))
-    try:  # private API: may move between torch versions
-        from torch.distributed._tools.mem_tracker import MemTracker
+    from .compat import feature
 
+    MemTracker = feature("mem_tracker")  # private API: None on a torch without it
+    if MemTracker is None:
+        return fn(), None
+    try:
         tracker = MemTracker()
         tracker.track_external(*track)
     except Exception:  # pragma: no cover - depends on the torch build
@@ -340,10 +343,14 @@ def measure_training_memory(model, inputs, targets, loss_fn, optimizer, track_pe
         peak = None if peak is None else peak.peak
     else:
         grads, peak = step(counter), None
-    return MemoryLedger(
+    ledger = MemoryLedger(
         weights=weights,
         gradients=grads,
         optimizer_state=optimizer_state_bytes(optimizer),
         activations=counter.bytes,
         peak=peak,
     )
+    from .record import record
+
+    record("ledger", device=device.type, total=ledger.total, peak=peak)
+    return ledger

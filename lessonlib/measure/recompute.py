@@ -27,9 +27,9 @@ from typing import Callable, Sequence
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint, checkpoint_sequential, set_checkpoint_early_stop
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+from .compat import checkpoint_early_stop, require
 from .memory import SavedTensorCounter, peak_memory
 from .rounds import time_rounds
 from ..checks import choice, count, flag, fraction_below_one, function, sequence
@@ -166,7 +166,7 @@ def train_step(model: nn.Sequential, x: torch.Tensor, strategy="none", early_sto
     _check_model_and_input(model, x)
     _check_strategy("strategy", strategy, model)
     early_stop = flag("early_stop", early_stop)
-    with set_checkpoint_early_stop(early_stop):
+    with checkpoint_early_stop(early_stop):
         loss = checkpointed_forward(model, x, strategy).pow(2).mean()
     loss.backward()
     return loss
@@ -192,6 +192,7 @@ def step_flops(model, x, strategy="none", early_stop: bool = True) -> int:
     _check_model_and_input(model, x)
     _check_strategy("strategy", strategy, model)
     flag("early_stop", early_stop)
+    FlopCounterMode = require("flop_counter")
     with FlopCounterMode(display=False) as counter:
         train_step(model, x, strategy, early_stop)
     model.zero_grad(set_to_none=True)
@@ -202,6 +203,7 @@ def step_flops(model, x, strategy="none", early_stop: bool = True) -> int:
 def forward_flops(model, x) -> int:
     """FLOPs of one forward pass (no gradient work)."""
     _check_model_and_input(model, x)
+    FlopCounterMode = require("flop_counter")
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(x)
     return int(counter.get_total_flops())
@@ -211,7 +213,7 @@ def saved_step_activations(model, x, strategy="none") -> SavedActivations:
     """What the forward of one step keeps for backward (bytes, count); runs backward too."""
     _check_model_and_input(model, x)
     _check_strategy("strategy", strategy, model)
-    with set_checkpoint_early_stop(True):
+    with checkpoint_early_stop(True):
         loss, saved = saved_activations(lambda: checkpointed_forward(model, x, strategy).pow(2).mean(),
                                         params=list(model.parameters()), exclude=[x])
     loss.backward()
@@ -220,14 +222,15 @@ def saved_step_activations(model, x, strategy="none") -> SavedActivations:
     return saved
 
 
-def peak_step_memory(model, x, strategy="none") -> int:
+def peak_step_memory(model, x, strategy="none") -> int | None:
     """Peak memory of one training step above what was held before it, in bytes.
 
     Measured by :func:`lessonlib.measure.memory.peak_memory` (CUDA:
     ``torch.cuda.max_memory_allocated``; CPU: PyTorch's ``MemTracker``, with
     the model's weights as the memory held before: tensors only, a lower
     bound, since scratch buffers that kernels allocate inside themselves are
-    not seen). Gradients are set to ``None`` before and after, so they count once.
+    not seen); None on a CPU whose torch lacks that private tracker
+    (:mod:`lessonlib.measure.compat`). Gradients are set to ``None`` before and after, so they count once.
     """
     _check_model_and_input(model, x)
     _check_strategy("strategy", strategy, model)
@@ -236,10 +239,7 @@ def peak_step_memory(model, x, strategy="none") -> int:
     _, peak = peak_memory(lambda: train_step(model, x, strategy), device=x.device, track=(model,))
     model.zero_grad(set_to_none=True)
     x.grad = None
-    if peak is None:
-        raise RuntimeError("no peak-memory tracker in this torch build "
-                           "(torch.distributed._tools.mem_tracker.MemTracker)")
-    return peak.added
+    return None if peak is None else peak.added  # None: no CPU tracker in this torch (measure.compat)
 
 
 def gradients(model, x, strategy="none", seed: int = 0) -> list[torch.Tensor]:

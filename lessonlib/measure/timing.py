@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from ..checks import count as check_count, flag as check_flag
 from .device import MAX_THREADS
@@ -28,6 +27,7 @@ from .rounds import time_rounds
 
 #: The most rounds (and warm-up rounds) :func:`time_training_step` runs.
 MAX_ROUNDS = 200
+from .compat import require
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 
@@ -60,6 +60,8 @@ class _OpsSeen(TorchDispatchMode):
 
 
 def _uncounted(ops) -> list:
+    from torch.utils.flop_counter import flop_registry  # (2.1, like FlopCounterMode: only when counting)
+
     names = set()
     for op in ops:
         if op in flop_registry or op.overloadpacket in flop_registry:
@@ -117,6 +119,7 @@ def count_flops(model, inputs, targets=None, loss_fn=None, strict: bool = False)
     strict = check_flag("strict", strict)
     args = _check_step_args(model, inputs, loss_fn, targets=targets)
     seen = _OpsSeen()
+    FlopCounterMode = require("flop_counter")
     with FlopCounterMode(display=False) as fc, seen:
         out = model(*args)
     fwd = fc.get_total_flops()

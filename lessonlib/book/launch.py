@@ -1,0 +1,25 @@
+"""A Sphinx extension for the book: no launch button on the exercise pages.
+
+sphinx-book-theme adds a "launch" group (Colab) to every notebook page and has
+no per-page switch (``header_buttons/launch.py``). The exercise pages are the
+instructor versions, solutions included, so a Colab button there would open
+the solutions. This extension runs after the theme's ``html-page-context``
+handler and removes the launch group from pages whose name starts with one of
+``lessonlib_no_launch`` (default: ``exercises/``); the exercises' index page
+says where student copies come from.
+"""
+from __future__ import annotations
+
+
+def drop_launch_buttons(app, pagename, templatename, context, doctree):
+    prefixes = tuple(app.config.lessonlib_no_launch)
+    if not pagename.startswith(prefixes) or "header_buttons" not in context:
+        return
+    context["header_buttons"] = [b for b in context["header_buttons"] if b.get("label") != "launch-buttons"]
+
+
+def setup(app):
+    app.add_config_value("lessonlib_no_launch", ["exercises/"], "html")
+    # sphinx-book-theme adds its launch buttons at priority 501; run after it.
+    app.connect("html-page-context", drop_launch_buttons, priority=600)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

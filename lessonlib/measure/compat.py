@@ -1,0 +1,75 @@
+"""PyTorch features that are private, or newer than the oldest torch lessonlib accepts.
+
+lessonlib declares ``torch>=2.1`` (pyproject.toml): the public APIs it needs
+all exist there. Each API below is looked up when it is used, never at import,
+so ``import lessonlib...`` works on any torch, and a missing one is reported
+in plain words instead of an ImportError from deep inside a page:
+
+========================  ==========================================  =======================
+name                      API                                         when missing
+========================  ==========================================  =======================
+``mem_tracker``           ``torch.distributed._tools.mem_tracker``    CPU peak memory: None
+                          ``.MemTracker`` (private, after 2.1)
+``flop_counter``          ``torch.utils.flop_counter.FlopCounterMode``  FLOP counts raise
+                          (2.1)                                       :class:`Unavailable`
+``checkpoint_early_stop`` ``torch.utils.checkpoint                    early stop stays at
+                          .set_checkpoint_early_stop`` (2.1)          torch's default
+========================  ==========================================  =======================
+
+:func:`missing` lists what this torch lacks and what that costs;
+:func:`lessonlib.measure.device.environment_report` prints it on every page.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+#: The oldest torch whose public API lessonlib needs (pyproject.toml says the same).
+MIN_TORCH = "2.1"
+
+#: name -> (module, attribute, what a page cannot measure without it)
+FEATURES = {
+    "mem_tracker": ("torch.distributed._tools.mem_tracker", "MemTracker",
+                    "the CPU peak memory of a step (PyTorch's private MemTracker)"),
+    "flop_counter": ("torch.utils.flop_counter", "FlopCounterMode",
+                     "FLOP counts (FlopCounterMode, torch >= 2.1)"),
+    "checkpoint_early_stop": ("torch.utils.checkpoint", "set_checkpoint_early_stop",
+                              "recomputation with early stop switched off (torch >= 2.1)"),
+}
+
+
+class Unavailable(RuntimeError):
+    """This torch lacks a feature a measurement needs; the message names it."""
+
+
+def feature(name: str):
+    """The object behind ``name`` (a key of FEATURES), or None when this torch lacks it."""
+    if name not in FEATURES:
+        raise ValueError(f"name must be one of {sorted(FEATURES)}, got {name!r}")
+    module, attr, _ = FEATURES[name]
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except Exception:  # ImportError, AttributeError, or a broken private module
+        return None
+
+
+def require(name: str):
+    """Like :func:`feature`, but raise :class:`Unavailable` with what cannot be measured."""
+    found = feature(name)
+    if found is None:
+        import torch
+
+        module, attr, what = FEATURES[name]
+        raise Unavailable(f"torch {torch.__version__} has no {module}.{attr}: cannot measure {what}")
+    return found
+
+
+def missing() -> dict[str, str]:
+    """``{name: what cannot be measured}`` for every feature this torch lacks."""
+    return {name: what for name, (_, _, what) in FEATURES.items() if feature(name) is None}
+
+
+def checkpoint_early_stop(enable: bool):
+    """``set_checkpoint_early_stop(enable)``, or a no-op context on a torch without it."""
+    found = feature("checkpoint_early_stop")
+    return found(enable) if found is not None else contextlib.nullcontext()

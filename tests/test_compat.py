@@ -1,0 +1,76 @@
+"""Private and recent torch APIs sit behind guards: hide each one and lessonlib still imports and runs."""
+from __future__ import annotations
+
+import importlib
+import sys
+import tomllib
+
+import pytest
+import torch
+
+from conftest import ROOT
+from lessonlib.measure import compat
+
+
+def _hide(monkeypatch, name):
+    """Make ``compat.FEATURES[name]`` missing, as on an older torch."""
+    module, attr, _ = compat.FEATURES[name]
+    real = importlib.import_module(module)
+    monkeypatch.delattr(real, attr)
+
+
+def test_every_feature_exists_on_the_pinned_torch():
+    assert compat.missing() == {}
+    assert all(compat.feature(n) is not None for n in compat.FEATURES)
+
+
+def test_declared_minimum_matches_compat():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"torch>={compat.MIN_TORCH}" in deps
+
+
+def test_hidden_mem_tracker_module_gives_no_cpu_peak_and_the_report_says_so(monkeypatch):
+    # A torch without the private module: importing it fails.
+    monkeypatch.setitem(sys.modules, "torch.distributed._tools.mem_tracker", None)
+    assert compat.feature("mem_tracker") is None
+    from lessonlib.measure import device, memory, recompute
+    from lessonlib.measure.models import ForecastMLP
+
+    model = ForecastMLP(window=8, hidden=16, layers=2)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    led = memory.measure_training_memory(model, x, y, torch.nn.functional.mse_loss,
+                                         torch.optim.Adam(model.parameters()))
+    assert led.peak is None and led.weights > 0 and led.activations > 0
+    stack = recompute.block_stack(2, hidden=8)
+    assert recompute.peak_step_memory(stack, recompute.make_input(stack, 2, 4), "none") is None
+    report = device.environment_report("cpu")
+    assert "not measured with this torch" in report and "MemTracker" in report
+
+
+def test_hidden_flop_counter_fails_with_a_message_not_at_import(monkeypatch):
+    _hide(monkeypatch, "flop_counter")
+    for mod in ("lessonlib.measure.timing", "lessonlib.measure.recompute"):
+        importlib.reload(importlib.import_module(mod))  # imports without it
+    from lessonlib.measure import recompute, timing
+    from lessonlib.measure.models import ForecastMLP
+
+    with pytest.raises(compat.Unavailable, match="FlopCounterMode"):
+        timing.count_flops(ForecastMLP(window=8, hidden=16, layers=2), torch.randn(4, 8))
+    stack = recompute.block_stack(2, hidden=8)
+    with pytest.raises(compat.Unavailable, match="cannot measure FLOP counts"):
+        recompute.forward_flops(stack, recompute.make_input(stack, 2, 4))
+
+
+def test_hidden_early_stop_switch_still_trains(monkeypatch):
+    _hide(monkeypatch, "checkpoint_early_stop")
+    from lessonlib.measure import recompute
+
+    assert "checkpoint_early_stop" in compat.missing()
+    stack = recompute.block_stack(2, hidden=8)
+    loss = recompute.train_step(stack, recompute.make_input(stack, 2, 4), "per-block", early_stop=False)
+    assert torch.isfinite(loss)
+
+
+def test_unknown_feature_name_is_a_value_error():
+    with pytest.raises(ValueError, match="name must be one of"):
+        compat.feature("nope")

@@ -1,0 +1,161 @@
+"""One chapter notebook in JupyterLab 4, driven by headless Chromium.
+
+A fresh venv (torch, ipykernel, ipywidgets 8, matplotlib, and jupyterlab)
+serves a copy of the notebook on 127.0.0.1 with a token. The test runs all
+cells (the setup cell installs lessonlib from a local bare repository, as on
+Colab), answers a quiz wrong then right, and moves a calculator slider; then
+it reloads the page with the kernel shut down, as a reader reopening the
+notebook would, and checks that no widget error shows and the quiz still
+answers. Screenshots go to _build/screenshots/.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import colab_env as ce
+from browser import browser
+from conftest import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+NOTEBOOK = ROOT / "chapters" / "03-distributed-speedup" / "01-amdahl.ipynb"
+SHOTS = ROOT / "_build" / "screenshots"
+TOKEN = "wtc-test-token"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    base = tmp_path_factory.mktemp("lab")
+    source = ce.bare_repository(base / "course.git")
+    venv = ce.make_venv(base / "venv", "8", extra=("jupyterlab",))
+    work = base / "work"
+    work.mkdir()
+    shutil.copy(NOTEBOOK, work / NOTEBOOK.name)
+    port = _free_port()
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(base), "LESSONLIB_SOURCE": source,
+           "JUPYTER_PLATFORM_DIRS": "1"}
+    log = open(base / "lab.log", "w")
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "jupyter"), "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+         f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={work}", "--LabApp.news_url=None",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+        + (["--allow-root"] if os.geteuid() == 0 else []),
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail("jupyter lab exited:\n" + (base / "lab.log").read_text()[-3000:])
+                time.sleep(0.5)
+        else:
+            pytest.fail("jupyter lab did not start in 120 s")
+        yield url, work
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+_ALL_RAN = """() => {
+  // A cell whose input is collapsed (jupyter.source_hidden) shows no prompt: count the others.
+  const shown = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent.trim()).filter(Boolean);
+  const idle = document.body.innerText.includes('Python 3 (ipykernel) | Idle');
+  return idle && shown.length > 0 && shown.every(t => /\\[\\d+\\]/.test(t));
+}"""
+
+
+def _run_all_and_wait(page, timeout_s=600):
+    """Run > Run All Cells, then wait until every code cell shows an execution count."""
+    page.wait_for_selector("text=Python 3 (ipykernel) | Idle", timeout=120_000)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_text("Run All Cells", exact=True).click()
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if page.evaluate(_ALL_RAN):
+            return
+        page.wait_for_timeout(1000)
+    page.screenshot(path=str(SHOTS / "jupyterlab-timeout.png"))
+    prompts = page.evaluate("() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent)")
+    first = page.locator(".jp-CodeCell .jp-OutputArea").first.inner_text()[:1500]
+    raise AssertionError(f"the notebook did not finish running in time; prompts {prompts}; first output:\n{first}")
+
+
+def _answer_single_choice(page):
+    box = page.locator(".wtc-quiz[data-kind=single]").first
+    box.scroll_into_view_if_needed()
+    data = json.loads(box.locator("script[type='application/json']").text_content())
+    verdicts = [v[0] for v in data["verdicts"]]
+    results = []
+    for i in (verdicts.index(False), verdicts.index(True)):  # wrong first, then right
+        box.locator("input[type=radio]").nth(i).check()
+        box.locator("button.wtc-check").click()
+        results.append(box.locator(".wtc-feedback").get_attribute("data-correct"))
+    return box, results
+
+
+def test_run_answer_slide_and_reopen_in_jupyterlab(lab):
+    url, work = lab
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1280, "height": 900})
+        errors = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{url}/lab/tree/{NOTEBOOK.name}?token={TOKEN}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        _run_all_and_wait(page)
+        errs = page.locator("[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
+        failed = [e for e in errs if "Traceback" in e or "Error" in e]
+        assert not failed, failed[:1]
+        page.screenshot(path=str(SHOTS / "jupyterlab-after-run.png"))
+
+        box, results = _answer_single_choice(page)
+        assert results == ["false", "true"], results
+        assert "Not quite" not in box.locator(".wtc-feedback").inner_text()
+        page.screenshot(path=str(SHOTS / "jupyterlab-quiz-answered.png"))
+
+        calc = page.locator(".wtc-explorer").filter(has=page.locator("input[type=range]")).first
+        calc.scroll_into_view_if_needed()
+        slider = calc.locator("input[type=range]").first
+        before = calc.locator(".wtc-output").inner_text()
+        top = slider.get_attribute("max")
+        slider.fill(top if slider.input_value() != top else "0")
+        after = calc.locator(".wtc-output").inner_text()
+        assert after != before, "moving the slider did not change the calculator's output"
+        page.screenshot(path=str(SHOTS / "jupyterlab-slider-moved.png"))
+
+        # Save, shut the kernel down and reopen: what a reader sees the next day.
+        page.keyboard.press("Control+s")
+        page.wait_for_timeout(1500)
+        page.get_by_role("menuitem", name="Kernel", exact=True).click()
+        page.get_by_text("Shut Down Kernel", exact=True).click()
+        page.wait_for_timeout(1500)
+        page.reload()
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        page.wait_for_timeout(3000)
+        text = page.locator(".jp-Notebook").inner_text()
+        assert "Error displaying widget" not in text and "model not found" not in text
+        box, results = _answer_single_choice(page)
+        assert results == ["false", "true"], "the reopened notebook's quiz does not answer"
+        page.screenshot(path=str(SHOTS / "jupyterlab-reopened.png"))
+    assert not errors, errors
