@@ -331,7 +331,7 @@ def test_instructor_page_lists_every_exercise_as_it_is():
 def test_exercise_structure_and_student_copy(path):
     nb = nbformat.read(path, as_version=4)
     assert grading.lint(nb, path.name) == []
-    assert nb.cells[0].source.startswith("# Setup"), "first cell must be the shared setup cell"
+    assert nb.cells[0].source.startswith("# @title Setup"), "first cell must be the shared setup cell"
     student = grading.student_notebook(nb)
     assert grading.answer_leaks(student) == []
     text = nbformat.writes(student)

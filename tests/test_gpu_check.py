@@ -31,7 +31,7 @@ def test_measurements_are_recorded_only_when_asked(tmp_path, monkeypatch):
     from lessonlib.measure.models import ForecastMLP
     from lessonlib.measure.timing import time_training_step
 
-    model = ForecastMLP(window=8, hidden=16, depth=2)
+    model = ForecastMLP(window=8, hidden=16, layers=2)
     x, y = torch.randn(4, 8), torch.randn(4, 1)
     opt = torch.optim.Adam(model.parameters())
     monkeypatch.delenv("LESSONLIB_RECORD", raising=False)

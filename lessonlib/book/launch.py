@@ -11,7 +11,18 @@ says where student copies come from.
 from __future__ import annotations
 
 
+def _check_app(app):
+    if not callable(getattr(app, "add_config_value", None)) or not hasattr(app, "config"):
+        raise TypeError(f"app must be the Sphinx application, got {type(app).__name__}")
+
+
 def drop_launch_buttons(app, pagename, templatename, context, doctree):
+    """Remove the launch buttons from the pages whose name starts with a prefix in ``lessonlib_no_launch``."""
+    _check_app(app)
+    if not isinstance(pagename, str):
+        raise TypeError(f"pagename must be a page name (str), got {type(pagename).__name__}")
+    if not isinstance(context, dict):
+        raise TypeError(f"context must be the page's template context (dict), got {type(context).__name__}")
     prefixes = tuple(app.config.lessonlib_no_launch)
     if not pagename.startswith(prefixes) or "header_buttons" not in context:
         return
@@ -19,6 +30,8 @@ def drop_launch_buttons(app, pagename, templatename, context, doctree):
 
 
 def setup(app):
+    """Register the extension with Sphinx (``app`` is the Sphinx application)."""
+    _check_app(app)
     app.add_config_value("lessonlib_no_launch", ["exercises/"], "html")
     # sphinx-book-theme adds its launch buttons at priority 501; run after it.
     app.connect("html-page-context", drop_launch_buttons, priority=600)

@@ -71,6 +71,8 @@ def stack_panels(fig) -> bool:
     moves with its panel. The figure keeps each panel's width and grows in
     height. Returns False (and changes nothing) when there is only one column.
     """
+    if not hasattr(fig, "axes") or not callable(getattr(fig, "add_gridspec", None)):
+        raise TypeError(f"fig must be a matplotlib figure, got {fig!r:.80}")
     specs = {}
     for ax in fig.axes:
         ss = ax.get_subplotspec() if hasattr(ax, "get_subplotspec") else None

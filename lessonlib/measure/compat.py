@@ -71,5 +71,8 @@ def missing() -> dict[str, str]:
 
 def checkpoint_early_stop(enable: bool):
     """``set_checkpoint_early_stop(enable)``, or a no-op context on a torch without it."""
+    from ..checks import flag
+
+    enable = flag("enable", enable)
     found = feature("checkpoint_early_stop")
     return found(enable) if found is not None else contextlib.nullcontext()

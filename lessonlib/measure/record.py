@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import os
 
+from ..checks import path as check_path, text
+
 
 def record(kind: str, **values) -> None:
     """Append ``{"kind": kind, **values}`` as a JSON line to $LESSONLIB_RECORD, if set."""
+    text("kind", kind)
     path = os.environ.get("LESSONLIB_RECORD")
     if not path:
         return
@@ -24,6 +27,7 @@ def record(kind: str, **values) -> None:
 
 def read(path) -> list[dict]:
     """The records in ``path`` (an empty list when there is no file)."""
+    path = check_path("path", path)
     try:
         with open(path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]

@@ -217,5 +217,8 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
     seconds = {k: raw.median(k) for k in names}
     ratios = {k: raw.ratio(k, "prediction") for k in names}
     shares = {k: raw.ratio(k, "step") for k in PHASES}
+    from .record import record
+
+    record("timing", device=device.type, step_over_prediction=ratios["step"])
     return StepTiming(seconds=seconds, ratios=ratios, shares=shares,
                       rounds={k: raw.seconds[k] for k in names})
