@@ -437,13 +437,13 @@ BAD_ANSWERS = {
 
 @pytest.mark.parametrize("text", GOOD_ANSWERS)
 def test_practice_question_accepts_answers_that_make_the_key_points(text):
-    _run_check(EXERCISES / "2b-should-they-checkpoint.ipynb", "2b-q2", {"answer": text})
+    _run_check(EXERCISES / "2b-should-they-checkpoint.ipynb", "2b-q2", {"reply": text})
 
 
 @pytest.mark.parametrize("text,missing", BAD_ANSWERS.items())
 def test_practice_question_rejects_answers_that_miss_a_key_point(text, missing):
     with pytest.raises(AssertionError, match=missing):
-        _run_check(EXERCISES / "2b-should-they-checkpoint.ipynb", "2b-q2", {"answer": text})
+        _run_check(EXERCISES / "2b-should-they-checkpoint.ipynb", "2b-q2", {"reply": text})
 
 
 def test_student_and_check_commands_on_the_real_exercises(tmp_path):
