@@ -44,8 +44,8 @@ class Unavailable(RuntimeError):
 
 def feature(name: str):
     """The object behind ``name`` (a key of FEATURES), or None when this torch lacks it."""
-    if name not in FEATURES:
-        raise ValueError(f"name must be one of {sorted(FEATURES)}, got {name!r}")
+    if not isinstance(name, str) or name not in FEATURES:
+        raise ValueError(f"name must be one of {sorted(FEATURES)}, got {name!r:.60}")
     module, attr, _ = FEATURES[name]
     try:
         return getattr(importlib.import_module(module), attr)
