@@ -1,0 +1,225 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining``, timed and weighed.
+
+:func:`run_pipeline` starts ``world_size`` processes; each holds one *stage*
+(a few ``Linear + ReLU`` layers) of a model and runs PyTorch's own schedules,
+``ScheduleGPipe`` (all forwards, then all backwards) and ``Schedule1F1B``
+(after a warm-up, one forward then one backward), for several micro-batch
+counts ``m``. Nothing here simulates a schedule: PyTorch decides the order,
+and two things are recorded while it runs:
+
+* **when each stage computes**: the stage's ``forward_one_chunk`` and
+  ``backward_one_chunk`` (the calls a schedule makes for one micro-batch)
+  are wrapped to take a timestamp before and after; everything else,
+  waiting for a neighbour's activations or gradients included, is idle time;
+* **how many activation bytes each stage keeps** at any moment:
+  :class:`LiveSavedBytes` counts every tensor autograd saves for backward
+  from the moment it is saved until autograd frees it, and keeps the peak.
+"""
+from __future__ import annotations
+
+import time
+
+from ...checks import count as check_count
+from .launch import launch
+from .quiet import known_warnings_silenced
+
+__all__ = ["LiveSavedBytes", "stage_module", "run_pipeline", "idle_share"]
+
+SCHEDULES = ("GPipe", "1F1B")
+
+
+class _Held:
+    """What autograd stores instead of a saved tensor; its deletion marks the tensor freed."""
+
+    __slots__ = ("owner", "key", "tensor")
+
+    def __init__(self, owner, key, tensor):
+        self.owner, self.key, self.tensor = owner, key, tensor
+
+    def __del__(self):
+        self.owner._release(self.key)
+
+
+class LiveSavedBytes:
+    """Bytes of activations saved for backward that are alive now, and the peak, per process.
+
+    A context manager around ``torch.autograd.graph.saved_tensors_hooks``: the
+    pack hook wraps each saved tensor in a small holder and counts its storage
+    (once per storage, however many holders share it); when autograd drops
+    the last holder of a storage (after the backward that used it, or when
+    the graph is freed) its bytes are subtracted. ``exclude`` lists tensors
+    not to count (the parameters, the input batch: they exist anyway).
+    ``.live`` and ``.peak`` are bytes.
+    """
+
+    def __init__(self, exclude=()):
+        self._exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        self._refs: dict = {}
+        self.live = 0
+        self.peak = 0
+
+    def _pack(self, t):
+        key = t.untyped_storage().data_ptr()
+        if key in self._exclude or t.numel() == 0:
+            return t
+        entry = self._refs.get(key)
+        if entry is None:
+            n = t.untyped_storage().nbytes()
+            self._refs[key] = [1, n]
+            self.live += n
+            self.peak = max(self.peak, self.live)
+        else:
+            entry[0] += 1
+        return _Held(self, key, t)
+
+    @staticmethod
+    def _unpack(h):
+        return h.tensor if isinstance(h, _Held) else h
+
+    def _release(self, key):
+        entry = self._refs.get(key)
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live -= entry[1]
+            del self._refs[key]
+
+    def __enter__(self):
+        import torch
+
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+def stage_module(hidden: int, layers: int):
+    """One pipeline stage: ``layers`` × (``Linear(hidden, hidden)``, ``ReLU``)."""
+    from torch import nn
+
+    mods = []
+    for _ in range(check_count("layers", layers)):
+        mods += [nn.Linear(check_count("hidden", hidden), hidden), nn.ReLU()]
+    return nn.Sequential(*mods)
+
+
+def _timed(fn, kind, spans, device):
+    import torch
+
+    def inner(chunk, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(chunk, *args, **kwargs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        spans.append((kind, chunk, t0, time.perf_counter()))
+        return out
+    return inner
+
+
+def _pipeline_worker(rank, world, device, progress, configs, hidden, layers, rows, reps):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    classes = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+    results = []
+    with known_warnings_silenced():
+        torch.manual_seed(rank)  # each stage has its own layers
+        stage_mod = stage_module(hidden, layers).to(device)
+        for name, m in configs:
+            stage = PipelineStage(stage_mod, rank, world, device)
+            spans: list = []
+            stage.forward_one_chunk = _timed(stage.forward_one_chunk, "F", spans, device)
+            stage.backward_one_chunk = _timed(stage.backward_one_chunk, "B", spans, device)
+            schedule = classes[name](stage, n_microbatches=m, loss_fn=F.mse_loss)
+            g = torch.Generator().manual_seed(7)
+            x = torch.randn(m * rows, hidden, generator=g).to(device)
+            y = torch.randn(m * rows, hidden, generator=g).to(device)
+            runs = []
+            for rep in range(reps + 1):  # the first step sets the stages up: not measured
+                spans.clear()
+                stage_mod.zero_grad(set_to_none=True)
+                counter = LiveSavedBytes(exclude=[*stage_mod.parameters(), x, y])
+                dist.barrier()
+                t0 = time.perf_counter()
+                with counter:
+                    if rank == 0:
+                        schedule.step(x)
+                    elif rank == world - 1:
+                        schedule.step(target=y)
+                    else:
+                        schedule.step()
+                t1 = time.perf_counter()
+                if rep > 0:
+                    runs.append({"spans": list(spans), "start": t0, "end": t1,
+                                 "peak_bytes": counter.peak, "left_bytes": counter.live})
+            results.append({"schedule": name, "microbatches": m, "runs": runs})
+            progress.put(1)
+    return {"rank": rank, "world_size": world, "backend": dist.get_backend(), "results": results,
+            "rows": rows, "hidden": hidden, "layers": layers}
+
+
+def idle_share(per_rank_spans) -> float:
+    """1 - busy time / (stages × makespan) for one step, from each stage's ``(kind, mb, start, end)`` spans.
+
+    The makespan runs from the first compute on any stage to the last (the
+    clock is the machine's monotonic clock, shared by its processes).
+    """
+    spans = [s for rank_spans in per_rank_spans for s in rank_spans]
+    if not spans:
+        raise ValueError("per_rank_spans holds no spans")
+    start = min(s[2] for s in spans)
+    end = max(s[3] for s in spans)
+    busy = sum(s[3] - s[2] for s in spans)
+    return 1.0 - busy / (len(per_rank_spans) * (end - start))
+
+
+def run_pipeline(world_size: int = 2, microbatches=(1, 2, 4, 8), schedules=SCHEDULES, hidden: int = 512,
+                 layers: int = 4, rows: int = 64, reps: int = 2, timeout: float = 180.0) -> dict:
+    """Run the schedules on ``world_size`` stages for each micro-batch count; measured spans and peaks.
+
+    Every micro-batch has ``rows`` examples of width ``hidden`` (so the work
+    per micro-batch is the same whatever ``m``); each stage is
+    :func:`stage_module` (``layers`` layers). 1F1B needs ``m >= world_size``,
+    so smaller ``m`` run with GPipe only. ``reps`` measured steps follow one
+    unmeasured set-up step.
+
+    Returns ``{"world_size", "backend", "runs": [...]}``; each run is
+    ``{"schedule", "microbatches", "steps": [...]}`` and each step has
+    ``spans`` (per rank, ``(kind, microbatch, start_s, end_s)``, seconds on
+    the shared monotonic clock), ``idle_share`` (:func:`idle_share`),
+    ``peak_bytes`` (per rank: the most activation bytes alive at once) and
+    ``left_bytes`` (per rank, after the step: 0 when every activation was freed).
+    """
+    world_size = check_count("world_size", world_size, minimum=2)
+    ms = [check_count("microbatches", m) for m in microbatches]
+    if not ms:
+        raise ValueError("microbatches must not be empty")
+    for s in schedules:
+        if s not in SCHEDULES:
+            raise ValueError(f"unknown schedule {s!r}; choose from {', '.join(SCHEDULES)}")
+    check_count("hidden", hidden)
+    check_count("layers", layers)
+    check_count("rows", rows)
+    check_count("reps", reps)
+    configs = [(s, m) for s in schedules for m in ms if not (s == "1F1B" and m < world_size)]
+    per_rank = launch(_pipeline_worker, world_size, args=(configs, hidden, layers, rows, reps), timeout=timeout,
+                      progress_total=world_size * len(configs), desc=f"pipeline on {world_size} processes")
+    runs = []
+    for i, (name, m) in enumerate(configs):
+        steps = []
+        for k in range(reps):
+            spans = [r["results"][i]["runs"][k]["spans"] for r in per_rank]
+            steps.append({
+                "spans": spans,
+                "idle_share": idle_share(spans),
+                "peak_bytes": [r["results"][i]["runs"][k]["peak_bytes"] for r in per_rank],
+                "left_bytes": [r["results"][i]["runs"][k]["left_bytes"] for r in per_rank],
+            })
+        runs.append({"schedule": name, "microbatches": m, "steps": steps})
+    return {"world_size": world_size, "backend": per_rank[0]["backend"], "rows": rows, "hidden": hidden,
+            "layers": layers, "runs": runs}
