@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter
 
 from ..calc.comm import Link
 from ..calc.memory import activation_bytes_per_layer
@@ -40,6 +41,7 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
            ylabel="activations per layer per device (MiB)",
            title=f"One layer's activations per device (s={seq_len}, b={batch}, h={hidden}, a={heads}, 16-bit)")
     ax.set_xticks(ts, [str(t) for t in ts])
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(0, per[0] * 1.05)
     ax.legend(fontsize=8)
     return fig
@@ -89,6 +91,7 @@ def plot_idle_shares(run: dict):
     ax.set(xscale="log", xlabel="micro-batches per step m (log scale)", ylabel="idle share (% of stage time)",
            title=f"Idle share of {p} pipeline stages, measured and predicted", ylim=(0, 100))
     ax.set_xticks(ms_all, [str(m) for m in ms_all])
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.legend(fontsize=8)
     return fig
 
