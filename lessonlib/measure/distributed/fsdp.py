@@ -88,92 +88,106 @@ def _shard(model, mesh, reshard: bool):
     return model
 
 
-def _sharding_worker(rank, world, device, progress, steps, global_batch, lr):
+def _shard_on(rank, n, mesh, device, base, steps, global_batch, lr):
+    """Everything measured with ``n`` processes (ranks 0..n-1 of ``mesh``); this process is ``rank``."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ..models import lm_loss
 
-    with known_warnings_silenced():
-        mesh = init_device_mesh(device.type, (world,))
-        base = _build()
-        shapes = [tuple(p.shape) for p in base.parameters()]
-        n_params = sum(p.numel() for p in base.parameters())
-        x, y = (t.to(device) for t in _batch(global_batch))
-        share = global_batch // world
-        xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+    group = mesh.get_group()
+    x, y = (t.to(device) for t in _batch(global_batch))
+    share = global_batch // n
+    xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
 
-        # --- ZeRO-3 with fully_shard, against an unsharded copy on the whole batch -------------
-        ref = copy.deepcopy(base).to(device)
-        ref_opt = torch.optim.Adam(ref.parameters(), lr=lr)
-        model = _shard(copy.deepcopy(base).to(device), mesh, reshard=True)
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
-        ref_losses, losses = [], []
-        log = CollectiveLog()
-        for step in range(steps):
-            ref_opt.zero_grad(set_to_none=True)
-            ref_loss = lm_loss(ref(x), y)
-            ref_loss.backward()
-            ref_opt.step()
-            ref_losses.append(ref_loss.item())
+    # --- ZeRO-3 with fully_shard, against an unsharded copy on the whole batch -------------
+    ref = copy.deepcopy(base).to(device)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=lr)
+    model = _shard(copy.deepcopy(base).to(device), mesh, reshard=True)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    ref_losses, losses = [], []
+    log = CollectiveLog()
+    for step in range(steps):
+        ref_opt.zero_grad(set_to_none=True)
+        ref_loss = lm_loss(ref(x), y)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_losses.append(ref_loss.item())
 
-            opt.zero_grad(set_to_none=True)
-            if step == 0:
-                with log:
-                    loss = lm_loss(model(xs), ys)
-                    loss.backward()
-            else:
+        opt.zero_grad(set_to_none=True)
+        if step == 0:
+            with log:
                 loss = lm_loss(model(xs), ys)
                 loss.backward()
-            held = local_state_bytes(model, opt)  # gradients are present between backward and step
-            opt.step()
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)  # the global loss: the mean of the ranks' equal shares
-            losses.append(mean.item() / world)
-            progress.put(1)
-        state = local_state_bytes(model, opt)
-        state["gradients"] = held["gradients"]
-        zero3_records = [(r.kind, r.phase, r.n_bytes) for r in log.records]
+        else:
+            loss = lm_loss(model(xs), ys)
+            loss.backward()
+        held = local_state_bytes(model, opt)  # gradients are present between backward and step
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=group)  # the global loss: the mean of the ranks' equal shares
+        losses.append(mean.item() / n)
+    state = local_state_bytes(model, opt)
+    state["gradients"] = held["gradients"]
 
-        # --- the same step with the weights kept from forward to backward ----------------------
-        keep = _shard(copy.deepcopy(base).to(device), mesh, reshard=False)
-        log_keep = CollectiveLog()
-        with log_keep:
-            lm_loss(keep(xs), ys).backward()
-        keep_records = [(r.kind, r.phase, r.n_bytes) for r in log_keep.records]
+    # --- the same step with the weights kept from forward to backward ----------------------
+    keep = _shard(copy.deepcopy(base).to(device), mesh, reshard=False)
+    log_keep = CollectiveLog()
+    with log_keep:
+        lm_loss(keep(xs), ys).backward()
 
-        # --- ZeRO-1: full weights and gradients, optimizer state split by whole tensors -------
-        ddp_model = copy.deepcopy(base).to(device)
-        ddp = DDP(ddp_model, device_ids=[device.index] if device.type == "cuda" else None)
-        zro = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
-        zro.zero_grad(set_to_none=True)
-        lm_loss(ddp(xs), ys).backward()
-        zro.step()
-        zero1 = local_state_bytes(ddp_model, zro.optim)
-        progress.put(1)
+    # --- ZeRO-1: full weights and gradients, optimizer state split by whole tensors -------
+    ddp_model = copy.deepcopy(base).to(device)
+    ddp = DDP(ddp_model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
+    zro = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr, process_group=group)
+    zro.zero_grad(set_to_none=True)
+    lm_loss(ddp(xs), ys).backward()
+    zro.step()
 
+    shapes = [tuple(p.shape) for p in base.parameters()]
     return {
         "rank": rank,
-        "world_size": world,
-        "backend": dist.get_backend(),
-        "n_params": n_params,
+        "world_size": n,
+        "backend": dist.get_backend(group),
+        "n_params": sum(p.numel() for p in base.parameters()),
         "shapes": shapes,
+        "n_tensors": len(shapes),
         "zero3": state,
-        "zero1": zero1,
+        "zero1": local_state_bytes(ddp_model, zro.optim),
         "losses": losses,
         "reference_losses": ref_losses,
-        "zero3_collectives": zero3_records,
-        "keep_collectives": keep_records,
-        "n_tensors": len(shapes),
+        "zero3_collectives": [(r.kind, r.phase, r.n_bytes) for r in log.records],
+        "keep_collectives": [(r.kind, r.phase, r.n_bytes) for r in log_keep.records],
     }
 
 
-def run_sharding(world_size: int = 2, steps: int = 4, global_batch: int = 8, lr: float = 1e-3,
-                 timeout: float = 180.0) -> list:
-    """Run the sharding measurements on ``world_size`` processes; one dict per rank.
+def _sharding_worker(rank, world, device, progress, world_sizes, steps, global_batch, lr):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    out = {}
+    with known_warnings_silenced():
+        base = _build()
+        for n in world_sizes:
+            # Every process takes part in creating the mesh (it makes a process group); only
+            # ranks 0..n-1 work on it, the others wait at the barrier without using the CPU.
+            mesh = DeviceMesh(device.type, list(range(n)))
+            if rank < n:
+                out[n] = _shard_on(rank, n, mesh, device, base, steps, global_batch, lr)
+                progress.put(1)
+            dist.barrier()
+    return out
+
+
+def run_sharding(world_sizes=(2, 4), steps: int = 4, global_batch: int = 8, lr: float = 1e-3,
+                 timeout: float = 180.0) -> dict:
+    """Run the sharding measurements on each process count in ``world_sizes``; ``{N: [one dict per rank]}``.
+
+    One launch of ``max(world_sizes)`` processes serves every count: with N
+    processes, ranks 0..N-1 shard over a device mesh of their own while the
+    others wait (starting processes costs seconds each; they are started once).
 
     Each dict: ``n_params`` and ``shapes`` (the full model), ``zero3`` and
     ``zero1`` (bytes held by this rank under fully_shard and under
@@ -184,10 +198,14 @@ def run_sharding(world_size: int = 2, steps: int = 4, global_batch: int = 8, lr:
     for each collective of one forward and backward, weights freed after
     forward or kept). ``global_batch`` sequences are split evenly over the ranks.
     """
-    world_size = check_count("world_size", world_size, minimum=2)
+    sizes = sorted({check_count("world_sizes", n, minimum=2) for n in world_sizes})
+    if not sizes:
+        raise ValueError("world_sizes must name at least one process count")
     steps = check_count("steps", steps)
     global_batch = check_count("global_batch", global_batch)
-    if global_batch % world_size:
-        raise ValueError(f"global_batch {global_batch} does not divide evenly by world_size={world_size}")
-    return launch(_sharding_worker, world_size, args=(steps, global_batch, lr), timeout=timeout,
-                  progress_total=world_size * (steps + 1), desc=f"sharding on {world_size} processes")
+    for n in sizes:
+        if global_batch % n:
+            raise ValueError(f"global_batch {global_batch} does not divide evenly by {n} processes")
+    per_rank = launch(_sharding_worker, sizes[-1], args=(sizes, steps, global_batch, lr), timeout=timeout,
+                      progress_total=sum(sizes), desc=f"sharding on {', '.join(map(str, sizes))} processes")
+    return {n: [r[n] for r in per_rank[:n]] for n in sizes}

@@ -119,7 +119,8 @@ def _timed(fn, kind, spans, device):
     return inner
 
 
-def _pipeline_worker(rank, world, device, progress, configs, hidden, layers, rows, reps):
+def _run_schedules(rank, n, group, device, progress, configs, hidden, layers, rows, reps):
+    """Ranks 0..n-1 of ``group`` run each ``(schedule, m)`` of ``configs``; this process is stage ``rank``."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -127,40 +128,53 @@ def _pipeline_worker(rank, world, device, progress, configs, hidden, layers, row
 
     classes = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
     results = []
+    torch.manual_seed(rank)  # each stage has its own layers
+    stage_mod = stage_module(hidden, layers).to(device)
+    for name, m in configs:
+        stage = PipelineStage(stage_mod, rank, n, device, group=group)
+        spans: list = []
+        stage.forward_one_chunk = _timed(stage.forward_one_chunk, "F", spans, device)
+        stage.backward_one_chunk = _timed(stage.backward_one_chunk, "B", spans, device)
+        schedule = classes[name](stage, n_microbatches=m, loss_fn=F.mse_loss)
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(m * rows, hidden, generator=g).to(device)
+        y = torch.randn(m * rows, hidden, generator=g).to(device)
+        runs = []
+        for rep in range(reps + 1):  # the first step sets the stages up: not measured
+            spans.clear()
+            stage_mod.zero_grad(set_to_none=True)
+            counter = LiveSavedBytes(exclude=[*stage_mod.parameters(), x, y])
+            dist.barrier(group=group)
+            with counter:
+                if rank == 0:
+                    schedule.step(x)
+                elif rank == n - 1:
+                    schedule.step(target=y)
+                else:
+                    schedule.step()
+            if rep > 0:
+                runs.append({"spans": list(spans), "peak_bytes": counter.peak, "left_bytes": counter.live})
+        results.append(runs)
+        progress.put(1)
+    return results
+
+
+def _pipeline_worker(rank, world, device, progress, specs):
+    import torch.distributed as dist
+
+    out = []
     with known_warnings_silenced():
-        torch.manual_seed(rank)  # each stage has its own layers
-        stage_mod = stage_module(hidden, layers).to(device)
-        for name, m in configs:
-            stage = PipelineStage(stage_mod, rank, world, device)
-            spans: list = []
-            stage.forward_one_chunk = _timed(stage.forward_one_chunk, "F", spans, device)
-            stage.backward_one_chunk = _timed(stage.backward_one_chunk, "B", spans, device)
-            schedule = classes[name](stage, n_microbatches=m, loss_fn=F.mse_loss)
-            g = torch.Generator().manual_seed(7)
-            x = torch.randn(m * rows, hidden, generator=g).to(device)
-            y = torch.randn(m * rows, hidden, generator=g).to(device)
-            runs = []
-            for rep in range(reps + 1):  # the first step sets the stages up: not measured
-                spans.clear()
-                stage_mod.zero_grad(set_to_none=True)
-                counter = LiveSavedBytes(exclude=[*stage_mod.parameters(), x, y])
-                dist.barrier()
-                t0 = time.perf_counter()
-                with counter:
-                    if rank == 0:
-                        schedule.step(x)
-                    elif rank == world - 1:
-                        schedule.step(target=y)
-                    else:
-                        schedule.step()
-                t1 = time.perf_counter()
-                if rep > 0:
-                    runs.append({"spans": list(spans), "start": t0, "end": t1,
-                                 "peak_bytes": counter.peak, "left_bytes": counter.live})
-            results.append({"schedule": name, "microbatches": m, "runs": runs})
-            progress.put(1)
-    return {"rank": rank, "world_size": world, "backend": dist.get_backend(), "results": results,
-            "rows": rows, "hidden": hidden, "layers": layers}
+        for spec in specs:
+            n = spec["world_size"]
+            # new_group is collective: every process creates it, only ranks 0..n-1 use it
+            group = dist.new_group(list(range(n))) if n < world else None
+            if rank < n:
+                out.append(_run_schedules(rank, n, group, device, progress, spec["configs"], spec["hidden"],
+                                          spec["layers"], spec["rows"], spec["reps"]))
+            else:
+                out.append(None)
+            dist.barrier()  # the others wait here, using no CPU, until the run is over
+    return {"rank": rank, "backend": dist.get_backend(), "runs": out}
 
 
 def idle_share(per_rank_spans) -> float:
@@ -178,8 +192,56 @@ def idle_share(per_rank_spans) -> float:
     return 1.0 - busy / (len(per_rank_spans) * (end - start))
 
 
+def _spec(world_size, microbatches, schedules, hidden, layers, rows, reps) -> dict:
+    world_size = check_count("world_size", world_size, minimum=2)
+    ms = [check_count("microbatches", m) for m in microbatches]
+    if not ms:
+        raise ValueError("microbatches must not be empty")
+    for s in schedules:
+        if s not in SCHEDULES:
+            raise ValueError(f"unknown schedule {s!r}; choose from {', '.join(SCHEDULES)}")
+    configs = [(s, m) for s in schedules for m in ms if not (s == "1F1B" and m < world_size)]
+    return {"world_size": world_size, "configs": configs, "hidden": check_count("hidden", hidden),
+            "layers": check_count("layers", layers), "rows": check_count("rows", rows), "reps": check_count("reps", reps)}
+
+
+def run_pipelines(specs, timeout: float = 240.0) -> list:
+    """Several pipeline runs in one launch of ``max(world_size)`` processes (each start costs seconds).
+
+    ``specs`` is a list of dicts with the keyword arguments of :func:`run_pipeline`
+    (``world_size``, ``microbatches``, and optionally ``schedules``, ``hidden``,
+    ``layers``, ``rows``, ``reps``); a run on fewer processes than were started
+    uses ranks 0..n-1 while the others wait. Returns one result per spec, as
+    :func:`run_pipeline` describes.
+    """
+    defaults = dict(schedules=SCHEDULES, hidden=512, layers=4, rows=64, reps=2)
+    checked = [_spec(**{**defaults, **spec}) for spec in specs]
+    if not checked:
+        raise ValueError("specs must hold at least one run")
+    world = max(s["world_size"] for s in checked)
+    per_rank = launch(_pipeline_worker, world, args=(checked,), timeout=timeout,
+                      progress_total=sum(s["world_size"] * len(s["configs"]) for s in checked),
+                      desc=f"pipelines on {world} processes")
+    results = []
+    for j, spec in enumerate(checked):
+        n = spec["world_size"]
+        runs = []
+        for i, (name, m) in enumerate(spec["configs"]):
+            steps = []
+            for k in range(spec["reps"]):
+                at = [per_rank[r]["runs"][j][i][k] for r in range(n)]
+                spans = [a["spans"] for a in at]
+                steps.append({"spans": spans, "idle_share": idle_share(spans),
+                              "peak_bytes": [a["peak_bytes"] for a in at],
+                              "left_bytes": [a["left_bytes"] for a in at]})
+            runs.append({"schedule": name, "microbatches": m, "steps": steps})
+        results.append({"world_size": n, "backend": per_rank[0]["backend"], "rows": spec["rows"],
+                        "hidden": spec["hidden"], "layers": spec["layers"], "runs": runs})
+    return results
+
+
 def run_pipeline(world_size: int = 2, microbatches=(1, 2, 4, 8), schedules=SCHEDULES, hidden: int = 512,
-                 layers: int = 4, rows: int = 64, reps: int = 2, timeout: float = 180.0) -> dict:
+                 layers: int = 4, rows: int = 64, reps: int = 2, timeout: float = 240.0) -> dict:
     """Run the schedules on ``world_size`` stages for each micro-batch count; measured spans and peaks.
 
     Every micro-batch has ``rows`` examples of width ``hidden`` (so the work
@@ -195,31 +257,5 @@ def run_pipeline(world_size: int = 2, microbatches=(1, 2, 4, 8), schedules=SCHED
     ``peak_bytes`` (per rank: the most activation bytes alive at once) and
     ``left_bytes`` (per rank, after the step: 0 when every activation was freed).
     """
-    world_size = check_count("world_size", world_size, minimum=2)
-    ms = [check_count("microbatches", m) for m in microbatches]
-    if not ms:
-        raise ValueError("microbatches must not be empty")
-    for s in schedules:
-        if s not in SCHEDULES:
-            raise ValueError(f"unknown schedule {s!r}; choose from {', '.join(SCHEDULES)}")
-    check_count("hidden", hidden)
-    check_count("layers", layers)
-    check_count("rows", rows)
-    check_count("reps", reps)
-    configs = [(s, m) for s in schedules for m in ms if not (s == "1F1B" and m < world_size)]
-    per_rank = launch(_pipeline_worker, world_size, args=(configs, hidden, layers, rows, reps), timeout=timeout,
-                      progress_total=world_size * len(configs), desc=f"pipeline on {world_size} processes")
-    runs = []
-    for i, (name, m) in enumerate(configs):
-        steps = []
-        for k in range(reps):
-            spans = [r["results"][i]["runs"][k]["spans"] for r in per_rank]
-            steps.append({
-                "spans": spans,
-                "idle_share": idle_share(spans),
-                "peak_bytes": [r["results"][i]["runs"][k]["peak_bytes"] for r in per_rank],
-                "left_bytes": [r["results"][i]["runs"][k]["left_bytes"] for r in per_rank],
-            })
-        runs.append({"schedule": name, "microbatches": m, "steps": steps})
-    return {"world_size": world_size, "backend": per_rank[0]["backend"], "rows": rows, "hidden": hidden,
-            "layers": layers, "runs": runs}
+    return run_pipelines([dict(world_size=world_size, microbatches=microbatches, schedules=schedules,
+                               hidden=hidden, layers=layers, rows=rows, reps=reps)], timeout=timeout)[0]
