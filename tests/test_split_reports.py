@@ -44,7 +44,7 @@ def test_comm_rows_use_the_fastest_round_and_the_model():
            "all_reduce": [(4096, [0.003, 0.001, 0.002])], "all_gather": [], "reduce_scatter": [],
            "ddp": {"grad_bytes": 4096, "bucket_bytes": [4096], "bucket_times": [[0.002, 0.001]],
                    "backward": [0.010, 0.012], "backward_no_sync": [0.008, 0.009]},
-           "fsdp": {"collectives": [("all_gather", 4096), ("reduce_scatter", 4096)], "replay": [0.004, 0.003],
+           "fsdp": {"collectives": [("all_gather", 4096), ("reduce_scatter", 4096)], "replay_each": [[0.002, 0.001], [0.003, 0.002]],
                     "step": [0.05]}}
     rows = {r["what"]: r for r in R.comm_rows(res, link)}
     assert rows["all-reduce"]["measured_s"] == 0.001

@@ -12,11 +12,14 @@
    ``no_sync``);
 4. **a fully_shard step**: the collectives of one forward and backward,
    logged with sizes (:class:`~lessonlib.measure.distributed.collectives.CollectiveLog`),
-   that exact sequence replayed and timed alone, and the whole step timed.
+   each of them replayed and timed alone, and the whole step timed.
 
 Each timed piece starts after a barrier; a round's time is the slowest rank's
-(a collective is done when every rank is done); the result keeps every round,
-and the caller takes medians. Times are seconds.
+(a collective is done when every rank is done). The collectives are timed
+round-robin, one round of every one of them after another, so that a stretch
+of time when other programs hog the machine slows a few rounds of each rather
+than every round of one. The result keeps every round; the caller reduces
+them (the fastest round, on the pages). Times are seconds.
 """
 from __future__ import annotations
 
@@ -77,39 +80,43 @@ def _slowest(times, device):
     return t.cpu().tolist()
 
 
+def _interleaved(probes, device, rounds, warmup=2):
+    """Time every ``(key, fn)`` probe once per round, round after round; ``{key: [s per round]}``.
+
+    Interleaving spreads each probe's rounds over the whole measurement, so a
+    stretch of time when other programs hog the machine slows a few rounds of
+    every probe rather than all rounds of one.
+    """
+    import torch.distributed as dist
+
+    out = {key: [] for key, _ in probes}
+    for r in range(warmup + rounds):
+        for key, fn in probes:
+            dist.barrier()
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            if r >= warmup:
+                out[key].append(time.perf_counter() - t0)
+    return out
+
+
 def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_hidden, ddp_batch, fsdp_cfg):
     import torch
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ..models import TinyGPT, lm_loss
     from .data_parallel import forecast_model, synthetic_batch
     from .fsdp import _shard
 
-    result = {"rank": rank, "world_size": world, "backend": None}
+    def ones(n_bytes):
+        return torch.ones(n_bytes // 4, device=device)
+
     with known_warnings_silenced():
-        result["backend"] = dist.get_backend()
-        # 1. all-reduce sweep
-        rows = []
-        for n_bytes in sweep:
-            buf = torch.ones(n_bytes // 4, device=device)
-            rows.append((n_bytes, _slowest(_timed(lambda: dist.all_reduce(buf), device, rounds), device)))
-        result["all_reduce"] = rows
-        progress.put(1)
-
-        # 2. all-gather and reduce-scatter (full tensor of n_bytes; each rank holds n_bytes / world)
-        gathers, scatters = [], []
-        for n_bytes in check_bytes:
-            full = torch.ones(n_bytes // 4, device=device)
-            part = torch.ones(n_bytes // 4 // world, device=device)
-            gathers.append((n_bytes, _slowest(_timed(lambda: _all_gather(full, part), device, rounds),
-                                              device)))
-            scatters.append((n_bytes, _slowest(_timed(lambda: _reduce_scatter(part, full), device, rounds),
-                                               device)))
-        result["all_gather"], result["reduce_scatter"] = gathers, scatters
-        progress.put(1)
-
-        # 3. DDP: the buckets it all-reduces, timed alone, and the communication a step exposes
+        # DDP: the buckets it all-reduces (DDP fixes them in its first backward, and logs them)
         model = forecast_model(ddp_hidden).to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         x, y = (t.to(device) for t in synthetic_batch(ddp_batch))
@@ -126,27 +133,14 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
             with ddp.no_sync():
                 loss_fn(ddp(xs), ys).backward()
 
-        backward()  # DDP fixes its buckets in the first backward
+        backward()
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         logged = ddp._get_ddp_logging_data()  # DDP's own record of its buckets (bytes)
         bucket_bytes = [int(b) for b in str(logged.get("bucket_sizes", "")).split(",") if b.strip()]
-        if sum(bucket_bytes) != grad_bytes:  # older torch: one bucket per cap, fall back to the total
+        if sum(bucket_bytes) != grad_bytes:  # an older torch that logs otherwise: one bucket of everything
             bucket_bytes = [grad_bytes]
-        bucket_times = []
-        for n_bytes in bucket_bytes:
-            buf = torch.ones(n_bytes // 4, device=device)
-            bucket_times.append(_slowest(_timed(lambda: dist.all_reduce(buf), device, rounds), device))
-        with_sync, without = [], []
-        for _ in range(rounds + 2):  # interleaved, so machine noise hits both alike
-            with_sync += _timed(backward, device, 1, warmup=0)
-            without += _timed(backward_no_sync, device, 1, warmup=0)
-        result["ddp"] = {"grad_bytes": grad_bytes, "bucket_bytes": bucket_bytes, "bucket_times": bucket_times,
-                         "backward": _slowest(with_sync[2:], device), "backward_no_sync": _slowest(without[2:], device)}
-        progress.put(1)
 
-        # 4. a fully_shard step: its collectives logged, replayed alone, and the whole step timed
-        from torch.distributed.device_mesh import init_device_mesh
-
+        # fully_shard: the collectives of one forward and backward, logged with their sizes
         mesh = init_device_mesh(device.type, (world,))
         torch.manual_seed(0)
         base = TinyGPT(**fsdp_cfg)
@@ -154,37 +148,59 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
         opt = torch.optim.Adam(sharded.parameters(), lr=1e-3)
         g = torch.Generator().manual_seed(1)
         tokens = torch.randint(0, fsdp_cfg["vocab"], (2 * world, fsdp_cfg["seq_len"]), generator=g).to(device)
-        xs, ys = tokens[rank * 2:(rank + 1) * 2], tokens.roll(-1, dims=1)[rank * 2:(rank + 1) * 2]
+        ts, tt = tokens[rank * 2:(rank + 1) * 2], tokens.roll(-1, dims=1)[rank * 2:(rank + 1) * 2]
+        log = CollectiveLog()
+        with log:
+            lm_loss(sharded(ts), tt).backward()
+        records = [(r.kind, r.n_bytes) for r in log.records]
+        progress.put(1)
+
+        # every collective, interleaved round by round: the sweep, the checks, DDP's buckets, FSDP's sequence
+        probes = []
+        for n in sweep:
+            buf = ones(n)
+            probes.append((("all_reduce", n), lambda b=buf: dist.all_reduce(b)))
+        for n in check_bytes:
+            full, part = ones(n), ones(n // world)
+            probes.append((("all_gather", n), lambda f=full, p=part: _all_gather(f, p)))
+            probes.append((("reduce_scatter", n), lambda f=full, p=part: _reduce_scatter(p, f)))
+        for i, n in enumerate(bucket_bytes):
+            buf = ones(n)
+            probes.append((("bucket", i), lambda b=buf: dist.all_reduce(b)))
+        for i, (kind, n) in enumerate(records):
+            full, part = ones(n), ones(n // world)
+            fn = (lambda f=full, p=part: _all_gather(f, p)) if kind == "all_gather" else \
+                 (lambda f=full, p=part: _reduce_scatter(p, f))
+            probes.append((("fsdp", i), fn))
+        times = {k: _slowest(v, device) for k, v in _interleaved(probes, device, rounds).items()}
+        progress.put(1)
+
+        # whole steps, which compute: DDP with and without its all-reduce (interleaved), the FSDP step
+        with_sync, without = [], []
+        for _ in range(rounds + 2):
+            with_sync += _timed(backward, device, 1, warmup=0)
+            without += _timed(backward_no_sync, device, 1, warmup=0)
 
         def fsdp_step():
             opt.zero_grad(set_to_none=True)
-            lm_loss(sharded(xs), ys).backward()
+            lm_loss(sharded(ts), tt).backward()
             opt.step()
 
-        log = CollectiveLog()
-        with log:
-            lm_loss(sharded(xs), ys).backward()
-        records = [(r.kind, r.n_bytes) for r in log.records]
-        bufs = []
-        for kind, n_bytes in records:
-            full = torch.ones(n_bytes // 4, device=device)
-            bufs.append((kind, full, torch.ones(n_bytes // 4 // world, device=device)))
-
-        def replay():
-            for kind, full, part in bufs:
-                if kind == "all_gather":
-                    _all_gather(full, part)
-                else:
-                    _reduce_scatter(part, full)
-
-        # Two separate loops: right after a burst of computation the processes wait longer for the
-        # CPU on a busy machine, which would be charged to the collectives.
         step_t = _timed(fsdp_step, device, rounds)
-        replay_t = _timed(replay, device, rounds)
-        result["fsdp"] = {"collectives": records, "n_params": sum(p.numel() for p in base.parameters()),
-                          "step": _slowest(step_t, device), "replay": _slowest(replay_t, device)}
         progress.put(1)
-    return result
+
+    return {
+        "rank": rank, "world_size": world, "backend": dist.get_backend(),
+        "all_reduce": [(n, times[("all_reduce", n)]) for n in sweep],
+        "all_gather": [(n, times[("all_gather", n)]) for n in check_bytes],
+        "reduce_scatter": [(n, times[("reduce_scatter", n)]) for n in check_bytes],
+        "ddp": {"grad_bytes": grad_bytes, "bucket_bytes": bucket_bytes,
+                "bucket_times": [times[("bucket", i)] for i in range(len(bucket_bytes))],
+                "backward": _slowest(with_sync[2:], device), "backward_no_sync": _slowest(without[2:], device)},
+        "fsdp": {"collectives": records, "n_params": sum(p.numel() for p in base.parameters()),
+                 "replay_each": [times[("fsdp", i)] for i in range(len(records))],
+                 "step": _slowest(step_t, device)},
+    }
 
 
 def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16, 2 ** 20, 2 ** 22),
@@ -198,7 +214,7 @@ def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16
     ``ddp`` has ``grad_bytes``, ``bucket_bytes``, ``bucket_times`` (per
     bucket, per round), ``backward`` and ``backward_no_sync`` (per round);
     ``fsdp`` has ``collectives`` (``(kind, bytes)`` in order), ``n_params``,
-    ``step`` and ``replay`` (per round). Sizes must be multiples of
+    ``replay_each`` (per collective, per round) and ``step`` (per round). Sizes must be multiples of
     ``4 * world_size`` bytes.
     """
     world_size = check_count("world_size", world_size, minimum=2)
@@ -213,5 +229,5 @@ def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16
         raise ValueError(f"ddp_batch {ddp_batch} does not divide evenly by world_size={world_size}")
     per_rank = launch(_comm_worker, world_size,
                       args=(sizes, checks, rounds, check_count("ddp_hidden", ddp_hidden), ddp_batch, dict(fsdp)),
-                      timeout=timeout, progress_total=4 * world_size, desc=f"communication on {world_size} processes")
+                      timeout=timeout, progress_total=3 * world_size, desc=f"communication on {world_size} processes")
     return per_rank[0]
