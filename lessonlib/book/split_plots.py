@@ -53,7 +53,7 @@ def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
     if not runs:
         raise ValueError(f"no run with microbatches={microbatches}")
     p = run["world_size"]
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.2 + 1.0 * p * len(runs)), squeeze=False)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(7.5, 1.3 + 1.0 * p * len(runs)), squeeze=False)
     cmap = plt.get_cmap("tab10")
     for ax, r in zip(axes[:, 0], runs):
         st = r["steps"][step]
@@ -69,8 +69,7 @@ def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
         ax.set_ylabel("process")
         ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, idle share {st['idle_share']:.0%} "
                      f"(formula {(p - 1) / (microbatches + p - 1):.0%})", fontsize=10)
-    axes[-1, 0].set_xlabel("time since the first computation of the step (ms); F = forward, B = backward, "
-                           "gaps = waiting")
+    axes[-1, 0].set_xlabel("time since the step's first computation (ms)\nF = forward, B = backward, gaps = waiting")
     fig.suptitle("Pipeline steps recorded on real processes")
     fig.tight_layout()
     return fig

@@ -358,7 +358,7 @@ def _described(new: Layout, old: Layout) -> Layout:
     """``new`` with ``change`` saying, in words, what differs from ``old``."""
     words = []
     if new.devices != old.devices:
-        words.append(f"{new.devices} devices")
+        words.append(f"{new.devices:,} devices")
     if new.zero_stage != old.zero_stage:
         words.append(f"ZeRO stage {new.zero_stage}")
     if new.tensor_parallel != old.tensor_parallel:
