@@ -10,14 +10,20 @@ import statistics
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
-from ..calc.comm import Link
+from ..calc.comm import COLLECTIVES, Link
+from ..checks import (amount as check_amount, choice as check_choice, count as check_count,
+                      instance as check_instance, positive as check_positive, sequence as check_sequence,
+                      text as check_text)
 from ..calc.memory import activation_bytes_per_layer
 from ..calc.sharding import ZERO_STAGES, zero_state_bytes
 from .plots import COLORS, stacked_bars
+from .split_reports import _record
 
 
 def plot_zero_stages(n_params: int, devices: int, label: str = ""):
     """Bytes per device at ZeRO stages 0-3 (Adam, mixed precision), stacked by part, in GB."""
+    zero_state_bytes(n_params, devices, 0)  # checks n_params and devices before drawing anything
+    label = check_text("label", label, allow_empty=True)
     data = {}
     for stage in ZERO_STAGES:
         name = "no sharding\n(stage 0)" if stage == 0 else f"stage {stage}"
@@ -30,7 +36,11 @@ def plot_zero_stages(n_params: int, devices: int, label: str = ""):
 
 def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degrees=(1, 2, 4, 8, 16, 32)):
     """Activation bytes one layer keeps per device against the tensor-parallel degree t (MiB, log x)."""
+    activation_bytes_per_layer(seq_len, batch, hidden, heads)  # checks the shape first
+    degrees = [check_count("degrees", t, maximum=4096) for t in check_sequence("degrees", degrees)]
     ts = [t for t in degrees if heads % t == 0 and hidden % t == 0]
+    if not ts:
+        raise ValueError(f"degrees must hold a tensor-parallel degree that divides heads ({heads}) and hidden ({hidden})")
     per = [activation_bytes_per_layer(seq_len, batch, hidden, heads, tensor_parallel=t) / 2 ** 20 for t in ts]
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     ax.plot(ts, per, "o-", label="Korthikanti: s·b·h·(10 + 24/t + 5as/(ht))")
@@ -49,6 +59,9 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
 
 def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
     """Busy spans of each stage as recorded in one real step, GPipe above 1F1B (ms from the step's start)."""
+    _record("run", run, ("world_size", "runs"), "a result of run_pipelines")
+    microbatches = check_count("microbatches", microbatches)
+    step = check_count("step", step, minimum=0)
     runs = [r for r in run["runs"] if r["microbatches"] == microbatches]
     if not runs:
         raise ValueError(f"no run with microbatches={microbatches}")
@@ -56,6 +69,8 @@ def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
     fig, axes = plt.subplots(len(runs), 1, figsize=(7.5, 1.3 + 1.0 * p * len(runs)), squeeze=False)
     cmap = plt.get_cmap("tab10")
     for ax, r in zip(axes[:, 0], runs):
+        if step >= len(r["steps"]):
+            raise ValueError(f"step must be below the {len(r['steps'])} steps measured, got {step}")
         st = r["steps"][step]
         t0 = min(s[2] for spans in st["spans"] for s in spans)
         for stage, spans in enumerate(st["spans"]):
@@ -77,7 +92,7 @@ def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
 
 def plot_idle_shares(run: dict):
     """Median measured idle share against m for each schedule, with (p-1)/(m+p-1)."""
-    p = run["world_size"]
+    p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     ms_all = sorted({r["microbatches"] for r in run["runs"]})
     ax.plot(ms_all, [100 * (p - 1) / (m + p - 1) for m in ms_all], "k--", label="(p − 1)/(m + p − 1)")
@@ -97,6 +112,13 @@ def plot_idle_shares(run: dict):
 
 def plot_alpha_beta(sizes, seconds, link: Link, devices: int = 2, collective: str = "all_reduce"):
     """Measured collective times (one per size, seconds) against message size, and the fitted alpha-beta line (log-log)."""
+    sizes = [check_positive("sizes", x) for x in check_sequence("sizes", sizes)]
+    seconds = [check_positive("seconds", t) for t in check_sequence("seconds", seconds)]
+    if len(sizes) != len(seconds):
+        raise ValueError(f"sizes and seconds must have the same length, got {len(sizes)} and {len(seconds)}")
+    check_instance("link", link, Link, "a Link (alpha_s, beta_bytes_per_s)")
+    devices = check_count("devices", devices, minimum=2)
+    check_choice("collective", collective, COLLECTIVES)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.plot(sizes, [1e6 * t for t in seconds], "o", label="measured (fastest of the rounds)", color=COLORS["weights"])
     lo, hi = min(sizes), max(sizes)

@@ -12,12 +12,34 @@ import statistics
 from ..calc.comm import Link
 from ..calc.memory import format_bytes, training_state_bytes
 from ..calc.sharding import zero_state_bytes, zero_step_traffic
-from ..checks import choice as check_choice, count as check_count
+from ..checks import (choice as check_choice, count as check_count, function as check_function,
+                      instance as check_instance, mapping as check_mapping, amount as check_amount,
+                      sequence as check_sequence)
 from ..calc.planner import PRESETS
+
+
+def _record(name: str, value, keys, what: str = "a measurement's result") -> dict:
+    """``value`` if it is a dict holding every one of ``keys``; else an error naming ``name``."""
+    check_mapping(name, value)
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise ValueError(f"{name} must be {what}, with the keys {', '.join(map(repr, keys))}; "
+                         f"missing {', '.join(map(repr, missing))}")
+    return value
+
+
+def _records(name: str, value, keys, what: str = "a list of per-rank results") -> list:
+    """A non-empty list of :func:`_record` dicts."""
+    return [_record(name, v, keys, what) for v in check_sequence(name, value)]
 
 
 def md_table(header, rows) -> str:
     """A Markdown table: ``header`` is a list of column titles, ``rows`` a list of lists of cells."""
+    header = check_sequence("header", header)
+    rows = [check_sequence("rows", r) for r in check_sequence("rows", rows, allow_empty=True)]
+    for r in rows:
+        if len(r) != len(header):
+            raise ValueError(f"rows must have {len(header)} cells each, as header does; got {len(r)}")
     lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
     return "\n".join(lines)
@@ -29,6 +51,14 @@ def _b(n) -> str:
 
 # --------------------------------------------------------------------------- ZeRO / FSDP
 
+def _sharding_results(value) -> dict:
+    """``{N: [per-rank dicts]}`` as :func:`~lessonlib.measure.distributed.fsdp.run_sharding` returns it."""
+    out = {}
+    for n, per_rank in check_mapping("results", value).items():
+        out[check_count("results (a process count)", n)] = _records("results", per_rank, ("rank", "n_params", "zero3"))
+    return out
+
+
 def sharded_state_rows(results: dict) -> list:
     """Per rank and part: measured bytes against the formula over N.
 
@@ -38,7 +68,7 @@ def sharded_state_rows(results: dict) -> list:
     ``rank``, ``part``, ``measured``, ``formula``.
     """
     rows = []
-    for n, per_rank in results.items():
+    for n, per_rank in _sharding_results(results).items():
         f = zero_state_bytes(per_rank[0]["n_params"], n, 3, "adam", "fp32")
         for r in per_rank:
             for part in ("weights", "gradients", "optimizer_state"):
@@ -51,7 +81,7 @@ def sharded_state_table(results: dict) -> str:
     """Markdown: what each rank holds under fully_shard, against 16 Ψ / N split by part."""
     parts = ("weights", "gradients", "optimizer_state")
     rows = []
-    for n, per_rank in results.items():
+    for n, per_rank in _sharding_results(results).items():
         f = zero_state_bytes(per_rank[0]["n_params"], n, 3, "adam", "fp32")
         for r in per_rank:
             ok = all(r["zero3"][p] == getattr(f, p) for p in parts)
@@ -62,6 +92,7 @@ def sharded_state_table(results: dict) -> str:
 
 def zero1_table(per_rank: list) -> str:
     """Markdown: ZeroRedundancyOptimizer's optimizer state per rank against 8 Ψ / N."""
+    per_rank = _records("per_rank", per_rank, ("rank", "n_params", "zero1"))
     n = len(per_rank)
     full = training_state_bytes(per_rank[0]["n_params"], "adam", "fp32")
     rows = []
@@ -75,7 +106,7 @@ def zero1_table(per_rank: list) -> str:
 
 def loss_table(per_rank: list) -> tuple:
     """Markdown of the loss per step, sharded against unsharded, and the largest relative difference."""
-    r0 = per_rank[0]
+    r0 = _records("per_rank", per_rank, ("losses", "reference_losses"))[0]
     rows, worst = [], 0.0
     for i, (a, b) in enumerate(zip(r0["losses"], r0["reference_losses"])):
         rel = abs(a - b) / abs(b)
@@ -88,8 +119,9 @@ def loss_table(per_rank: list) -> tuple:
 def traffic_summary(records) -> dict:
     """``{kind: {"count", "bytes"}}`` from ``(kind, phase, bytes)`` or ``(kind, bytes)`` records."""
     out: dict = {}
-    for rec in records:
-        kind, n = rec[0], rec[-1]
+    for rec in check_sequence("records", records, allow_empty=True):
+        rec = check_sequence("records", rec)
+        kind, n = rec[0], check_amount("records (bytes)", rec[-1])
         d = out.setdefault(kind, {"count": 0, "bytes": 0})
         d["count"] += 1
         d["bytes"] += n
@@ -102,7 +134,8 @@ def traffic_table(per_rank: list, value_bytes: int = 4) -> tuple:
     Returns ``(markdown, checks)``; ``checks`` maps ``"freed"`` / ``"kept"`` to
     ``{kind: (logged bytes, formula bytes)}``.
     """
-    r0 = per_rank[0]
+    r0 = _records("per_rank", per_rank, ("world_size", "n_params", "zero3_collectives", "keep_collectives"))[0]
+    value_bytes = check_count("value_bytes", value_bytes)
     n, psi = r0["world_size"], r0["n_params"]
     formula = zero_step_traffic(psi, n, 3, value_bytes)
     kept_formula = {"all_gather": formula["all_gather"] // 2, "reduce_scatter": formula["reduce_scatter"]}
@@ -139,8 +172,10 @@ def zero_report(model: str, devices: int, stage: int) -> str:
 def tp_collective_table(records, expected) -> str:
     """Markdown: the collectives logged in forward and backward, against ``expected``
     (``{(kind, phase): (count, bytes)}``)."""
+    check_mapping("expected", expected, allow_empty=True)
     got: dict = {}
-    for kind, phase, n in records:
+    for rec in check_sequence("records", records, allow_empty=True):
+        kind, phase, n = check_sequence("records", rec)
         d = got.setdefault((kind, phase), [0, 0])
         d[0] += 1
         d[1] += n
@@ -154,18 +189,24 @@ def tp_collective_table(records, expected) -> str:
 
 def layernorm_stat_bytes(items) -> int:
     """Bytes of the small per-row tensors LayerNorm keeps (last dimension 1) among saved ``items``."""
-    return sum(n for shape, _dtype, n in items if shape and shape[-1] == 1)
+    total = 0
+    for item in check_sequence("items", items, allow_empty=True):
+        shape, _dtype, n = check_sequence("items", item)
+        if shape and shape[-1] == 1:
+            total += check_count("items (bytes)", n, minimum=0)
+    return total
 
 
 # --------------------------------------------------------------------------- pipelines
 
-def median(xs):
-    return statistics.median(xs)
+def median(xs) -> float:
+    """The median of a non-empty list of numbers."""
+    return statistics.median([check_amount("xs", x) for x in check_sequence("xs", xs)])
 
 
 def idle_rows(run: dict) -> list:
-    """``(schedule, m, median idle share, formula)`` for each run of :func:`run_pipeline`."""
-    p = run["world_size"]
+    """``(schedule, m, median idle share, formula)`` for each pipeline result of :func:`run_pipelines`."""
+    p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
     return [(r["schedule"], r["microbatches"], median([s["idle_share"] for s in r["steps"]]),
              (p - 1) / (r["microbatches"] + p - 1)) for r in run["runs"]]
 
@@ -174,7 +215,7 @@ def pipeline_memory_rows(run: dict) -> list:
     """Per schedule, m and stage: measured peak activation bytes, the bytes of one micro-batch
     on that stage (GPipe's peak at the smallest m, divided by m) and the count the schedule
     should hold: m for GPipe, min(m, p - stage) for 1F1B."""
-    p = run["world_size"]
+    p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
     gpipe = [r for r in run["runs"] if r["schedule"] == "GPipe"]
     if not gpipe:
         raise ValueError("run holds no GPipe runs to read one micro-batch's bytes from")
@@ -207,7 +248,7 @@ def fastest(times) -> float:
     """The fastest of the rounds (seconds). On a shared machine other programs can only add time to a
     collective (a process paused by the operating system keeps every other process waiting), so the
     fastest round is the closest to the collective's own cost; medians there are pulled up by pauses."""
-    return min(times)
+    return min(check_amount("times", t) for t in check_sequence("times", times))
 
 
 def comm_rows(result: dict, link: Link, stat=fastest) -> list:
@@ -216,7 +257,10 @@ def comm_rows(result: dict, link: Link, stat=fastest) -> list:
     ``stat`` reduces the rounds of one measurement to one number (default: :func:`fastest`).
     Returns dicts ``{"what", "bytes", "measured_s", "predicted_s"}``.
     """
-    n = result["world_size"]
+    n = _record("result", result, ("world_size", "all_reduce", "all_gather", "reduce_scatter", "ddp", "fsdp"),
+                "a result of run_comm_timing")["world_size"]
+    check_instance("link", link, Link, "a Link (alpha_s, beta_bytes_per_s)")
+    check_function("stat", stat)
     rows = []
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
         for b, ts in result[kind]:
@@ -237,6 +281,7 @@ def comm_rows(result: dict, link: Link, stat=fastest) -> list:
 
 def comm_table(rows: list) -> str:
     """Markdown of :func:`comm_rows` (times in microseconds)."""
+    rows = _records("rows", rows, ("what", "bytes", "measured_s", "predicted_s"), "a list of comm_rows dicts")
     out = [[r["what"], format_bytes(r["bytes"]), f"{1e6 * r['measured_s']:,.0f}", f"{1e6 * r['predicted_s']:,.0f}",
             f"{r['predicted_s'] / r['measured_s']:.2f}"] for r in rows]
     return md_table(["what", "tensor", "measured (µs, fastest round)", "predicted (µs)", "predicted / measured"], out)
@@ -248,10 +293,13 @@ def cluster_rows(n_params: int, gpus_per_node: int = 8, nodes=(1, 8, 64), links=
     each GPU's own port being the slowest link of the ring)."""
     from ..calc.comm import LINKS
 
-    links = links or LINKS
+    links = LINKS if links is None else _record("links", links, ("nvlink", "infiniband"), "a dict of Link figures")
+    for name in ("nvlink", "infiniband"):
+        check_instance("links", links[name], Link, "a dict of Link figures")
     grad = 2 * check_count("n_params", n_params)
+    gpus_per_node = check_count("gpus_per_node", gpus_per_node, maximum=1024)
     rows = []
-    for k in nodes:
+    for k in [check_count("nodes", k, maximum=100_000) for k in check_sequence("nodes", nodes)]:
         n = gpus_per_node * check_count("nodes", k)
         link = links["nvlink"] if k == 1 else links["infiniband"]
         t = zero_step_traffic(n_params, n, 3, 2)

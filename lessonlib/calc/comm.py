@@ -29,7 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..checks import amount as check_amount, choice as check_choice, count as check_count, positive as check_positive
+from ..checks import (amount as check_amount, choice as check_choice, count as check_count, instance as check_instance,
+                      positive as check_positive, sequence as check_sequence)
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -124,11 +125,8 @@ def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, 
     (at least two different sizes), non-positive times, and when the samples
     give a negative alpha or beta (they do not follow a latency-bandwidth line).
     """
-    try:
-        xs = [check_amount("n_bytes", x) for x in n_bytes]
-        ts = [check_positive("seconds", t) for t in seconds]
-    except TypeError:
-        raise ValueError("n_bytes and seconds must be sequences of numbers") from None
+    xs = [check_amount("n_bytes", x) for x in check_sequence("n_bytes", n_bytes)]
+    ts = [check_positive("seconds", t) for t in check_sequence("seconds", seconds)]
     if len(xs) != len(ts):
         raise ValueError(f"n_bytes and seconds must have the same length, got {len(xs)} and {len(ts)}")
     if len(set(xs)) < 2:
@@ -157,4 +155,9 @@ def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, 
 
 def relative_errors(link: Link, collective: str, n_bytes, seconds, devices) -> list:
     """(predicted - measured) / measured for each sample, dimensionless."""
-    return [(link.seconds(collective, x, devices) - t) / t for x, t in zip(n_bytes, seconds)]
+    check_instance("link", link, Link, "a Link (alpha_s, beta_bytes_per_s)")
+    xs = [check_amount("n_bytes", x) for x in check_sequence("n_bytes", n_bytes)]
+    ts = [check_positive("seconds", t) for t in check_sequence("seconds", seconds)]
+    if len(xs) != len(ts):
+        raise ValueError(f"n_bytes and seconds must have the same length, got {len(xs)} and {len(ts)}")
+    return [(link.seconds(collective, x, devices) - t) / t for x, t in zip(xs, ts)]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..checks import choice as check_choice, count as check_count, positive as check_positive
+from ..checks import choice as check_choice, count as check_count, positive as check_positive, text as check_text
 from .memory import (ACTIVATION_BYTES_PER_VALUE, OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM,
                      RECOMPUTE_CHOICES, activation_bytes, training_state_bytes)
 
@@ -251,10 +251,14 @@ def layout(n_params, optimizer: str = "adam", precision: str = "mixed", batch_pe
     follow Korthikanti's formula with ``tensor_parallel=t``. Raises
     ``ValueError`` when ``tensor_parallel`` does not divide ``devices``.
     """
+    from .sharding import check_stage
+
     one = plan(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
                device_bytes, train_tokens, device_flops_per_s, max_days)  # checks the inputs; one-device time
     args = (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads)
-    return _layout(one, args, recompute, max_days, devices, zero_stage, tensor_parallel, change)
+    return _layout(one, args, recompute, max_days, check_count("devices", devices),
+                   check_stage("zero_stage", zero_stage), check_count("tensor_parallel", tensor_parallel),
+                   check_text("change", change, allow_empty=True))
 
 
 def _layout(one: Plan, args, recompute, max_days, devices, zero_stage, tensor_parallel, change="") -> Layout:
@@ -302,6 +306,11 @@ def propose(n_params, optimizer: str = "adam", precision: str = "mixed", batch_p
     ``max_days``. A last entry with ``fits_memory`` false means nothing
     tried fits. Arguments as :func:`layout`.
     """
+    from .sharding import check_stage
+
+    devices = check_count("devices", devices)
+    zero_stage = check_stage("zero_stage", zero_stage)
+    tensor_parallel = check_count("tensor_parallel", tensor_parallel)
     common = (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads)
     rest = (device_bytes, train_tokens, device_flops_per_s, max_days)
     ones = {}  # the one-device plan for each recompute setting (its time depends on it)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from ..checks import choice as check_choice, count as check_count
+from ..checks import choice as check_choice, count as check_count, sequence as check_sequence, text as check_text
 from .memory import OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM, StateBytes
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -36,10 +36,9 @@ SHARDED_PARTS = {
 }
 
 
-def _stage(stage) -> int:
-    if isinstance(stage, bool) or stage not in ZERO_STAGES:
-        raise ValueError(f"stage must be one of {', '.join(map(str, ZERO_STAGES))} (0 = no sharding), got {stage!r}")
-    return int(stage)
+def check_stage(name: str, value) -> int:
+    """``value`` as a ZeRO stage (0, 1, 2 or 3); ``ValueError``/``TypeError`` naming ``name`` otherwise."""
+    return check_count(check_text("name", name), value, minimum=min(ZERO_STAGES), maximum=max(ZERO_STAGES))
 
 
 def zero_state_bytes(n_params, devices, stage, optimizer: str = "adam", precision: str = "mixed") -> StateBytes:
@@ -64,7 +63,7 @@ def zero_state_bytes(n_params, devices, stage, optimizer: str = "adam", precisio
     """
     n = check_count("n_params", n_params)
     d = check_count("devices", devices)
-    stage = _stage(stage)
+    stage = check_stage("stage", stage)
     check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
     check_choice("precision", precision, PRECISION_BYTES_PER_PARAM)
     w, g, m = PRECISION_BYTES_PER_PARAM[precision]
@@ -99,6 +98,8 @@ def fsdp_shard_rows(rows, devices, rank) -> int:
 
 
 def _shape(name, shape) -> tuple:
+    if isinstance(shape, (str, bytes, dict)):
+        raise ValueError(f"{name} must be a list of tensor shapes, got {shape!r}")
     try:
         dims = tuple(shape)
     except TypeError:
@@ -119,8 +120,10 @@ def fsdp_local_numel(shapes, devices, rank) -> int:
     """
     d = check_count("devices", devices)
     r = check_count("rank", rank, minimum=0)
+    if r >= d:
+        raise ValueError(f"rank must be below devices={d}, got {r}")
     total = 0
-    for shape in shapes:
+    for shape in check_sequence("shapes", shapes, allow_empty=True):
         dims = _shape("shapes", shape)
         if not dims:  # a scalar parameter is not split
             total += 1 if r == 0 else 0
@@ -134,7 +137,7 @@ def fsdp_padded_numel(shapes, devices) -> int:
     """Elements FSDP2 all-gathers for the parameters in ``shapes``: each dim 0 padded to a multiple of ``devices``."""
     d = check_count("devices", devices)
     total = 0
-    for shape in shapes:
+    for shape in check_sequence("shapes", shapes, allow_empty=True):
         dims = _shape("shapes", shape)
         rows = dims[0] if dims else 1
         total += d * -(-rows // d) * math.prod(dims[1:])
@@ -167,7 +170,7 @@ def zero_step_traffic(n_params, devices, stage, bytes_per_value=2) -> dict:
     """
     n = check_count("n_params", n_params)
     d = check_count("devices", devices)
-    stage = _stage(stage)
+    stage = check_stage("stage", stage)
     v = check_count("bytes_per_value", bytes_per_value)
     full = d * -(-n // d) * v
     if stage == 0:

@@ -17,6 +17,8 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._pytree import tree_flatten
 
+from ...checks import text as check_text
+
 __all__ = ["Collective", "CollectiveLog", "collective_kind"]
 
 
@@ -33,7 +35,7 @@ class Collective:
 def collective_kind(op_name: str) -> str:
     """A torch collective op's name (``c10d._allgather_base_``, ``_c10d_functional.all_reduce``...)
     as one of ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``broadcast`` or itself."""
-    flat = op_name.lower().replace("_", "")
+    flat = check_text("op_name", op_name).lower().replace("_", "")
     for key, kind in (("allreduce", "all_reduce"), ("allgather", "all_gather"),
                       ("reducescatter", "reduce_scatter"), ("alltoall", "all_to_all"),
                       ("broadcast", "broadcast")):

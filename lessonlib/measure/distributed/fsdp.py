@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 
-from ...checks import count as check_count
+from ...checks import count as check_count, instance as check_instance
 from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
@@ -47,6 +47,8 @@ def local_state_bytes(model, optimizer) -> dict:
     averages) and ``step_counters`` (Adam's per-tensor step counts), read from the local shards."""
     import torch
 
+    check_instance("model", model, torch.nn.Module, "a torch.nn.Module")
+    check_instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
     params = list(model.parameters())
     out = {
         "weights": sum(_bytes(_local(p)) for p in params),

@@ -1,6 +1,6 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``, timed and weighed.
 
-:func:`run_pipeline` starts ``world_size`` processes; each holds one *stage*
+:func:`run_pipelines` starts processes; each holds one *stage*
 (a few ``Linear + ReLU`` layers) of a model and runs PyTorch's own schedules,
 ``ScheduleGPipe`` (all forwards, then all backwards) and ``Schedule1F1B``
 (after a warm-up, one forward then one backward), for several micro-batch
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import time
 
-from ...checks import count as check_count
+from ...checks import count as check_count, instance as check_instance, sequence as check_sequence
 from .launch import launch
 from .quiet import known_warnings_silenced
 
-__all__ = ["LiveSavedBytes", "stage_module", "run_pipeline", "idle_share"]
+__all__ = ["LiveSavedBytes", "stage_module", "run_pipelines", "idle_share"]
 
 SCHEDULES = ("GPipe", "1F1B")
 
@@ -53,7 +53,11 @@ class LiveSavedBytes:
     """
 
     def __init__(self, exclude=()):
-        self._exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        import torch
+
+        tensors = [check_instance("exclude", t, torch.Tensor, "a list of tensors")
+                   for t in check_sequence("exclude", exclude, allow_empty=True)]
+        self._exclude = {t.untyped_storage().data_ptr() for t in tensors}
         self._refs: dict = {}
         self.live = 0
         self.peak = 0
@@ -100,9 +104,16 @@ def stage_module(hidden: int, layers: int):
     """One pipeline stage: ``layers`` × (``Linear(hidden, hidden)``, ``ReLU``)."""
     from torch import nn
 
+    from ..models import MAX_LAYERS, MAX_PARAMS
+
+    layers = check_count("layers", layers, maximum=MAX_LAYERS)
+    hidden = check_count("hidden", hidden)
+    if layers * hidden * hidden > MAX_PARAMS:
+        raise ValueError(f"layers={layers} of hidden={hidden} give more than the {MAX_PARAMS:,} parameters "
+                         "the course's models allow")
     mods = []
-    for _ in range(check_count("layers", layers)):
-        mods += [nn.Linear(check_count("hidden", hidden), hidden), nn.ReLU()]
+    for _ in range(layers):
+        mods += [nn.Linear(hidden, hidden), nn.ReLU()]
     return nn.Sequential(*mods)
 
 
@@ -183,13 +194,20 @@ def idle_share(per_rank_spans) -> float:
     The makespan runs from the first compute on any stage to the last (the
     clock is the machine's monotonic clock, shared by its processes).
     """
-    spans = [s for rank_spans in per_rank_spans for s in rank_spans]
+    per_rank = [check_sequence("per_rank_spans", r, allow_empty=True)
+                 for r in check_sequence("per_rank_spans", per_rank_spans)]
+    spans = [s for rank_spans in per_rank for s in rank_spans]
     if not spans:
         raise ValueError("per_rank_spans holds no spans")
+    for s in spans:
+        if not isinstance(s, (list, tuple)) or len(s) != 4:
+            raise ValueError(f"per_rank_spans must hold (kind, microbatch, start, end) spans, got {s!r}")
     start = min(s[2] for s in spans)
     end = max(s[3] for s in spans)
     busy = sum(s[3] - s[2] for s in spans)
-    return 1.0 - busy / (len(per_rank_spans) * (end - start))
+    if end <= start:
+        raise ValueError("per_rank_spans must span some time (every span starts where it ends)")
+    return 1.0 - busy / (len(per_rank) * (end - start))
 
 
 def _spec(world_size, microbatches, schedules, hidden, layers, rows, reps) -> dict:
@@ -200,19 +218,38 @@ def _spec(world_size, microbatches, schedules, hidden, layers, rows, reps) -> di
     for s in schedules:
         if s not in SCHEDULES:
             raise ValueError(f"unknown schedule {s!r}; choose from {', '.join(SCHEDULES)}")
+    from ..models import MAX_LAYERS, MAX_PARAMS
+
     configs = [(s, m) for s in schedules for m in ms if not (s == "1F1B" and m < world_size)]
-    return {"world_size": world_size, "configs": configs, "hidden": check_count("hidden", hidden),
-            "layers": check_count("layers", layers), "rows": check_count("rows", rows), "reps": check_count("reps", reps)}
+    hidden, layers = check_count("hidden", hidden), check_count("layers", layers, maximum=MAX_LAYERS)
+    if layers * hidden * hidden > MAX_PARAMS:
+        raise ValueError(f"layers={layers} of hidden={hidden} give more than the {MAX_PARAMS:,} parameters "
+                         "the course's models allow")
+    return {"world_size": world_size, "configs": configs, "hidden": hidden, "layers": layers,
+            "rows": check_count("rows", rows, maximum=1_000_000), "reps": check_count("reps", reps, maximum=100)}
 
 
 def run_pipelines(specs, timeout: float = 240.0) -> list:
-    """Several pipeline runs in one launch of ``max(world_size)`` processes (each start costs seconds).
+    """Run PyTorch's schedules on real processes; measured busy spans and activation peaks, one result per spec.
 
-    ``specs`` is a list of dicts with the keyword arguments of :func:`run_pipeline`
-    (``world_size``, ``microbatches``, and optionally ``schedules``, ``hidden``,
-    ``layers``, ``rows``, ``reps``); a run on fewer processes than were started
-    uses ranks 0..n-1 while the others wait. Returns one result per spec, as
-    :func:`run_pipeline` describes.
+    ``specs`` is a list of dicts, one per pipeline: ``world_size`` (stages,
+    one process each), ``microbatches`` (the counts m to run), and optionally
+    ``schedules`` ("GPipe", "1F1B"), ``hidden``, ``layers`` (each stage is
+    :func:`stage_module`), ``rows`` (examples per micro-batch, the same for
+    every m, so the work per micro-batch does not change) and ``reps``
+    (measured steps after one unmeasured set-up step). 1F1B needs m >=
+    world_size, so smaller m run with GPipe only. One launch of
+    ``max(world_size)`` processes serves every spec (each start costs
+    seconds); a pipeline on fewer processes uses ranks 0..n-1 while the
+    others wait.
+
+    Each result is ``{"world_size", "backend", "runs": [...]}``; each run is
+    ``{"schedule", "microbatches", "steps": [...]}`` and each step has
+    ``spans`` (per rank, ``(kind, microbatch, start_s, end_s)``, seconds on
+    the machine's monotonic clock, shared by its processes), ``idle_share``
+    (:func:`idle_share`), ``peak_bytes`` (per rank: the most activation bytes
+    alive at once) and ``left_bytes`` (per rank, after the step: 0 when every
+    activation was freed).
     """
     defaults = dict(schedules=SCHEDULES, hidden=512, layers=4, rows=64, reps=2)
     checked = [_spec(**{**defaults, **spec}) for spec in specs]
@@ -238,24 +275,3 @@ def run_pipelines(specs, timeout: float = 240.0) -> list:
         results.append({"world_size": n, "backend": per_rank[0]["backend"], "rows": spec["rows"],
                         "hidden": spec["hidden"], "layers": spec["layers"], "runs": runs})
     return results
-
-
-def run_pipeline(world_size: int = 2, microbatches=(1, 2, 4, 8), schedules=SCHEDULES, hidden: int = 512,
-                 layers: int = 4, rows: int = 64, reps: int = 2, timeout: float = 240.0) -> dict:
-    """Run the schedules on ``world_size`` stages for each micro-batch count; measured spans and peaks.
-
-    Every micro-batch has ``rows`` examples of width ``hidden`` (so the work
-    per micro-batch is the same whatever ``m``); each stage is
-    :func:`stage_module` (``layers`` layers). 1F1B needs ``m >= world_size``,
-    so smaller ``m`` run with GPipe only. ``reps`` measured steps follow one
-    unmeasured set-up step.
-
-    Returns ``{"world_size", "backend", "runs": [...]}``; each run is
-    ``{"schedule", "microbatches", "steps": [...]}`` and each step has
-    ``spans`` (per rank, ``(kind, microbatch, start_s, end_s)``, seconds on
-    the shared monotonic clock), ``idle_share`` (:func:`idle_share`),
-    ``peak_bytes`` (per rank: the most activation bytes alive at once) and
-    ``left_bytes`` (per rank, after the step: 0 when every activation was freed).
-    """
-    return run_pipelines([dict(world_size=world_size, microbatches=microbatches, schedules=schedules,
-                               hidden=hidden, layers=layers, rows=rows, reps=reps)], timeout=timeout)[0]

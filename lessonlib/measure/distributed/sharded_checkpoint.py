@@ -20,7 +20,7 @@ import copy
 import os
 from pathlib import Path
 
-from ...checks import count as check_count
+from ...checks import count as check_count, path as check_path, positive as check_positive
 from .launch import launch
 from .fsdp import _batch, _build, _shard
 from .quiet import known_warnings_silenced
@@ -84,7 +84,8 @@ def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 
     global_batch = check_count("global_batch", global_batch)
     if global_batch % world_size:
         raise ValueError(f"global_batch {global_batch} does not divide evenly by world_size={world_size}")
-    path = Path(path)
+    path = check_path("path", path)
+    lr = check_positive("lr", lr)
     path.mkdir(parents=True, exist_ok=True)
     per_rank = launch(_save_worker, world_size, args=(str(path), steps, global_batch, lr), timeout=timeout,
                       progress_total=world_size, desc=f"sharded save from {world_size} processes")
@@ -96,7 +97,9 @@ def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 
 
 def checkpoint_files(path) -> list:
     """``(name, bytes)`` of each file DCP wrote in ``path``, sorted by name."""
-    path = Path(path)
+    path = check_path("path", path)
+    if not path.is_dir():
+        raise ValueError(f"path {str(path)!r} is not a folder")
     return sorted((p.name, p.stat().st_size) for p in path.iterdir() if p.is_file())
 
 
@@ -110,7 +113,9 @@ def load_unsharded(path, lr: float = 1e-3):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    if not Path(path).is_dir() or not (Path(path) / ".metadata").exists():
+    path = check_path("path", path)
+    lr = check_positive("lr", lr)
+    if not path.is_dir() or not (path / ".metadata").exists():
         raise ValueError(f"path {str(path)!r} holds no torch.distributed.checkpoint checkpoint (.metadata missing)")
     with known_warnings_silenced():
         model = _build()

@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...checks import count as check_count
+from ...checks import count as check_count, instance as check_instance, sequence as check_sequence
 from ..memory import SavedTensorCounter
-from ..models import Dropout
+from ..models import MAX_PARAMS, MAX_SEQ_LEN, Dropout
+from ...checks import fraction_below_one as check_fraction
 from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
@@ -36,6 +37,9 @@ __all__ = ["TPBlock", "mlp_block", "MLP_PLAN", "BLOCK_PLAN", "LocalSavedTensorCo
 
 def mlp_block(hidden: int) -> nn.Sequential:
     """``Linear(hidden, 4*hidden) -> GELU -> Linear(4*hidden, hidden)``."""
+    hidden = check_count("hidden", hidden)
+    if 8 * hidden * hidden > MAX_PARAMS:
+        raise ValueError(f"hidden={hidden} gives more than the {MAX_PARAMS:,} parameters the course's models allow")
     return nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
 
@@ -53,6 +57,12 @@ class TPBlock(nn.Module):
 
     def __init__(self, hidden: int, heads: int, seq_len: int, dropout: float = 0.1):
         super().__init__()
+        hidden = check_count("hidden", hidden)
+        heads = check_count("heads", heads, maximum=hidden)
+        seq_len = check_count("seq_len", seq_len, maximum=MAX_SEQ_LEN)
+        dropout = check_fraction("dropout", dropout)
+        if 12 * hidden * hidden > MAX_PARAMS:
+            raise ValueError(f"hidden={hidden} gives more than the {MAX_PARAMS:,} parameters the course's models allow")
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
         self.head_dim = hidden // heads
@@ -104,7 +114,9 @@ class LocalSavedTensorCounter(SavedTensorCounter):
     """
 
     def __init__(self, exclude=()):
-        super().__init__(exclude=[_local(t) for t in exclude])
+        tensors = [check_instance("exclude", t, torch.Tensor, "a list of tensors")
+                   for t in check_sequence("exclude", exclude, allow_empty=True)]
+        super().__init__(exclude=[_local(t) for t in tensors])
 
     def _pack(self, t):
         super()._pack(_local(t))
