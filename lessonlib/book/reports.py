@@ -266,6 +266,11 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
 
 def proposal_html(layouts) -> str:
     """The planner's proposal (:func:`lessonlib.calc.planner.propose`) as HTML: each change and its numbers."""
+    from ..calc.planner import Layout
+    from ..checks import sequence as _check_sequence
+
+    layouts = [_check_instance("layouts", lay, Layout, "a list of planner Layouts (from propose)")
+               for lay in _check_sequence("layouts", layouts)]
     if len(layouts) < 2:
         return ""
     gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
