@@ -318,3 +318,23 @@ def test_cpu_peak_is_a_lower_bound_of_the_allocator_peak():
     # ...but it is a real measurement of the tensors, not far off (0.70-0.87 measured on such models)
     assert led.peak > 0.5 * allocator
     assert "lower bound" in (measure_training_memory.__doc__ + MemoryLedger.__doc__)
+# ---- tensor parallelism (Korthikanti et al.: s*b*h*(10 + 24/t + 5*a*s/(h*t))) ---
+
+def test_tensor_parallel_activation_formula():
+    s, b, h, a = 2048, 4, 4096, 32
+    for t in (1, 2, 4, 8, 16, 32):
+        assert activation_bytes_per_layer(s, b, h, a, tensor_parallel=t) * t == s * b * h * (10 * t + 24) + 5 * a * s * s * b
+        assert activation_bytes_per_layer(s, b, h, a, "selective", tensor_parallel=t) * t == s * b * h * (10 * t + 24)
+        assert activation_bytes_per_layer(s, b, h, a, "full", tensor_parallel=t) == 2 * s * b * h
+        # fp32 activations (4 bytes a value): (4e + 2) = 18 kept whole, 12e = 48 split, (2e + 1) = 9 for the scores
+        assert activation_bytes_per_layer(s, b, h, a, bytes_per_value=4, tensor_parallel=t) * t == \
+            s * b * h * (18 * t + 48) + 9 * a * s * s * b
+    assert activation_bytes_per_layer(s, b, h, a, tensor_parallel=1) == activation_bytes_per_layer(s, b, h, a)
+    assert memory.activation_bytes(s, b, h, a, 24, tensor_parallel=8) == 24 * activation_bytes_per_layer(
+        s, b, h, a, tensor_parallel=8)
+
+
+@pytest.mark.parametrize("t", [0, 3, 2.5, True])
+def test_tensor_parallel_bad_input(t):
+    with pytest.raises(ValueError, match="tensor_parallel"):
+        activation_bytes_per_layer(2048, 1, 4096, 32, tensor_parallel=t)

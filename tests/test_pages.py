@@ -34,8 +34,8 @@ def markers(cell) -> dict:
     }
 
 
-def test_there_are_thirteen_chapter_notebooks():
-    assert len(CHAPTERS) == 13, IDS
+def test_there_are_eighteen_chapter_notebooks():
+    assert len(CHAPTERS) == 18, IDS
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
@@ -125,7 +125,7 @@ def test_pages_script_turns_a_glued_paragraph_into_hidden_prose():
 MEASURES = re.compile(r"\b(measure_\w+|time_\w+|count_flops|run_\w+|crash_twice|sweep|crossover|memory_multiplier|"
                       r"record_activation_life|four_layer_census|saved_step_activations|segment_sweep|train_linear|"
                       r"mixed_precision_step|train|TrainingProcess|time_ratios|peak_step_memory|step_flops|simulate_\w+|"
-                      r"saved_activations|kept_bytes)\(")
+                      r"saved_activations|kept_bytes|save_sharded|load_unsharded)\(")
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)

@@ -139,3 +139,96 @@ def test_training_flops_selective_needs_the_shape():
         planner.training_flops(10, 100, recompute="selective")
     with pytest.raises(ValueError, match="recompute"):
         planner.training_flops(10, 100, recompute="some")
+
+
+# ---- the smallest change that fits (propose) --------------------------------
+
+from itertools import product
+
+from lessonlib.calc.memory import activation_bytes
+from lessonlib.calc.planner import DEVICE_COUNTS, TP_DEGREES, layout, propose
+from lessonlib.calc.sharding import zero_state_bytes
+
+
+def _shape(name):
+    p = planner.PRESETS[name]
+    return dict(n_params=p["n_params"], layers=p["layers"], hidden=p["hidden"], heads=p["heads"])
+
+
+def test_a_plan_that_fits_needs_no_change():
+    out = propose(**_shape("124M (GPT-2 small)"), batch_per_device=8, seq_len=1024, device_bytes=24e9)
+    assert len(out) == 1 and out[0].fits and out[0].change == ""
+
+
+def test_activations_that_do_not_fit_get_recomputation_first():
+    shape = _shape("1.3B")
+    out = propose(**shape, batch_per_device=8, seq_len=4096, device_bytes=80e9)
+    plan_, fix = out
+    assert not plan_.fits_memory and fix.fits_memory
+    assert (fix.devices, fix.recompute, fix.change) == (1, "selective", "selective recomputation")
+    assert fix.activation_bytes == activation_bytes(4096, 8, shape["hidden"], shape["heads"], shape["layers"],
+                                                    "selective")
+    assert fix.state_bytes == plan_.state_bytes  # recomputation leaves the state alone
+
+
+def _brute_force_fewest_devices(shape, **kw):
+    """The fewest devices of any layout in the search space that fits in memory (None if none)."""
+    for d in (1,) + DEVICE_COUNTS:
+        for t, z, rc in product((1,) + TP_DEGREES, range(4), ("none", "selective", "full")):
+            if d % t or (z and d // t < 2) or shape["heads"] % t or shape["hidden"] % t:
+                continue
+            if layout(**shape, **kw, recompute=rc, devices=d, zero_stage=z, tensor_parallel=t).fits_memory:
+                return d
+    return None
+
+
+@pytest.mark.parametrize("name,batch,seq,gb", [("7.5B", 1, 2048, 80), ("70B", 1, 4096, 80), ("70B", 8, 2048, 141),
+                                               ("1.3B", 16, 4096, 24), ("7.5B", 8, 4096, 24)])
+def test_the_proposal_uses_the_fewest_devices_that_can_fit(name, batch, seq, gb):
+    shape = _shape(name)
+    kw = dict(batch_per_device=batch, seq_len=seq, device_bytes=gb * 1e9)
+    out = propose(**shape, **kw)
+    fewest = _brute_force_fewest_devices(shape, **kw)
+    assert fewest is not None and out[1].fits_memory and out[1].devices == fewest
+    # its numbers are the formulas' for that layout
+    fix = out[1]
+    assert fix.state_bytes == zero_state_bytes(-(-shape["n_params"] // fix.tensor_parallel),
+                                               fix.devices // fix.tensor_parallel, fix.zero_stage).total
+    assert fix.activation_bytes == activation_bytes(seq, batch, shape["hidden"], shape["heads"], shape["layers"],
+                                                    fix.recompute, tensor_parallel=fix.tensor_parallel)
+
+
+def test_nothing_tried_fits_is_said():
+    shape = _shape("1.3B")
+    kw = dict(batch_per_device=64, seq_len=4096, device_bytes=24e9)  # even t = 8 with full recomputation: too big
+    out = propose(**shape, **kw)
+    assert _brute_force_fewest_devices(shape, **kw) is None
+    assert out[-1].change == "nothing tried fits" and not out[-1].fits_memory
+
+
+def test_a_state_that_fits_nowhere_alone_is_sharded():
+    out = propose(**_shape("7.5B"), batch_per_device=1, seq_len=2048, device_bytes=80e9, devices=4)
+    assert out[1].devices == 4 and out[1].zero_stage in (1, 2, 3)  # no new devices needed: shard over the four
+
+
+def test_too_slow_gets_the_smallest_device_count():
+    shape = _shape("7.5B")
+    kw = dict(batch_per_device=1, seq_len=2048, device_bytes=141e9, recompute="full",
+              train_tokens=20 * shape["n_params"], device_flops_per_s=4e14, max_days=30)
+    out = propose(**shape, **kw)
+    assert out[0].fits_memory and not out[0].fits_time
+    last = out[-1]
+    assert last.fits and last.days <= 30 and last.devices / 2 * last.days > 30  # half as many would be too slow
+    assert last.days == pytest.approx(out[0].days / last.devices)
+
+
+def test_layout_bad_input():
+    shape = _shape("1.3B")
+    with pytest.raises(ValueError, match="tensor_parallel"):
+        layout(**shape, devices=6, tensor_parallel=4)
+    with pytest.raises(ValueError, match="devices"):
+        layout(**shape, devices=0)
+    with pytest.raises(ValueError, match="stage"):
+        layout(**shape, devices=2, zero_stage=4)
+    with pytest.raises(ValueError, match="recompute"):
+        propose(**shape, recompute="some")

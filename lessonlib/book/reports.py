@@ -13,7 +13,7 @@ from ..calc.devices import sustained_flops_per_s
 from ..calc.goodput import SECONDS_PER_HOUR, goodput, job_mtbf_seconds
 from ..calc.memory import (ACTIVATION_BYTES_PER_VALUE, OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM,
                            RECOMPUTE_CHOICES, format_bytes, training_state_bytes)
-from ..calc.planner import PRESETS, plan
+from ..calc.planner import PRESETS, plan, propose
 from ..calc.reliability import (daly_interval, expected_overhead, first_order_overhead, optimal_interval,
                                  young_interval)
 from ..measure.memory import MemoryLedger
@@ -258,7 +258,33 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
             answer += (f" Even batch 1 does not fit; with '{fixes[0]}' recomputation it would." if fixes else
                        " Even batch 1 with full recomputation does not fit: split the layers across devices.")
     body = "".join(f"<tr><td>{k}</td><td align=right>{v}</td></tr>" for k, v in rows)
-    return (f"<table>{body}</table><p><b class='wtc-verdict-{r.failure}'>{label}.</b> {answer}</p>")
+    layouts = propose(p["n_params"], optimizer, precision, batch_per_device, seq_len, p["layers"], p["hidden"],
+                      p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days)
+    return (f"<table>{body}</table><p><b class='wtc-verdict-{r.failure}'>{label}.</b> {answer}</p>"
+            + proposal_html(layouts))
+
+
+def proposal_html(layouts) -> str:
+    """The planner's proposal (:func:`lessonlib.calc.planner.propose`) as HTML: each change and its numbers."""
+    from ..calc.planner import Layout
+    from ..checks import sequence as _check_sequence
+
+    layouts = [_check_instance("layouts", lay, Layout, "a list of planner Layouts (from propose)")
+               for lay in _check_sequence("layouts", layouts)]
+    if len(layouts) < 2:
+        return ""
+    gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
+    rows = []
+    for i, lay in enumerate(layouts):
+        what = "as planned" if i == 0 else lay.change
+        days = "" if lay.days is None else (f"{lay.days:,.1f} days" if lay.days < 1000 else f"{lay.days / 365:,.0f} years")
+        ok = "fits" if lay.fits else ("fits in memory, too slow" if lay.fits_memory else "does not fit")
+        rows.append(f"<tr><td>{what}</td><td align=right>{lay.devices:,}</td><td align=right>{gb(lay.state_bytes)}</td>"
+                    f"<td align=right>{gb(lay.activation_bytes)}</td><td align=right>{days}</td><td>{ok}</td></tr>")
+    return ("<p><b>The smallest change that fits</b> (fewest devices, then fewest settings changed, then the "
+            "cheapest; time if every device computes all the time):</p><table><tr><th>change</th><th>devices</th>"
+            "<th>state per device</th><th>activations per device</th><th>time</th><th></th></tr>"
+            + "".join(rows) + "</table>")
 
 
 def ledger_table(ledgers, formula: dict | None = None) -> str:

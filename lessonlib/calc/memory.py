@@ -99,56 +99,75 @@ ACTIVATION_BYTES_PER_VALUE = {"mixed": 2, "fp32": 4}
 
 
 def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "none",
-                               bytes_per_value: int = 2) -> int:
-    """Activation bytes one transformer layer keeps for backward (Korthikanti et al., 2022).
+                               bytes_per_value: int = 2, *, tensor_parallel=1) -> int:
+    """Activation bytes one transformer layer keeps for backward, per device (Korthikanti et al., 2022).
 
-    Formula (s = seq_len, b = batch, h = hidden, a = heads), for 16-bit
-    activations (``bytes_per_value=2``, the paper's case):
+    Formula (s = seq_len, b = batch, h = hidden, a = heads, t =
+    tensor_parallel, the number of devices that split each layer's matrices),
+    for 16-bit activations (``bytes_per_value=2``, the paper's case):
 
-    * ``"none"``:      s*b*h*(34 + 5*a*s/h)  = 34*s*b*h + 5*a*s**2*b
-    * ``"selective"``: 34*s*b*h  (the attention scores, softmax and its dropout
-      are recomputed, so the s**2 term goes)
+    * ``"none"``:      s*b*h*(10 + 24/t + 5*a*s/(h*t))
+    * ``"selective"``: s*b*h*(10 + 24/t)  (the attention scores, softmax and its
+      dropout are recomputed, so the s**2 term goes)
     * ``"full"``:      2*s*b*h   (only the layer's input is kept)
 
-    Where the 34 and the 5 come from: per layer the paper keeps 16*s*b*h
-    activation values plus 2*s*b*h one-byte dropout masks, and 2*a*s*s*b
-    values plus a*s*s*b mask bytes for the attention scores. With ``e`` =
-    ``bytes_per_value`` bytes per value that is s*b*h*(16e + 2) +
-    a*s*s*b*(2e + 1): 34 and 5 for e = 2, 66 and 9 for fp32 (e = 4); "full"
-    keeps the layer's input, e*s*b*h.
+    With t = 1 the first line is the familiar s*b*h*(34 + 5*a*s/h). Where the
+    numbers come from: per layer the paper keeps 16*s*b*h activation values
+    plus 2*s*b*h one-byte dropout masks, and 2*a*s*s*b values plus a*s*s*b
+    mask bytes for the attention scores. With ``e`` = ``bytes_per_value``
+    bytes per value that is s*b*h*(16e + 2) + a*s*s*b*(2e + 1): 34 and 5 for
+    e = 2, 66 and 9 for fp32 (e = 4); "full" keeps the layer's input, e*s*b*h.
+
+    Under tensor parallelism (Megatron's column-then-row split of attention
+    and MLP, without sequence parallelism) each device keeps 1/t of the
+    tensors inside the split matrices (12e*s*b*h and the attention scores) but
+    a whole copy of the rest, (4e + 2)*s*b*h: the two LayerNorm inputs, the
+    inputs of the QKV and of the first MLP matrix, and the two 1-byte dropout
+    masks after attention and after the MLP (10*s*b*h for e = 2). So the bytes
+    per device do not fall as 1/t.
 
     The paper's assumptions, which a measurement must match to agree:
     dropout masks in 1 byte; an MLP of width 4h;
     standard ("math") attention that materialises the a x s x s scores; no
-    tensor or sequence parallelism; embeddings, the output layer and the loss
+    sequence parallelism; embeddings, the output layer and the loss
     left out; small tensors such as LayerNorm's mean and variance ignored.
 
-    Returns bytes (an int).
+    Returns bytes (an int). ``tensor_parallel`` must divide ``heads`` (each
+    device takes whole heads) and ``hidden``.
 
     >>> activation_bytes_per_layer(2048, 1, 4096, 32) // 2**20
     912
     >>> activation_bytes_per_layer(2048, 1, 4096, 32, bytes_per_value=4) // 2**20
     1680
+    >>> activation_bytes_per_layer(2048, 1, 4096, 32, tensor_parallel=8) // 2**20
+    184
     """
     s = check_count("seq_len", seq_len)
     b = check_count("batch", batch)
     h = check_count("hidden", hidden)
     a = check_count("heads", heads)
     e = check_count("bytes_per_value", bytes_per_value)
+    t = check_count("tensor_parallel", tensor_parallel)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    if a % t or h % t:
+        raise ValueError(f"tensor_parallel ({t}) must divide heads ({a}) and hidden ({h}): "
+                         "each device takes whole heads and an equal slice of the matrices")
     if recompute == "full":
         return e * s * b * h
-    per_layer = (16 * e + 2) * s * b * h
+    # whole numbers: t divides h and a, so 12e*s*b*h/t and (2e+1)*a*s*s*b/t are exact
+    per_layer = (4 * e + 2) * s * b * h + 12 * e * s * b * h // t
     if recompute == "none":
-        per_layer += (2 * e + 1) * a * s * s * b
+        per_layer += (2 * e + 1) * a * s * s * b // t
     return per_layer
 
 
 def activation_bytes(seq_len, batch, hidden, heads, layers, recompute: str = "none",
-                     bytes_per_value: int = 2) -> int:
-    """Activation bytes for ``layers`` identical transformer layers (bytes); see :func:`activation_bytes_per_layer`."""
+                     bytes_per_value: int = 2, *, tensor_parallel=1) -> int:
+    """Activation bytes for ``layers`` identical transformer layers, per device (bytes);
+    see :func:`activation_bytes_per_layer`."""
     n = check_count("layers", layers)
-    return n * activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute, bytes_per_value)
+    return n * activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute, bytes_per_value,
+                                          tensor_parallel=tensor_parallel)
 
 
 def format_bytes(n: float) -> str:

@@ -17,13 +17,18 @@ Then one of three failures (or none) applies, each with its own answer:
 * ``"time"`` - everything fits but one device would take too long. Use more
   devices doing the same work on different data (data parallelism).
 
+Each answer comes with numbers: :func:`propose` finds the smallest change
+that fits (a ZeRO stage, a tensor-parallel degree, a recompute setting or a
+device count) and :func:`layout` gives the bytes per device and the time of
+any such layout.
+
 Pure Python: no torch needed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..checks import choice as check_choice, count as check_count, positive as check_positive
+from ..checks import choice as check_choice, count as check_count, positive as check_positive, text as check_text
 from .memory import (ACTIVATION_BYTES_PER_VALUE, OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM,
                      RECOMPUTE_CHOICES, activation_bytes, training_state_bytes)
 
@@ -184,3 +189,189 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
     else:
         failure = "none"
     return Plan(state, act, dev, days, failure, ANSWERS[failure], int(max_batch), flops)
+
+
+# --------------------------------------------------------------------------
+# The three answers with numbers: the smallest change that fits
+
+#: Tensor-parallel degrees tried, smallest first (within one node of 8 devices).
+TP_DEGREES = (2, 4, 8)
+
+#: Device counts tried when more devices are the answer.
+DEVICE_COUNTS = tuple(2 ** k for k in range(1, 17))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A way to lay the run out on devices, and what it costs per device.
+
+    ``devices`` in all, ``tensor_parallel`` of them splitting each layer
+    (so ``devices // tensor_parallel`` data-parallel replicas), ZeRO
+    ``zero_stage`` over those replicas, and ``recompute``. Bytes are per
+    device; ``days`` is the run's time if every device computes all the time
+    (the one-device time / devices: a lower bound, communication left out),
+    or None without a time check. ``change`` says what differs from the plan
+    it was proposed for ("" for the plan itself).
+    """
+
+    devices: int
+    tensor_parallel: int
+    zero_stage: int
+    recompute: str
+    state_bytes: int
+    activation_bytes: int
+    device_bytes: int
+    days: float | None
+    max_days: float
+    change: str = ""
+
+    @property
+    def fits_memory(self) -> bool:
+        return self.state_bytes + self.activation_bytes <= self.device_bytes
+
+    @property
+    def fits_time(self) -> bool:
+        return self.days is None or self.days <= self.max_days
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_memory and self.fits_time
+
+
+def layout(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_device=1, seq_len=2048,
+           layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
+           device_flops_per_s=None, max_days: float = 30.0, *, devices=1, zero_stage=0, tensor_parallel=1,
+           change: str = "") -> Layout:
+    """The two numbers per device for a run split over ``devices`` devices (arguments as :func:`plan`).
+
+    Tensor parallelism of degree t splits every weight matrix, and so
+    (nearly) every parameter, t ways: the state per device is ZeRO's for
+    ceil(n_params / t) parameters over ``devices // t`` replicas
+    (:func:`lessonlib.calc.sharding.zero_state_bytes`), and the activations
+    follow Korthikanti's formula with ``tensor_parallel=t``. Raises
+    ``ValueError`` when ``tensor_parallel`` does not divide ``devices``.
+    """
+    from .sharding import check_stage
+
+    one = plan(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
+               device_bytes, train_tokens, device_flops_per_s, max_days)  # checks the inputs; one-device time
+    args = (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads)
+    return _layout(one, args, recompute, max_days, check_count("devices", devices),
+                   check_stage("zero_stage", zero_stage), check_count("tensor_parallel", tensor_parallel),
+                   check_text("change", change, allow_empty=True))
+
+
+def _layout(one: Plan, args, recompute, max_days, devices, zero_stage, tensor_parallel, change="") -> Layout:
+    """:func:`layout` from the one-device plan ``one`` (already checked)."""
+    from .sharding import zero_state_bytes
+
+    n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads = args
+    d = check_count("devices", devices)
+    t = check_count("tensor_parallel", tensor_parallel)
+    if d % t:
+        raise ValueError(f"tensor_parallel ({t}) must divide devices ({d})")
+    state = zero_state_bytes(-(-check_count("n_params", n_params) // t), d // t, zero_stage, optimizer,
+                             precision).total
+    act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute,
+                           ACTIVATION_BYTES_PER_VALUE[precision], tensor_parallel=t)
+    days = None if one.days is None else one.days / d
+    return Layout(d, t, zero_stage, recompute, state, act, one.device_bytes, days, max_days, change)
+
+
+#: What each setting costs, for choosing between layouts on the same devices: ZeRO stages 1 and 2
+#: send no more than data parallelism; selective recomputation adds a little compute; ZeRO stage 3
+#: sends 1.5 times the bytes; a tensor-parallel split adds all-reduces inside every layer; full
+#: recomputation adds a third to the compute.
+_COST = {"zero": {0: 0, 1: 0, 2: 0, 3: 2}, "recompute": {"none": 0, "selective": 1, "full": 3}, "tp": 2}
+
+
+def propose(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_device=1, seq_len=2048,
+            layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
+            device_flops_per_s=None, max_days: float = 30.0, *, devices=1, zero_stage=0,
+            tensor_parallel=1) -> list:
+    """The smallest change that makes a run fit, with its numbers: a list of :class:`Layout`.
+
+    The first entry is the plan as given. If it does not fit in memory, the
+    next is the smallest change that does, over four settings: a ZeRO stage,
+    a tensor-parallel degree (2, 4 or 8), a recompute setting and a device
+    count (powers of two). "Smallest" means, in this order: the fewest
+    devices; then the fewest settings changed; then the cheapest (ZeRO
+    stages 1-2 send no extra bytes; selective recomputation adds a little
+    compute; ZeRO stage 3 and tensor parallelism add traffic; full
+    recomputation adds a third to the compute). Settings only move towards
+    more saving (recomputation is never turned off, for instance).
+
+    If that layout (or the plan) fits in memory but is too slow, a last
+    entry gives the smallest device count that brings the ideal time under
+    ``max_days``. A last entry with ``fits_memory`` false means nothing
+    tried fits. Arguments as :func:`layout`.
+    """
+    from .sharding import check_stage
+
+    devices = check_count("devices", devices)
+    zero_stage = check_stage("zero_stage", zero_stage)
+    tensor_parallel = check_count("tensor_parallel", tensor_parallel)
+    common = (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads)
+    rest = (device_bytes, train_tokens, device_flops_per_s, max_days)
+    ones = {}  # the one-device plan for each recompute setting (its time depends on it)
+
+    def at(rc, d, z, t):
+        if rc not in ones:
+            ones[rc] = plan(*common, rc, *rest)
+        return _layout(ones[rc], common, rc, max_days, d, z, t)
+
+    current = at(recompute, devices, zero_stage, tensor_parallel)
+    out = [current]
+    if not current.fits_memory:
+        rcs = RECOMPUTE_CHOICES[RECOMPUTE_CHOICES.index(recompute):]
+        tps = [tensor_parallel] + [t for t in TP_DEGREES if t > tensor_parallel and heads % t == 0 and hidden % t == 0]
+        counts = [devices] + [d for d in DEVICE_COUNTS if d > devices]
+        best = None
+        for d in counts:  # fewest devices first: stop at the first count where something fits
+            options = []
+            for t in tps:
+                if d % t:
+                    continue
+                for z in range(zero_stage, 4):
+                    if z > 0 and d // t < 2:
+                        continue  # ZeRO needs at least two replicas to shard over
+                    for rc in rcs:
+                        changed = [name for name, new, old in (("ZeRO stage", z, zero_stage),
+                                                              ("tensor-parallel degree", t, tensor_parallel),
+                                                              ("recomputation", rc, recompute)) if new != old]
+                        cost = _COST["zero"][z] + _COST["recompute"][rc] + (_COST["tp"] if t > 1 else 0)
+                        options.append((len(changed), cost, t, z, rc))
+            for n_changed, cost, t, z, rc in sorted(options):
+                cand = at(rc, d, z, t)
+                if cand.fits_memory:
+                    best = cand
+                    break
+            if best is not None:
+                break
+        if best is None:
+            out.append(replace(at(RECOMPUTE_CHOICES[-1], DEVICE_COUNTS[-1], 3, tps[-1]), change="nothing tried fits"))
+            return out
+        out.append(_described(best, current))
+    last = out[-1]
+    if not last.fits_time:
+        for d in DEVICE_COUNTS:
+            if d > last.devices and d % last.tensor_parallel == 0:
+                more = at(last.recompute, d, last.zero_stage, last.tensor_parallel)
+                if more.fits:
+                    out.append(_described(more, last))
+                    break
+    return out
+
+
+def _described(new: Layout, old: Layout) -> Layout:
+    """``new`` with ``change`` saying, in words, what differs from ``old``."""
+    words = []
+    if new.devices != old.devices:
+        words.append(f"{new.devices:,} devices")
+    if new.zero_stage != old.zero_stage:
+        words.append(f"ZeRO stage {new.zero_stage}")
+    if new.tensor_parallel != old.tensor_parallel:
+        words.append(f"tensor-parallel degree {new.tensor_parallel}")
+    if new.recompute != old.recompute:
+        words.append(f"{new.recompute} recomputation")
+    return replace(new, change=", ".join(words))

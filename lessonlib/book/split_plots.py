@@ -1,0 +1,132 @@
+"""Figures for the pages that split the state, the layers and the time (chapter 3, pages 5-9).
+
+Each returns a matplotlib figure with a title and labelled axes (units);
+pages display it with :func:`lessonlib.book.plots.show` and alt text.
+"""
+from __future__ import annotations
+
+import statistics
+
+import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter
+
+from ..calc.comm import COLLECTIVES, Link
+from ..checks import (amount as check_amount, choice as check_choice, count as check_count,
+                      instance as check_instance, positive as check_positive, sequence as check_sequence,
+                      text as check_text)
+from ..calc.memory import activation_bytes_per_layer
+from ..calc.sharding import ZERO_STAGES, zero_state_bytes
+from .plots import COLORS, stacked_bars
+from .split_reports import _record
+
+
+def plot_zero_stages(n_params: int, devices: int, label: str = ""):
+    """Bytes per device at ZeRO stages 0-3 (Adam, mixed precision), stacked by part, in GB."""
+    zero_state_bytes(n_params, devices, 0)  # checks n_params and devices before drawing anything
+    label = check_text("label", label, allow_empty=True)
+    data = {}
+    for stage in ZERO_STAGES:
+        name = "no sharding\n(stage 0)" if stage == 0 else f"stage {stage}"
+        data[name] = {k: v for k, v in zero_state_bytes(n_params, devices, stage).as_dict().items() if k != "total"}
+    fig = stacked_bars(data, f"Training state per device, {label or f'{n_params:,} parameters'}, "
+                             f"{devices} devices (Adam, mixed precision)", "bytes per device (GB)", scale=1e9)
+    fig.axes[0].set_xlabel("ZeRO stage (what is sharded)")
+    return fig
+
+
+def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degrees=(1, 2, 4, 8, 16, 32)):
+    """Activation bytes one layer keeps per device against the tensor-parallel degree t (MiB, log x)."""
+    activation_bytes_per_layer(seq_len, batch, hidden, heads)  # checks the shape first
+    degrees = [check_count("degrees", t, maximum=4096) for t in check_sequence("degrees", degrees)]
+    ts = [t for t in degrees if heads % t == 0 and hidden % t == 0]
+    if not ts:
+        raise ValueError(f"degrees must hold a tensor-parallel degree that divides heads ({heads}) and hidden ({hidden})")
+    per = [activation_bytes_per_layer(seq_len, batch, hidden, heads, tensor_parallel=t) / 2 ** 20 for t in ts]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.plot(ts, per, "o-", label="Korthikanti: s·b·h·(10 + 24/t + 5as/(ht))")
+    ax.plot(ts, [per[0] / t for t in ts], ":", color="grey", label="if every byte were split: (t = 1 value) / t")
+    ax.axhline(10 * seq_len * batch * hidden / 2 ** 20, color="#C44E52", ls="--", lw=1,
+               label="10·s·b·h: kept whole on every device")
+    ax.set(xscale="log", xlabel="tensor-parallel degree t (devices per layer, log scale)",
+           ylabel="activations per layer per device (MiB)",
+           title=f"One layer's activations per device (s={seq_len}, b={batch}, h={hidden}, a={heads}, 16-bit)")
+    ax.set_xticks(ts, [str(t) for t in ts])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(0, per[0] * 1.05)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
+    """Busy spans of each stage as recorded in one real step, GPipe above 1F1B (ms from the step's start)."""
+    _record("run", run, ("world_size", "runs"), "a result of run_pipelines")
+    microbatches = check_count("microbatches", microbatches)
+    step = check_count("step", step, minimum=0)
+    runs = [r for r in run["runs"] if r["microbatches"] == microbatches]
+    if not runs:
+        raise ValueError(f"no run with microbatches={microbatches}")
+    p = run["world_size"]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(7.5, 1.3 + 1.0 * p * len(runs)), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    for ax, r in zip(axes[:, 0], runs):
+        if step >= len(r["steps"]):
+            raise ValueError(f"step must be below the {len(r['steps'])} steps measured, got {step}")
+        st = r["steps"][step]
+        t0 = min(s[2] for spans in st["spans"] for s in spans)
+        for stage, spans in enumerate(st["spans"]):
+            for kind, mb, a, b in spans:
+                ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (stage - 0.4, 0.8), facecolors=cmap(mb % 10),
+                               edgecolor="white", alpha=1.0 if kind == "F" else 0.55)
+                if b - a > 0.02 * (max(s[3] for sp in st["spans"] for s in sp) - t0):
+                    ax.text(1e3 * (a + b) / 2 - 1e3 * t0, stage, f"{kind}{mb}", ha="center", va="center", fontsize=7)
+        ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
+        ax.set_ylim(p - 0.4, -0.6)
+        ax.set_ylabel("process")
+        ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, idle share {st['idle_share']:.0%} "
+                     f"(formula {(p - 1) / (microbatches + p - 1):.0%})", fontsize=10)
+    axes[-1, 0].set_xlabel("time since the step's first computation (ms)\nF = forward, B = backward, gaps = waiting")
+    fig.suptitle("Pipeline steps recorded on real processes")
+    fig.tight_layout()
+    return fig
+
+
+def plot_idle_shares(run: dict):
+    """Median measured idle share against m for each schedule, with (p-1)/(m+p-1)."""
+    p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ms_all = sorted({r["microbatches"] for r in run["runs"]})
+    ax.plot(ms_all, [100 * (p - 1) / (m + p - 1) for m in ms_all], "k--", label="(p − 1)/(m + p − 1)")
+    for name, marker in (("GPipe", "o"), ("1F1B", "s")):
+        rs = [r for r in run["runs"] if r["schedule"] == name]
+        if rs:
+            ax.plot([r["microbatches"] for r in rs],
+                    [100 * statistics.median(s["idle_share"] for s in r["steps"]) for r in rs],
+                    marker=marker, label=f"{name}, measured (median of steps)")
+    ax.set(xscale="log", xlabel="micro-batches per step m (log scale)", ylabel="idle share (% of stage time)",
+           title=f"Idle share of {p} pipeline stages, measured and predicted", ylim=(0, 100))
+    ax.set_xticks(ms_all, [str(m) for m in ms_all])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_alpha_beta(sizes, seconds, link: Link, devices: int = 2, collective: str = "all_reduce"):
+    """Measured collective times (one per size, seconds) against message size, and the fitted alpha-beta line (log-log)."""
+    sizes = [check_positive("sizes", x) for x in check_sequence("sizes", sizes)]
+    seconds = [check_positive("seconds", t) for t in check_sequence("seconds", seconds)]
+    if len(sizes) != len(seconds):
+        raise ValueError(f"sizes and seconds must have the same length, got {len(sizes)} and {len(seconds)}")
+    check_instance("link", link, Link, "a Link (alpha_s, beta_bytes_per_s)")
+    devices = check_count("devices", devices, minimum=2)
+    check_choice("collective", collective, COLLECTIVES)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.plot(sizes, [1e6 * t for t in seconds], "o", label="measured (fastest of the rounds)", color=COLORS["weights"])
+    lo, hi = min(sizes), max(sizes)
+    xs = [lo * (hi / lo) ** (i / 60) for i in range(61)]
+    ax.plot(xs, [1e6 * link.seconds(collective, x, devices) for x in xs], "-", color=COLORS["gradients"],
+            label=f"fit: α = {link.alpha_us:.0f} µs per step, β = {link.beta_GBps:.2f} GB/s")
+    ax.set(xscale="log", yscale="log", xlabel="tensor size (bytes, log scale)",
+           ylabel="time (µs, log scale)",
+           title=f"{collective.replace('_', '-')} on {devices} processes: measured and the α–β model")
+    ax.legend(fontsize=8)
+    return fig

@@ -1,0 +1,310 @@
+"""Tables for the pages that split the state, the layers and the time (chapter 3, pages 5-9).
+
+Each function turns results measured in :mod:`lessonlib.measure.distributed`
+and formulas from :mod:`lessonlib.calc` into a Markdown table (it renders the
+same in the book, Jupyter and Colab) and, where a page checks something, the
+numbers it checks. None computes physics of its own.
+"""
+from __future__ import annotations
+
+import statistics
+
+from ..calc.comm import Link
+from ..calc.memory import format_bytes, training_state_bytes
+from ..calc.sharding import zero_state_bytes, zero_step_traffic
+from ..checks import (choice as check_choice, count as check_count, function as check_function,
+                      instance as check_instance, mapping as check_mapping, amount as check_amount,
+                      sequence as check_sequence)
+from ..calc.planner import PRESETS
+
+
+def _record(name: str, value, keys, what: str = "a measurement's result") -> dict:
+    """``value`` if it is a dict holding every one of ``keys``; else an error naming ``name``."""
+    check_mapping(name, value)
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise ValueError(f"{name} must be {what}, with the keys {', '.join(map(repr, keys))}; "
+                         f"missing {', '.join(map(repr, missing))}")
+    return value
+
+
+def _records(name: str, value, keys, what: str = "a list of per-rank results") -> list:
+    """A non-empty list of :func:`_record` dicts."""
+    return [_record(name, v, keys, what) for v in check_sequence(name, value)]
+
+
+def md_table(header, rows) -> str:
+    """A Markdown table: ``header`` is a list of column titles, ``rows`` a list of lists of cells."""
+    header = check_sequence("header", header)
+    rows = [check_sequence("rows", r) for r in check_sequence("rows", rows, allow_empty=True)]
+    for r in rows:
+        if len(r) != len(header):
+            raise ValueError(f"rows must have {len(header)} cells each, as header does; got {len(r)}")
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _b(n) -> str:
+    return f"{int(n):,} B"
+
+
+# --------------------------------------------------------------------------- ZeRO / FSDP
+
+def _sharding_results(value) -> dict:
+    """``{N: [per-rank dicts]}`` as :func:`~lessonlib.measure.distributed.fsdp.run_sharding` returns it."""
+    out = {}
+    for n, per_rank in check_mapping("results", value).items():
+        out[check_count("results (a process count)", n)] = _records("results", per_rank, ("rank", "n_params", "zero3"))
+    return out
+
+
+def sharded_state_rows(results: dict) -> list:
+    """Per rank and part: measured bytes against the formula over N.
+
+    ``results`` maps a process count N to :func:`~lessonlib.measure.distributed.fsdp.run_sharding`'s
+    list. The formula is :func:`~lessonlib.calc.sharding.zero_state_bytes` in
+    fp32 (what the ranks train in) at stage 3. Returns dicts with ``devices``,
+    ``rank``, ``part``, ``measured``, ``formula``.
+    """
+    rows = []
+    for n, per_rank in _sharding_results(results).items():
+        f = zero_state_bytes(per_rank[0]["n_params"], n, 3, "adam", "fp32")
+        for r in per_rank:
+            for part in ("weights", "gradients", "optimizer_state"):
+                rows.append({"devices": n, "rank": r["rank"], "part": part,
+                             "measured": r["zero3"][part], "formula": getattr(f, part)})
+    return rows
+
+
+def sharded_state_table(results: dict) -> str:
+    """Markdown: what each rank holds under fully_shard, against 16 Ψ / N split by part."""
+    parts = ("weights", "gradients", "optimizer_state")
+    rows = []
+    for n, per_rank in _sharding_results(results).items():
+        f = zero_state_bytes(per_rank[0]["n_params"], n, 3, "adam", "fp32")
+        for r in per_rank:
+            ok = all(r["zero3"][p] == getattr(f, p) for p in parts)
+            rows.append([n, f"rank {r['rank']}", *(_b(r["zero3"][p]) for p in parts), "yes" if ok else "**no**"])
+        rows.append([n, "*formula / N*", *(f"*{_b(getattr(f, p))}*" for p in parts), ""])
+    return md_table(["N", "held by", "weights", "gradients", "Adam state", "equal to formula / N"], rows)
+
+
+def zero1_table(per_rank: list) -> str:
+    """Markdown: ZeroRedundancyOptimizer's optimizer state per rank against 8 Ψ / N."""
+    per_rank = _records("per_rank", per_rank, ("rank", "n_params", "zero1"))
+    n = len(per_rank)
+    full = training_state_bytes(per_rank[0]["n_params"], "adam", "fp32")
+    rows = []
+    for r in per_rank:
+        z = r["zero1"]
+        rows.append([r["rank"], _b(z["weights"]), _b(z["gradients"]), _b(z["optimizer_state"]),
+                     _b(full.optimizer_state / n), f"{z['optimizer_state'] / (full.optimizer_state / n) - 1:+.2%}"])
+    return md_table(["rank", "weights (whole)", "gradients (whole)", "Adam state held", "8 Ψ / N",
+                     "difference"], rows)
+
+
+def loss_table(per_rank: list) -> tuple:
+    """Markdown of the loss per step, sharded against unsharded, and the largest relative difference."""
+    r0 = _records("per_rank", per_rank, ("losses", "reference_losses"))[0]
+    rows, worst = [], 0.0
+    for i, (a, b) in enumerate(zip(r0["losses"], r0["reference_losses"])):
+        rel = abs(a - b) / abs(b)
+        worst = max(worst, rel)
+        rows.append([i + 1, f"{b:.7f}", f"{a:.7f}", f"{rel:.1e}"])
+    return md_table(["step", "one process, whole batch", f"fully_shard on {len(per_rank)}, a share each",
+                     "relative difference"], rows), worst
+
+
+def traffic_summary(records) -> dict:
+    """``{kind: {"count", "bytes"}}`` from ``(kind, phase, bytes)`` or ``(kind, bytes)`` records."""
+    out: dict = {}
+    for rec in check_sequence("records", records, allow_empty=True):
+        rec = check_sequence("records", rec)
+        kind, n = rec[0], check_amount("records (bytes)", rec[-1])
+        d = out.setdefault(kind, {"count": 0, "bytes": 0})
+        d["count"] += 1
+        d["bytes"] += n
+    return out
+
+
+def traffic_table(per_rank: list, value_bytes: int = 4) -> tuple:
+    """Markdown: collectives of one fully_shard forward+backward, logged, against :func:`zero_step_traffic`.
+
+    Returns ``(markdown, checks)``; ``checks`` maps ``"freed"`` / ``"kept"`` to
+    ``{kind: (logged bytes, formula bytes)}``.
+    """
+    r0 = _records("per_rank", per_rank, ("world_size", "n_params", "zero3_collectives", "keep_collectives"))[0]
+    value_bytes = check_count("value_bytes", value_bytes)
+    n, psi = r0["world_size"], r0["n_params"]
+    formula = zero_step_traffic(psi, n, 3, value_bytes)
+    kept_formula = {"all_gather": formula["all_gather"] // 2, "reduce_scatter": formula["reduce_scatter"]}
+    rows, checks = [], {}
+    for label, key, f in (("freed after forward (ZeRO-3)", "zero3_collectives", formula),
+                          ("kept until backward", "keep_collectives", kept_formula)):
+        logged = traffic_summary(r0[key])
+        checks[label.split()[0]] = {}
+        for kind in ("all_gather", "reduce_scatter"):
+            got = logged.get(kind, {"count": 0, "bytes": 0})
+            checks[label.split()[0]][kind] = (got["bytes"], f[kind])
+            rows.append([label, kind.replace("_", "-"), got["count"], _b(got["bytes"]), _b(f[kind]),
+                         f"{got['bytes'] / (psi * value_bytes):.0f} × the weights"])
+    table = md_table(["weights", "collective", "count", "bytes logged", "formula", "that is"], rows)
+    return table, checks
+
+
+def zero_report(model: str, devices: int, stage: int) -> str:
+    """The ZeRO calculator's answer as HTML (for :class:`lessonlib.book.interactive.Explorer`)."""
+    check_choice("model", model, PRESETS)
+    devices = check_count("devices", devices)
+    n = PRESETS[model]["n_params"]
+    s = zero_state_bytes(n, devices, stage)
+    base = zero_state_bytes(n, devices, 0)
+    rows = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td align=right>{v / 1e9:,.2f} GB</td></tr>"
+                   for k, v in s.as_dict().items() if k != "total")
+    return (f"<table>{rows}<tr><th>per device</th><th align=right>{s.total / 1e9:,.2f} GB</th></tr></table>"
+            f"<p>{s.total / n:.2f} bytes per parameter on each device; plain data parallelism keeps "
+            f"{base.total / n:.0f} ({base.total / 1e9:,.1f} GB).</p>")
+
+
+# --------------------------------------------------------------------------- tensor parallelism
+
+def tp_collective_table(records, expected) -> str:
+    """Markdown: the collectives logged in forward and backward, against ``expected``
+    (``{(kind, phase): (count, bytes)}``)."""
+    check_mapping("expected", expected, allow_empty=True)
+    got: dict = {}
+    for rec in check_sequence("records", records, allow_empty=True):
+        kind, phase, n = check_sequence("records", rec)
+        d = got.setdefault((kind, phase), [0, 0])
+        d[0] += 1
+        d[1] += n
+    rows = []
+    for key in sorted(set(got) | set(expected), key=lambda k: (k[1] != "forward", k[0])):
+        c, b = got.get(key, (0, 0))
+        ec, eb = expected.get(key, (0, 0))
+        rows.append([key[1], key[0].replace("_", "-"), c, ec, _b(b), _b(eb)])
+    return md_table(["pass", "collective", "count", "expected", "bytes logged", "expected bytes"], rows)
+
+
+def layernorm_stat_bytes(items) -> int:
+    """Bytes of the small per-row tensors LayerNorm keeps (last dimension 1) among saved ``items``."""
+    total = 0
+    for item in check_sequence("items", items, allow_empty=True):
+        shape, _dtype, n = check_sequence("items", item)
+        if shape and shape[-1] == 1:
+            total += check_count("items (bytes)", n, minimum=0)
+    return total
+
+
+# --------------------------------------------------------------------------- pipelines
+
+def median(xs) -> float:
+    """The median of a non-empty list of numbers."""
+    return statistics.median([check_amount("xs", x) for x in check_sequence("xs", xs)])
+
+
+def idle_rows(run: dict) -> list:
+    """``(schedule, m, median idle share, formula)`` for each pipeline result of :func:`run_pipelines`."""
+    p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
+    return [(r["schedule"], r["microbatches"], median([s["idle_share"] for s in r["steps"]]),
+             (p - 1) / (r["microbatches"] + p - 1)) for r in run["runs"]]
+
+
+def pipeline_memory_rows(run: dict) -> list:
+    """Per schedule, m and stage: measured peak activation bytes, the bytes of one micro-batch
+    on that stage (GPipe's peak at the smallest m, divided by m) and the count the schedule
+    should hold: m for GPipe, min(m, p - stage) for 1F1B."""
+    p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
+    gpipe = [r for r in run["runs"] if r["schedule"] == "GPipe"]
+    if not gpipe:
+        raise ValueError("run holds no GPipe runs to read one micro-batch's bytes from")
+    first = min(gpipe, key=lambda r: r["microbatches"])
+    per_mb = [pk // first["microbatches"] for pk in first["steps"][0]["peak_bytes"]]
+    rows = []
+    for r in run["runs"]:
+        m = r["microbatches"]
+        for stage in range(p):
+            held = m if r["schedule"] == "GPipe" else min(m, p - stage)
+            peaks = {s["peak_bytes"][stage] for s in r["steps"]}
+            rows.append({"schedule": r["schedule"], "m": m, "stage": stage, "peak": max(peaks),
+                         "same_every_step": len(peaks) == 1, "per_microbatch": per_mb[stage],
+                         "expected_microbatches": held, "expected": held * per_mb[stage]})
+    return rows
+
+
+def pipeline_memory_table(run: dict) -> str:
+    """Markdown of :func:`pipeline_memory_rows`."""
+    rows = [[r["schedule"], r["m"], r["stage"], format_bytes(r["peak"]), r["expected_microbatches"],
+             format_bytes(r["expected"]), "yes" if r["peak"] == r["expected"] else "**no**"]
+            for r in pipeline_memory_rows(run)]
+    return md_table(["schedule", "m", "stage", "peak activations (measured)", "micro-batches held",
+                     "that many × one micro-batch", "equal"], rows)
+
+
+# --------------------------------------------------------------------------- bytes into time
+
+def fastest(times) -> float:
+    """The fastest of the rounds (seconds). On a shared machine other programs can only add time to a
+    collective (a process paused by the operating system keeps every other process waiting), so the
+    fastest round is the closest to the collective's own cost; medians there are pulled up by pauses."""
+    return min(check_amount("times", t) for t in check_sequence("times", times))
+
+
+def comm_rows(result: dict, link: Link, stat=fastest) -> list:
+    """Predicted against measured for every timed collective of :func:`run_comm_timing`.
+
+    ``stat`` reduces the rounds of one measurement to one number (default: :func:`fastest`).
+    Returns dicts ``{"what", "bytes", "measured_s", "predicted_s"}``.
+    """
+    n = _record("result", result, ("world_size", "all_reduce", "all_gather", "reduce_scatter", "ddp", "fsdp"),
+                "a result of run_comm_timing")["world_size"]
+    check_instance("link", link, Link, "a Link (alpha_s, beta_bytes_per_s)")
+    check_function("stat", stat)
+    rows = []
+    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        for b, ts in result[kind]:
+            rows.append({"what": kind.replace("_", "-"), "bytes": b, "measured_s": stat(ts),
+                         "predicted_s": link.seconds(kind, b, n)})
+    d = result["ddp"]
+    pred = sum(link.seconds("all_reduce", b, n) for b in d["bucket_bytes"])
+    rows.append({"what": f"DDP buckets, all-reduced alone ({len(d['bucket_bytes'])})", "bytes": d["grad_bytes"],
+                 "measured_s": sum(stat(t) for t in d["bucket_times"]), "predicted_s": pred})
+    rows.append({"what": "DDP step: backward minus no_sync backward", "bytes": d["grad_bytes"],
+                 "measured_s": stat(d["backward"]) - stat(d["backward_no_sync"]), "predicted_s": pred})
+    f = result["fsdp"]
+    rows.append({"what": f"fully_shard step's {len(f['collectives'])} collectives, each replayed",
+                 "bytes": sum(b for _, b in f["collectives"]), "measured_s": sum(stat(t) for t in f["replay_each"]),
+                 "predicted_s": sum(link.seconds(k, b, n) for k, b in f["collectives"])})
+    return rows
+
+
+def comm_table(rows: list) -> str:
+    """Markdown of :func:`comm_rows` (times in microseconds)."""
+    rows = _records("rows", rows, ("what", "bytes", "measured_s", "predicted_s"), "a list of comm_rows dicts")
+    out = [[r["what"], format_bytes(r["bytes"]), f"{1e6 * r['measured_s']:,.0f}", f"{1e6 * r['predicted_s']:,.0f}",
+            f"{r['predicted_s'] / r['measured_s']:.2f}"] for r in rows]
+    return md_table(["what", "tensor", "measured (µs, fastest round)", "predicted (µs)", "predicted / measured"], out)
+
+
+def cluster_rows(n_params: int, gpus_per_node: int = 8, nodes=(1, 8, 64), links=None) -> list:
+    """The model's estimates for a GPU cluster: a data-parallel all-reduce of bf16 gradients
+    and a ZeRO-3 step's collectives, within one node (NVLink) and across nodes (InfiniBand,
+    each GPU's own port being the slowest link of the ring)."""
+    from ..calc.comm import LINKS
+
+    links = LINKS if links is None else _record("links", links, ("nvlink", "infiniband"), "a dict of Link figures")
+    for name in ("nvlink", "infiniband"):
+        check_instance("links", links[name], Link, "a dict of Link figures")
+    grad = 2 * check_count("n_params", n_params)
+    gpus_per_node = check_count("gpus_per_node", gpus_per_node, maximum=1024)
+    rows = []
+    for k in [check_count("nodes", k, maximum=100_000) for k in check_sequence("nodes", nodes)]:
+        n = gpus_per_node * check_count("nodes", k)
+        link = links["nvlink"] if k == 1 else links["infiniband"]
+        t = zero_step_traffic(n_params, n, 3, 2)
+        rows.append({"gpus": n, "link": link.name,
+                     "all_reduce_s": link.seconds("all_reduce", grad, n),
+                     "zero3_s": 2 * link.seconds("all_gather", t["all_gather"] / 2, n)
+                                + link.seconds("reduce_scatter", t["reduce_scatter"], n)})
+    return rows

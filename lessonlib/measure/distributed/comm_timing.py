@@ -1,0 +1,233 @@
+"""Communication times measured with gloo (or NCCL), for the latency-bandwidth model.
+
+:func:`run_comm_timing` starts ``world_size`` processes and measures, in one run:
+
+1. a **sweep of all-reduce sizes**: each size timed ``rounds`` times, to fit
+   alpha and beta (:func:`lessonlib.calc.comm.fit_alpha_beta`);
+2. **all-gather and reduce-scatter** at a few sizes, to check the fitted
+   model on collectives it was not fitted to;
+3. **DistributedDataParallel**: the buckets DDP all-reduces (read from DDP's
+   own logging data), each bucket's all-reduce timed alone, and the
+   communication a DDP step exposes (its backward minus the same backward under
+   ``no_sync``);
+4. **a fully_shard step**: the collectives of one forward and backward,
+   logged with sizes (:class:`~lessonlib.measure.distributed.collectives.CollectiveLog`),
+   each of them replayed and timed alone, and the whole step timed.
+
+Each timed piece starts after a barrier; a round's time is the slowest rank's
+(a collective is done when every rank is done). The collectives are timed
+round-robin, one round of every one of them after another, so that a stretch
+of time when other programs hog the machine slows a few rounds of each rather
+than every round of one. The result keeps every round; the caller reduces
+them (the fastest round, on the pages). Times are seconds.
+"""
+from __future__ import annotations
+
+import copy
+import time
+
+from ...checks import count as check_count
+from .launch import launch
+from .collectives import CollectiveLog
+from ..device import synchronize as _sync
+from .quiet import known_warnings_silenced
+
+__all__ = ["run_comm_timing", "SWEEP_BYTES"]
+
+#: All-reduce sizes of the sweep, bytes (1 KiB to 16 MiB, float32 tensors).
+SWEEP_BYTES = tuple(2 ** k for k in range(10, 25, 2))
+
+
+def _all_gather(out, part):
+    """All-gather ``part`` from every rank into ``out`` (``all_gather_single`` where torch has it)."""
+    import torch.distributed as dist
+
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in recent torch
+    fn(out, part)
+
+
+def _reduce_scatter(part, full):
+    """Sum ``full`` over the ranks and keep this rank's slice in ``part``."""
+    import torch.distributed as dist
+
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in recent torch
+    fn(part, full)
+
+
+def _timed(fn, device, rounds, warmup=2):
+    """Seconds of ``fn()`` per round, this rank's clock, after a barrier each round."""
+    import torch.distributed as dist
+
+    out = []
+    for r in range(warmup + rounds):
+        dist.barrier()
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        if r >= warmup:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def _slowest(times, device):
+    """Per round, the maximum over ranks."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.cpu().tolist()
+
+
+def _interleaved(probes, device, rounds, warmup=2):
+    """Time every ``(key, fn)`` probe once per round, round after round; ``{key: [s per round]}``.
+
+    Interleaving spreads each probe's rounds over the whole measurement, so a
+    stretch of time when other programs hog the machine slows a few rounds of
+    every probe rather than all rounds of one.
+    """
+    import torch.distributed as dist
+
+    out = {key: [] for key, _ in probes}
+    for r in range(warmup + rounds):
+        for key, fn in probes:
+            dist.barrier()
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            if r >= warmup:
+                out[key].append(time.perf_counter() - t0)
+    return out
+
+
+def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_hidden, ddp_batch, fsdp_cfg):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..models import TinyGPT, lm_loss
+    from .data_parallel import forecast_model, synthetic_batch
+    from .fsdp import _shard
+
+    def ones(n_bytes):
+        return torch.ones(n_bytes // 4, device=device)
+
+    with known_warnings_silenced():
+        # DDP: the buckets it all-reduces (DDP fixes them in its first backward, and logs them)
+        model = forecast_model(ddp_hidden).to(device)
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        x, y = (t.to(device) for t in synthetic_batch(ddp_batch))
+        share = ddp_batch // world
+        xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+        loss_fn = torch.nn.MSELoss()
+
+        def backward():
+            ddp.zero_grad(set_to_none=True)
+            loss_fn(ddp(xs), ys).backward()
+
+        def backward_no_sync():
+            ddp.zero_grad(set_to_none=True)
+            with ddp.no_sync():
+                loss_fn(ddp(xs), ys).backward()
+
+        backward()
+        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        logged = ddp._get_ddp_logging_data()  # DDP's own record of its buckets (bytes)
+        bucket_bytes = [int(b) for b in str(logged.get("bucket_sizes", "")).split(",") if b.strip()]
+        if sum(bucket_bytes) != grad_bytes:  # an older torch that logs otherwise: one bucket of everything
+            bucket_bytes = [grad_bytes]
+
+        # fully_shard: the collectives of one forward and backward, logged with their sizes
+        mesh = init_device_mesh(device.type, (world,))
+        torch.manual_seed(0)
+        base = TinyGPT(**fsdp_cfg)
+        sharded = _shard(copy.deepcopy(base).to(device), mesh, reshard=True)
+        opt = torch.optim.Adam(sharded.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(1)
+        tokens = torch.randint(0, fsdp_cfg["vocab"], (2 * world, fsdp_cfg["seq_len"]), generator=g).to(device)
+        ts, tt = tokens[rank * 2:(rank + 1) * 2], tokens.roll(-1, dims=1)[rank * 2:(rank + 1) * 2]
+        log = CollectiveLog()
+        with log:
+            lm_loss(sharded(ts), tt).backward()
+        records = [(r.kind, r.n_bytes) for r in log.records]
+        progress.put(1)
+
+        # every collective, interleaved round by round: the sweep, the checks, DDP's buckets, FSDP's sequence
+        probes = []
+        for n in sweep:
+            buf = ones(n)
+            probes.append((("all_reduce", n), lambda b=buf: dist.all_reduce(b)))
+        for n in check_bytes:
+            full, part = ones(n), ones(n // world)
+            probes.append((("all_gather", n), lambda f=full, p=part: _all_gather(f, p)))
+            probes.append((("reduce_scatter", n), lambda f=full, p=part: _reduce_scatter(p, f)))
+        for i, n in enumerate(bucket_bytes):
+            buf = ones(n)
+            probes.append((("bucket", i), lambda b=buf: dist.all_reduce(b)))
+        for i, (kind, n) in enumerate(records):
+            full, part = ones(n), ones(n // world)
+            fn = (lambda f=full, p=part: _all_gather(f, p)) if kind == "all_gather" else \
+                 (lambda f=full, p=part: _reduce_scatter(p, f))
+            probes.append((("fsdp", i), fn))
+        times = {k: _slowest(v, device) for k, v in _interleaved(probes, device, rounds).items()}
+        progress.put(1)
+
+        # whole steps, which compute: DDP with and without its all-reduce (interleaved), the FSDP step
+        with_sync, without = [], []
+        for _ in range(rounds + 2):
+            with_sync += _timed(backward, device, 1, warmup=0)
+            without += _timed(backward_no_sync, device, 1, warmup=0)
+
+        def fsdp_step():
+            opt.zero_grad(set_to_none=True)
+            lm_loss(sharded(ts), tt).backward()
+            opt.step()
+
+        step_t = _timed(fsdp_step, device, rounds)
+        progress.put(1)
+
+    return {
+        "rank": rank, "world_size": world, "backend": dist.get_backend(),
+        "all_reduce": [(n, times[("all_reduce", n)]) for n in sweep],
+        "all_gather": [(n, times[("all_gather", n)]) for n in check_bytes],
+        "reduce_scatter": [(n, times[("reduce_scatter", n)]) for n in check_bytes],
+        "ddp": {"grad_bytes": grad_bytes, "bucket_bytes": bucket_bytes,
+                "bucket_times": [times[("bucket", i)] for i in range(len(bucket_bytes))],
+                "backward": _slowest(with_sync[2:], device), "backward_no_sync": _slowest(without[2:], device)},
+        "fsdp": {"collectives": records, "n_params": sum(p.numel() for p in base.parameters()),
+                 "replay_each": [times[("fsdp", i)] for i in range(len(records))],
+                 "step": _slowest(step_t, device)},
+    }
+
+
+def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16, 2 ** 20, 2 ** 22),
+                    rounds: int = 9, ddp_hidden: int = 512, ddp_batch: int = 256,
+                    fsdp=dict(vocab=256, seq_len=64, hidden=128, heads=4, layers=2, dropout=0.0),
+                    timeout: float = 240.0) -> dict:
+    """Measure the collectives above on ``world_size`` processes; rank 0's view (every time is the slowest rank's).
+
+    Returns ``{"world_size", "backend", "all_reduce": [(bytes, [s per round])...],
+    "all_gather": [...], "reduce_scatter": [...], "ddp": {...}, "fsdp": {...}}``.
+    ``ddp`` has ``grad_bytes``, ``bucket_bytes``, ``bucket_times`` (per
+    bucket, per round), ``backward`` and ``backward_no_sync`` (per round);
+    ``fsdp`` has ``collectives`` (``(kind, bytes)`` in order), ``n_params``,
+    ``replay_each`` (per collective, per round) and ``step`` (per round). Sizes must be multiples of
+    ``4 * world_size`` bytes.
+    """
+    world_size = check_count("world_size", world_size, minimum=2)
+    rounds = check_count("rounds", rounds)
+    sizes = [check_count("sweep", s) for s in sweep]
+    checks = [check_count("check_bytes", s) for s in check_bytes]
+    for s in sizes + checks:
+        if s % (4 * world_size):
+            raise ValueError(f"message sizes must be multiples of 4 × world_size bytes, got {s}")
+    ddp_batch = check_count("ddp_batch", ddp_batch)
+    if ddp_batch % world_size:
+        raise ValueError(f"ddp_batch {ddp_batch} does not divide evenly by world_size={world_size}")
+    per_rank = launch(_comm_worker, world_size,
+                      args=(sizes, checks, rounds, check_count("ddp_hidden", ddp_hidden), ddp_batch, dict(fsdp)),
+                      timeout=timeout, progress_total=3 * world_size, desc=f"communication on {world_size} processes")
+    return per_rank[0]

@@ -1,0 +1,213 @@
+"""ZeRO and FSDP measured: what each rank keeps, what the step sends, and the loss.
+
+:func:`run_sharding` starts ``world_size`` processes (gloo on CPU, NCCL with
+a GPU each) and in each of them:
+
+1. trains the course's :class:`~lessonlib.models.TinyGPT` sharded with
+   PyTorch's ``fully_shard`` (FSDP2, ZeRO stage 3) for a few Adam steps, each
+   rank on its share of the batch, and beside it an unsharded copy on the
+   whole batch: the two loss sequences should agree;
+2. counts, from the local shards (``DTensor.to_local()``), the bytes of
+   weights, gradients and Adam state each rank holds;
+3. logs the collectives of one forward and backward
+   (:class:`~lessonlib.measure.distributed.collectives.CollectiveLog`), once
+   with the weights freed after forward (``reshard_after_forward=True``, the
+   ZeRO-3 pattern) and once kept until backward (``False``);
+4. runs ZeRO stage 1 with PyTorch's ``ZeroRedundancyOptimizer`` under DDP
+   and counts the optimizer state each rank holds.
+
+The worker runs in spawned processes, so it lives here, not in a notebook.
+"""
+from __future__ import annotations
+
+import copy
+
+from ...checks import count as check_count, instance as check_instance
+from .launch import launch
+from .collectives import CollectiveLog
+from .quiet import known_warnings_silenced
+
+__all__ = ["MODEL", "run_sharding", "local_state_bytes"]
+
+#: The model sharded on the page: every parameter's first dimension is a
+#: multiple of 4, so 2 and 4 ranks split it without padding.
+MODEL = dict(vocab=256, seq_len=32, hidden=64, heads=4, layers=2, dropout=0.0)
+
+
+def _bytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def local_state_bytes(model, optimizer) -> dict:
+    """Bytes this rank holds: ``weights``, ``gradients``, ``optimizer_state`` (Adam's two
+    averages) and ``step_counters`` (Adam's per-tensor step counts), read from the local shards."""
+    import torch
+
+    check_instance("model", model, torch.nn.Module, "a torch.nn.Module")
+    check_instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
+    params = list(model.parameters())
+    out = {
+        "weights": sum(_bytes(_local(p)) for p in params),
+        "gradients": sum(_bytes(_local(p.grad)) for p in params if p.grad is not None),
+        "optimizer_state": 0,
+        "step_counters": 0,
+    }
+    for state in optimizer.state.values():
+        for key, v in state.items():
+            if isinstance(v, torch.Tensor):
+                out["step_counters" if key == "step" else "optimizer_state"] += _bytes(_local(v))
+    return out
+
+
+def _build(seed: int = 0):
+    import torch
+
+    from ..models import TinyGPT
+
+    torch.manual_seed(seed)
+    return TinyGPT(**MODEL)
+
+
+def _batch(global_batch: int, seed: int = 1):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, MODEL["vocab"], (global_batch, MODEL["seq_len"]), generator=g)
+    y = torch.randint(0, MODEL["vocab"], (global_batch, MODEL["seq_len"]), generator=g)
+    return x, y
+
+
+def _shard(model, mesh, reshard: bool):
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    return model
+
+
+def _shard_on(rank, n, mesh, device, base, steps, global_batch, lr):
+    """Everything measured with ``n`` processes (ranks 0..n-1 of ``mesh``); this process is ``rank``."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..models import lm_loss
+
+    group = mesh.get_group()
+    x, y = (t.to(device) for t in _batch(global_batch))
+    share = global_batch // n
+    xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+
+    # --- ZeRO-3 with fully_shard, against an unsharded copy on the whole batch -------------
+    ref = copy.deepcopy(base).to(device)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=lr)
+    model = _shard(copy.deepcopy(base).to(device), mesh, reshard=True)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    ref_losses, losses = [], []
+    log = CollectiveLog()
+    for step in range(steps):
+        ref_opt.zero_grad(set_to_none=True)
+        ref_loss = lm_loss(ref(x), y)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_losses.append(ref_loss.item())
+
+        opt.zero_grad(set_to_none=True)
+        if step == 0:
+            with log:
+                loss = lm_loss(model(xs), ys)
+                loss.backward()
+        else:
+            loss = lm_loss(model(xs), ys)
+            loss.backward()
+        held = local_state_bytes(model, opt)  # gradients are present between backward and step
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=group)  # the global loss: the mean of the ranks' equal shares
+        losses.append(mean.item() / n)
+    state = local_state_bytes(model, opt)
+    state["gradients"] = held["gradients"]
+
+    # --- the same step with the weights kept from forward to backward ----------------------
+    keep = _shard(copy.deepcopy(base).to(device), mesh, reshard=False)
+    log_keep = CollectiveLog()
+    with log_keep:
+        lm_loss(keep(xs), ys).backward()
+
+    # --- ZeRO-1: full weights and gradients, optimizer state split by whole tensors -------
+    ddp_model = copy.deepcopy(base).to(device)
+    ddp = DDP(ddp_model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
+    zro = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr, process_group=group)
+    zro.zero_grad(set_to_none=True)
+    lm_loss(ddp(xs), ys).backward()
+    zro.step()
+
+    shapes = [tuple(p.shape) for p in base.parameters()]
+    return {
+        "rank": rank,
+        "world_size": n,
+        "backend": dist.get_backend(group),
+        "n_params": sum(p.numel() for p in base.parameters()),
+        "shapes": shapes,
+        "n_tensors": len(shapes),
+        "zero3": state,
+        "zero1": local_state_bytes(ddp_model, zro.optim),
+        "losses": losses,
+        "reference_losses": ref_losses,
+        "zero3_collectives": [(r.kind, r.phase, r.n_bytes) for r in log.records],
+        "keep_collectives": [(r.kind, r.phase, r.n_bytes) for r in log_keep.records],
+    }
+
+
+def _sharding_worker(rank, world, device, progress, world_sizes, steps, global_batch, lr):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    out = {}
+    with known_warnings_silenced():
+        base = _build()
+        for n in world_sizes:
+            # Every process takes part in creating the mesh (it makes a process group); only
+            # ranks 0..n-1 work on it, the others wait at the barrier without using the CPU.
+            mesh = DeviceMesh(device.type, list(range(n)))
+            if rank < n:
+                out[n] = _shard_on(rank, n, mesh, device, base, steps, global_batch, lr)
+                progress.put(1)
+            dist.barrier()
+    return out
+
+
+def run_sharding(world_sizes=(2, 4), steps: int = 4, global_batch: int = 8, lr: float = 1e-3,
+                 timeout: float = 180.0) -> dict:
+    """Run the sharding measurements on each process count in ``world_sizes``; ``{N: [one dict per rank]}``.
+
+    One launch of ``max(world_sizes)`` processes serves every count: with N
+    processes, ranks 0..N-1 shard over a device mesh of their own while the
+    others wait (starting processes costs seconds each; they are started once).
+
+    Each dict: ``n_params`` and ``shapes`` (the full model), ``zero3`` and
+    ``zero1`` (bytes held by this rank under fully_shard and under
+    ZeroRedundancyOptimizer: ``weights``, ``gradients``, ``optimizer_state``,
+    ``step_counters``), ``losses`` (the sharded run's global loss per step)
+    and ``reference_losses`` (the unsharded copy on the whole batch),
+    ``zero3_collectives`` / ``keep_collectives`` (``(kind, phase, bytes)``
+    for each collective of one forward and backward, weights freed after
+    forward or kept). ``global_batch`` sequences are split evenly over the ranks.
+    """
+    sizes = sorted({check_count("world_sizes", n, minimum=2) for n in world_sizes})
+    if not sizes:
+        raise ValueError("world_sizes must name at least one process count")
+    steps = check_count("steps", steps)
+    global_batch = check_count("global_batch", global_batch)
+    for n in sizes:
+        if global_batch % n:
+            raise ValueError(f"global_batch {global_batch} does not divide evenly by {n} processes")
+    per_rank = launch(_sharding_worker, sizes[-1], args=(sizes, steps, global_batch, lr), timeout=timeout,
+                      progress_total=sum(sizes), desc=f"sharding on {', '.join(map(str, sizes))} processes")
+    return {n: [r[n] for r in per_rank[:n]] for n in sizes}

@@ -1,0 +1,277 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining``, timed and weighed.
+
+:func:`run_pipelines` starts processes; each holds one *stage*
+(a few ``Linear + ReLU`` layers) of a model and runs PyTorch's own schedules,
+``ScheduleGPipe`` (all forwards, then all backwards) and ``Schedule1F1B``
+(after a warm-up, one forward then one backward), for several micro-batch
+counts ``m``. Nothing here simulates a schedule: PyTorch decides the order,
+and two things are recorded while it runs:
+
+* **when each stage computes**: the stage's ``forward_one_chunk`` and
+  ``backward_one_chunk`` (the calls a schedule makes for one micro-batch)
+  are wrapped to take a timestamp before and after; everything else,
+  waiting for a neighbour's activations or gradients included, is idle time;
+* **how many activation bytes each stage keeps** at any moment:
+  :class:`LiveSavedBytes` counts every tensor autograd saves for backward
+  from the moment it is saved until autograd frees it, and keeps the peak.
+"""
+from __future__ import annotations
+
+import time
+
+from ...checks import count as check_count, instance as check_instance, sequence as check_sequence
+from .launch import launch
+from .quiet import known_warnings_silenced
+
+__all__ = ["LiveSavedBytes", "stage_module", "run_pipelines", "idle_share"]
+
+SCHEDULES = ("GPipe", "1F1B")
+
+
+class _Held:
+    """What autograd stores instead of a saved tensor; its deletion marks the tensor freed."""
+
+    __slots__ = ("owner", "key", "tensor")
+
+    def __init__(self, owner, key, tensor):
+        self.owner, self.key, self.tensor = owner, key, tensor
+
+    def __del__(self):
+        self.owner._release(self.key)
+
+
+class LiveSavedBytes:
+    """Bytes of activations saved for backward that are alive now, and the peak, per process.
+
+    A context manager around ``torch.autograd.graph.saved_tensors_hooks``: the
+    pack hook wraps each saved tensor in a small holder and counts its storage
+    (once per storage, however many holders share it); when autograd drops
+    the last holder of a storage (after the backward that used it, or when
+    the graph is freed) its bytes are subtracted. ``exclude`` lists tensors
+    not to count (the parameters, the input batch: they exist anyway).
+    ``.live`` and ``.peak`` are bytes.
+    """
+
+    def __init__(self, exclude=()):
+        import torch
+
+        tensors = [check_instance("exclude", t, torch.Tensor, "a list of tensors")
+                   for t in check_sequence("exclude", exclude, allow_empty=True)]
+        self._exclude = {t.untyped_storage().data_ptr() for t in tensors}
+        self._refs: dict = {}
+        self.live = 0
+        self.peak = 0
+
+    def _pack(self, t):
+        key = t.untyped_storage().data_ptr()
+        if key in self._exclude or t.numel() == 0:
+            return t
+        entry = self._refs.get(key)
+        if entry is None:
+            n = t.untyped_storage().nbytes()
+            self._refs[key] = [1, n]
+            self.live += n
+            self.peak = max(self.peak, self.live)
+        else:
+            entry[0] += 1
+        return _Held(self, key, t)
+
+    @staticmethod
+    def _unpack(h):
+        return h.tensor if isinstance(h, _Held) else h
+
+    def _release(self, key):
+        entry = self._refs.get(key)
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live -= entry[1]
+            del self._refs[key]
+
+    def __enter__(self):
+        import torch
+
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+def stage_module(hidden: int, layers: int):
+    """One pipeline stage: ``layers`` × (``Linear(hidden, hidden)``, ``ReLU``)."""
+    from torch import nn
+
+    from ..models import MAX_LAYERS, MAX_PARAMS
+
+    layers = check_count("layers", layers, maximum=MAX_LAYERS)
+    hidden = check_count("hidden", hidden)
+    if layers * hidden * hidden > MAX_PARAMS:
+        raise ValueError(f"layers={layers} of hidden={hidden} give more than the {MAX_PARAMS:,} parameters "
+                         "the course's models allow")
+    mods = []
+    for _ in range(layers):
+        mods += [nn.Linear(hidden, hidden), nn.ReLU()]
+    return nn.Sequential(*mods)
+
+
+def _timed(fn, kind, spans, device):
+    import torch
+
+    def inner(chunk, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(chunk, *args, **kwargs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        spans.append((kind, chunk, t0, time.perf_counter()))
+        return out
+    return inner
+
+
+def _run_schedules(rank, n, group, device, progress, configs, hidden, layers, rows, reps):
+    """Ranks 0..n-1 of ``group`` run each ``(schedule, m)`` of ``configs``; this process is stage ``rank``."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    classes = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+    results = []
+    torch.manual_seed(rank)  # each stage has its own layers
+    stage_mod = stage_module(hidden, layers).to(device)
+    for name, m in configs:
+        stage = PipelineStage(stage_mod, rank, n, device, group=group)
+        spans: list = []
+        stage.forward_one_chunk = _timed(stage.forward_one_chunk, "F", spans, device)
+        stage.backward_one_chunk = _timed(stage.backward_one_chunk, "B", spans, device)
+        schedule = classes[name](stage, n_microbatches=m, loss_fn=F.mse_loss)
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(m * rows, hidden, generator=g).to(device)
+        y = torch.randn(m * rows, hidden, generator=g).to(device)
+        runs = []
+        for rep in range(reps + 1):  # the first step sets the stages up: not measured
+            spans.clear()
+            stage_mod.zero_grad(set_to_none=True)
+            counter = LiveSavedBytes(exclude=[*stage_mod.parameters(), x, y])
+            dist.barrier(group=group)
+            with counter:
+                if rank == 0:
+                    schedule.step(x)
+                elif rank == n - 1:
+                    schedule.step(target=y)
+                else:
+                    schedule.step()
+            if rep > 0:
+                runs.append({"spans": list(spans), "peak_bytes": counter.peak, "left_bytes": counter.live})
+        results.append(runs)
+        progress.put(1)
+    return results
+
+
+def _pipeline_worker(rank, world, device, progress, specs):
+    import torch.distributed as dist
+
+    out = []
+    with known_warnings_silenced():
+        for spec in specs:
+            n = spec["world_size"]
+            # new_group is collective: every process creates it, only ranks 0..n-1 use it
+            group = dist.new_group(list(range(n))) if n < world else None
+            if rank < n:
+                out.append(_run_schedules(rank, n, group, device, progress, spec["configs"], spec["hidden"],
+                                          spec["layers"], spec["rows"], spec["reps"]))
+            else:
+                out.append(None)
+            dist.barrier()  # the others wait here, using no CPU, until the run is over
+    return {"rank": rank, "backend": dist.get_backend(), "runs": out}
+
+
+def idle_share(per_rank_spans) -> float:
+    """1 - busy time / (stages × makespan) for one step, from each stage's ``(kind, mb, start, end)`` spans.
+
+    The makespan runs from the first compute on any stage to the last (the
+    clock is the machine's monotonic clock, shared by its processes).
+    """
+    per_rank = [check_sequence("per_rank_spans", r, allow_empty=True)
+                 for r in check_sequence("per_rank_spans", per_rank_spans)]
+    spans = [s for rank_spans in per_rank for s in rank_spans]
+    if not spans:
+        raise ValueError("per_rank_spans holds no spans")
+    for s in spans:
+        if not isinstance(s, (list, tuple)) or len(s) != 4:
+            raise ValueError(f"per_rank_spans must hold (kind, microbatch, start, end) spans, got {s!r}")
+    start = min(s[2] for s in spans)
+    end = max(s[3] for s in spans)
+    busy = sum(s[3] - s[2] for s in spans)
+    if end <= start:
+        raise ValueError("per_rank_spans must span some time (every span starts where it ends)")
+    return 1.0 - busy / (len(per_rank) * (end - start))
+
+
+def _spec(world_size, microbatches, schedules, hidden, layers, rows, reps) -> dict:
+    world_size = check_count("world_size", world_size, minimum=2)
+    ms = [check_count("microbatches", m) for m in microbatches]
+    if not ms:
+        raise ValueError("microbatches must not be empty")
+    for s in schedules:
+        if s not in SCHEDULES:
+            raise ValueError(f"unknown schedule {s!r}; choose from {', '.join(SCHEDULES)}")
+    from ..models import MAX_LAYERS, MAX_PARAMS
+
+    configs = [(s, m) for s in schedules for m in ms if not (s == "1F1B" and m < world_size)]
+    hidden, layers = check_count("hidden", hidden), check_count("layers", layers, maximum=MAX_LAYERS)
+    if layers * hidden * hidden > MAX_PARAMS:
+        raise ValueError(f"layers={layers} of hidden={hidden} give more than the {MAX_PARAMS:,} parameters "
+                         "the course's models allow")
+    return {"world_size": world_size, "configs": configs, "hidden": hidden, "layers": layers,
+            "rows": check_count("rows", rows, maximum=1_000_000), "reps": check_count("reps", reps, maximum=100)}
+
+
+def run_pipelines(specs, timeout: float = 240.0) -> list:
+    """Run PyTorch's schedules on real processes; measured busy spans and activation peaks, one result per spec.
+
+    ``specs`` is a list of dicts, one per pipeline: ``world_size`` (stages,
+    one process each), ``microbatches`` (the counts m to run), and optionally
+    ``schedules`` ("GPipe", "1F1B"), ``hidden``, ``layers`` (each stage is
+    :func:`stage_module`), ``rows`` (examples per micro-batch, the same for
+    every m, so the work per micro-batch does not change) and ``reps``
+    (measured steps after one unmeasured set-up step). 1F1B needs m >=
+    world_size, so smaller m run with GPipe only. One launch of
+    ``max(world_size)`` processes serves every spec (each start costs
+    seconds); a pipeline on fewer processes uses ranks 0..n-1 while the
+    others wait.
+
+    Each result is ``{"world_size", "backend", "runs": [...]}``; each run is
+    ``{"schedule", "microbatches", "steps": [...]}`` and each step has
+    ``spans`` (per rank, ``(kind, microbatch, start_s, end_s)``, seconds on
+    the machine's monotonic clock, shared by its processes), ``idle_share``
+    (:func:`idle_share`), ``peak_bytes`` (per rank: the most activation bytes
+    alive at once) and ``left_bytes`` (per rank, after the step: 0 when every
+    activation was freed).
+    """
+    defaults = dict(schedules=SCHEDULES, hidden=512, layers=4, rows=64, reps=2)
+    checked = [_spec(**{**defaults, **spec}) for spec in specs]
+    if not checked:
+        raise ValueError("specs must hold at least one run")
+    world = max(s["world_size"] for s in checked)
+    per_rank = launch(_pipeline_worker, world, args=(checked,), timeout=timeout,
+                      progress_total=sum(s["world_size"] * len(s["configs"]) for s in checked),
+                      desc=f"pipelines on {world} processes")
+    results = []
+    for j, spec in enumerate(checked):
+        n = spec["world_size"]
+        runs = []
+        for i, (name, m) in enumerate(spec["configs"]):
+            steps = []
+            for k in range(spec["reps"]):
+                at = [per_rank[r]["runs"][j][i][k] for r in range(n)]
+                spans = [a["spans"] for a in at]
+                steps.append({"spans": spans, "idle_share": idle_share(spans),
+                              "peak_bytes": [a["peak_bytes"] for a in at],
+                              "left_bytes": [a["left_bytes"] for a in at]})
+            runs.append({"schedule": name, "microbatches": m, "steps": steps})
+        results.append({"world_size": n, "backend": per_rank[0]["backend"], "rows": spec["rows"],
+                        "hidden": spec["hidden"], "layers": spec["layers"], "runs": runs})
+    return results

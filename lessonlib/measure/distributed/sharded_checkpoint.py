@@ -1,0 +1,156 @@
+"""Recovery checkpoints for sharded state, with ``torch.distributed.checkpoint`` (DCP).
+
+With ``fully_shard`` no process holds the whole model or optimizer, so no
+process can ``torch.save`` it alone. DCP writes each rank's shards in
+parallel, with metadata that records which slice of which tensor each file
+holds; loading reads the slices each *new* rank needs, so the state can be
+loaded on a different number of processes than saved it (resharding).
+
+* :func:`save_sharded` - train :data:`~lessonlib.measure.distributed.fsdp.MODEL`
+  with ``fully_shard`` on ``world_size`` processes for a few steps, save model
+  and optimizer with ``dcp.save``, and return, for comparison, the same state
+  gathered whole (``full_state_dict=True``) and the loss of one more step.
+* :func:`load_unsharded` - load the checkpoint into one ordinary process,
+  with no process group: an unsharded model and optimizer.
+* :func:`compare_states` - largest difference between two state dicts.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+from ...checks import count as check_count, path as check_path, positive as check_positive
+from .launch import launch
+from .fsdp import _batch, _build, _shard
+from .quiet import known_warnings_silenced
+
+__all__ = ["save_sharded", "load_unsharded", "compare_states", "checkpoint_files"]
+
+
+def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ..models import lm_loss
+
+    with known_warnings_silenced():
+        mesh = init_device_mesh(device.type, (world,))
+        model = _shard(_build().to(device), mesh, reshard=True)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        x, y = (t.to(device) for t in _batch(global_batch))
+        share = global_batch // world
+        xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = lm_loss(model(xs), ys)
+            loss.backward()
+            opt.step()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            return mean.item() / world
+
+        losses = [step() for _ in range(steps)]
+        model_sd, optim_sd = get_state_dict(model, opt)  # each rank: its own shards (DTensors)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        local_bytes = sum(v.to_local().numel() * v.element_size() for v in model_sd.values() if hasattr(v, "to_local"))
+        full_model, full_optim = get_state_dict(
+            model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        with torch.no_grad():  # the loss the next step starts from, on the whole batch
+            next_loss = lm_loss(model(xs), ys).detach().clone()
+        dist.all_reduce(next_loss)
+        progress.put(1)
+    out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world, "local_model_bytes": local_bytes}
+    if rank == 0:
+        out["full_model"] = {k: v.clone() for k, v in full_model.items()}
+        out["full_optim"] = full_optim
+    return out
+
+
+def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 8, lr: float = 1e-3,
+                 timeout: float = 180.0) -> dict:
+    """Train with ``fully_shard`` on ``world_size`` processes and save a DCP checkpoint in folder ``path``.
+
+    Returns ``{"losses", "next_loss", "local_model_bytes" (per rank: bytes
+    of model shards each rank wrote), "full_model", "full_optim"}``; the
+    last two are the state gathered whole on rank 0, for checking a load.
+    """
+    world_size = check_count("world_size", world_size, minimum=2)
+    steps = check_count("steps", steps)
+    global_batch = check_count("global_batch", global_batch)
+    if global_batch % world_size:
+        raise ValueError(f"global_batch {global_batch} does not divide evenly by world_size={world_size}")
+    path = check_path("path", path)
+    lr = check_positive("lr", lr)
+    path.mkdir(parents=True, exist_ok=True)
+    per_rank = launch(_save_worker, world_size, args=(str(path), steps, global_batch, lr), timeout=timeout,
+                      progress_total=world_size, desc=f"sharded save from {world_size} processes")
+    r0 = per_rank[0]
+    return {"losses": r0["losses"], "next_loss": r0["next_loss"],
+            "local_model_bytes": [r["local_model_bytes"] for r in per_rank],
+            "full_model": r0["full_model"], "full_optim": r0["full_optim"]}
+
+
+def checkpoint_files(path) -> list:
+    """``(name, bytes)`` of each file DCP wrote in ``path``, sorted by name."""
+    path = check_path("path", path)
+    if not path.is_dir():
+        raise ValueError(f"path {str(path)!r} is not a folder")
+    return sorted((p.name, p.stat().st_size) for p in path.iterdir() if p.is_file())
+
+
+def load_unsharded(path, lr: float = 1e-3):
+    """Load the DCP checkpoint in ``path`` into one process: an ordinary model and Adam optimizer.
+
+    No process group is needed: DCP reads every slice into this process's
+    full-size tensors. Returns ``(model, optimizer)``.
+    """
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = check_path("path", path)
+    lr = check_positive("lr", lr)
+    if not path.is_dir() or not (path / ".metadata").exists():
+        raise ValueError(f"path {str(path)!r} holds no torch.distributed.checkpoint checkpoint (.metadata missing)")
+    with known_warnings_silenced():
+        model = _build()
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        model_sd, optim_sd = get_state_dict(model, opt)  # the layout to fill: full-size tensors
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return model, opt
+
+
+def _flatten(prefix, obj, out):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out[prefix] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _flatten(f"{prefix}.{i}", v, out)
+    return out
+
+
+def compare_states(a, b) -> dict:
+    """Compare two (nested) state dicts: ``{"tensors", "same_keys", "max_diff", "equal"}``.
+
+    ``equal`` is True when the keys match and every tensor is bitwise equal.
+    """
+    import torch
+
+    fa, fb = _flatten("", a, {}), _flatten("", b, {})
+    same = set(fa) == set(fb)
+    diffs = [(fa[k].double() - fb[k].double()).abs().max().item() if fa[k].numel() else 0.0
+             for k in fa if k in fb and fa[k].shape == fb[k].shape]
+    equal = same and all(fa[k].shape == fb[k].shape and torch.equal(fa[k], fb[k]) for k in fa)
+    return {"tensors": len(fa), "same_keys": same, "max_diff": max(diffs, default=0.0), "equal": equal}

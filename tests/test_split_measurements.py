@@ -1,0 +1,172 @@
+"""The real engine for every split, on gloo CPU processes, against the formulas.
+
+Multi-process tests are marked ``slow`` (each starts 2 or 4 processes that import torch). The
+in-process helpers (saved-bytes counters, the warning filter) are tested fast.
+"""
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from lessonlib.book import split_reports as R
+from lessonlib.calc.memory import activation_bytes_per_layer, training_state_bytes
+from lessonlib.calc.sharding import zero_state_bytes, zero_step_traffic
+from lessonlib.measure.distributed.pipelining import LiveSavedBytes, idle_share
+from lessonlib.measure.distributed.quiet import known_warnings_silenced
+from lessonlib.measure.memory import SavedTensorCounter
+
+
+# --------------------------------------------------------------------------- fast, in one process
+
+def test_live_saved_bytes_peak_and_release():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    x = torch.randn(16, 32)
+    counted = SavedTensorCounter(exclude=list(model.parameters()) + [x])
+    with counted:
+        model(x)
+    live = LiveSavedBytes(exclude=list(model.parameters()) + [x])
+    with live:
+        out = model(x)
+    assert live.peak == live.live == counted.bytes > 0  # alive until backward
+    out.sum().backward()
+    del out
+    assert live.live == 0 and live.peak == counted.bytes  # freed by backward, peak kept
+
+
+def test_live_saved_bytes_counts_each_micro_batch_until_its_backward():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    xs = [torch.randn(4, 8) for _ in range(3)]
+    live = LiveSavedBytes(exclude=list(model.parameters()) + xs)
+    with live:
+        outs = [model(x) for x in xs]  # three forwards before any backward, like GPipe
+    one = live.peak // 3
+    assert live.peak == 3 * one
+    for i, o in enumerate(outs):
+        o.sum().backward()
+        assert live.live == (2 - i) * one
+
+
+def test_idle_share_from_spans():
+    # two stages, one micro-batch, forward 1 and backward 2 time units each: busy 6 of 2 x 6
+    spans = [[("F", 0, 0, 1), ("B", 0, 4, 6)], [("F", 0, 1, 2), ("B", 0, 2, 4)]]
+    assert idle_share(spans) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="spans"):
+        idle_share([[], []])
+
+
+def test_known_warnings_are_silenced_and_others_are_not():
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with known_warnings_silenced():
+            warnings.warn("Full backward hook is firing when gradients are computed with respect to module "
+                          "outputs since no inputs require gradients.", UserWarning)
+            warnings.warn("something else entirely", UserWarning)
+    assert [str(w.message) for w in seen] == ["something else entirely"]
+
+
+# --------------------------------------------------------------------------- slow, real processes
+
+@pytest.mark.slow
+def test_fully_shard_holds_the_formula_over_n(capfd):
+    from lessonlib.measure.distributed.fsdp import run_sharding
+
+    results = run_sharding(world_sizes=(2, 4), steps=2)
+    assert sorted(results) == [2, 4] and [len(v) for v in results.values()] == [2, 4]
+    for world, per_rank in results.items():
+        _check_sharded(world, per_rank)
+    assert "Warning" not in capfd.readouterr().err  # the workers' known warnings stay off the page
+
+
+def _check_sharded(world, per_rank):
+    n = per_rank[0]["n_params"]
+    f = zero_state_bytes(n, world, 3, "adam", "fp32")
+    for r in per_rank:
+        # every first dimension of the model divides by 4: no padding, so exact
+        assert (r["zero3"]["weights"], r["zero3"]["gradients"], r["zero3"]["optimizer_state"]) == (
+            f.weights, f.gradients, f.optimizer_state)
+        assert r["zero3"]["step_counters"] == 4 * r["n_tensors"]  # Adam's scalar steps, not sharded
+        assert r["zero1"]["weights"] == training_state_bytes(n, "adam", "fp32").weights
+    full = training_state_bytes(n, "adam", "fp32").optimizer_state
+    assert sum(r["zero1"]["optimizer_state"] for r in per_rank) == full
+    assert R.loss_table(per_rank)[1] < 1e-5  # float32 rounding only (see the page for why)
+    _, traffic = R.traffic_table(per_rank)
+    for kinds in traffic.values():
+        for logged, formula in kinds.values():
+            assert logged == formula
+    assert R.traffic_summary(per_rank[0]["zero3_collectives"])["all_gather"]["bytes"] == \
+        zero_step_traffic(n, world, 3, 4)["all_gather"]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_matches_unsplit_and_korthikanti(capfd):
+    from lessonlib.measure.distributed.tensor_parallel import run_tensor_parallel
+
+    per_rank = run_tensor_parallel(world_size=2)
+    for r in per_rank:
+        mlp = r["mlp"]
+        assert mlp["output_max_diff"] <= 1e-5 * max(1.0, mlp["output_max"])
+        got = R.traffic_summary(mlp["collectives"])
+        assert got == {"all_reduce": {"count": 2, "bytes": 2 * mlp["output_bytes"]}}
+        cfg = r["block"]["config"]
+        for t in (1, 2):
+            act = r["block"]["activations"][t]
+            formula = activation_bytes_per_layer(cfg["seq_len"], cfg["batch"], cfg["hidden"], cfg["heads"],
+                                                 tensor_parallel=t)
+            # exact apart from LayerNorm's per-row statistics, which the formula leaves out
+            assert act["bytes"] - formula == R.layernorm_stat_bytes(act["items"])
+    assert "Warning" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_pipeline_schedules_memory_and_idle_share():
+    from lessonlib.measure.distributed.pipelining import run_pipelines
+
+    run, run4 = run_pipelines([
+        dict(world_size=2, microbatches=(1, 8), hidden=1024, layers=4, rows=128, reps=2),
+        dict(world_size=4, microbatches=(8,), hidden=64, layers=1, rows=8, reps=1),
+    ])
+    rows = R.pipeline_memory_rows(run)
+    assert all(r["peak"] == r["expected"] for r in rows)  # m held by GPipe, min(m, p - stage) by 1F1B
+    peak = {(r["schedule"], r["m"], r["stage"]): r["peak"] for r in rows}
+    assert peak[("1F1B", 8, 0)] < peak[("GPipe", 8, 0)]
+    idle = {(s, m): v for s, m, v, _ in R.idle_rows(run)}
+    # (p-1)/(m+p-1) falls from 50 % to 11 %: far more than the noise of a shared machine
+    assert idle[("GPipe", 8)] < idle[("GPipe", 1)]
+    rows4 = R.pipeline_memory_rows(run4)
+    assert [r["expected_microbatches"] for r in rows4 if r["schedule"] == "1F1B"] == [4, 3, 2, 1]
+    assert all(r["peak"] == r["expected"] for r in rows4)
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_loads_into_one_process(tmp_path):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from lessonlib.measure.distributed import sharded_checkpoint as ckpt
+
+    saved = ckpt.save_sharded(tmp_path / "ck", world_size=2, steps=2)
+    model, opt = ckpt.load_unsharded(tmp_path / "ck")
+    msd, osd = get_state_dict(model, opt)
+    assert ckpt.compare_states(msd, saved["full_model"])["equal"]
+    assert ckpt.compare_states(osd, saved["full_optim"])["equal"]
+    with pytest.raises(ValueError, match="path"):
+        ckpt.load_unsharded(tmp_path)
+
+
+@pytest.mark.slow
+def test_comm_timing_runs_and_fits():
+    from lessonlib.calc.comm import fit_alpha_beta
+    from lessonlib.measure.distributed.comm_timing import run_comm_timing
+
+    res = run_comm_timing(world_size=2, sweep=(2 ** 12, 2 ** 16, 2 ** 20), check_bytes=(2 ** 16,), rounds=3,
+                          ddp_hidden=64, ddp_batch=16, fsdp=dict(vocab=64, seq_len=16, hidden=32, heads=2,
+                                                                 layers=1, dropout=0.0))
+    sizes = [b for b, _ in res["all_reduce"]]
+    fit = fit_alpha_beta(sizes, [R.median(t) for _, t in res["all_reduce"]])
+    assert fit.alpha_s > 0 and fit.beta_bytes_per_s > 0
+    assert sum(res["ddp"]["bucket_bytes"]) == res["ddp"]["grad_bytes"]
+    got = R.traffic_summary(res["fsdp"]["collectives"])
+    t3 = zero_step_traffic(res["fsdp"]["n_params"], 2, 3, 4)
+    assert got["all_gather"]["bytes"] == t3["all_gather"] and got["reduce_scatter"]["bytes"] == t3["reduce_scatter"]
+    assert all(r["measured_s"] > 0 for r in R.comm_rows(res, fit))
