@@ -56,18 +56,7 @@ def _reduce_scatter(part, full):
 
 def _timed(fn, device, rounds, warmup=2):
     """Seconds of ``fn()`` per round, this rank's clock, after a barrier each round."""
-    import torch.distributed as dist
-
-    out = []
-    for r in range(warmup + rounds):
-        dist.barrier()
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        if r >= warmup:
-            out.append(time.perf_counter() - t0)
-    return out
+    return _interleaved([(0, fn)], device, rounds, warmup)[0]
 
 
 def _slowest(times, device):
