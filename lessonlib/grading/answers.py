@@ -6,11 +6,14 @@ A check cell in an exercise first *hands in* its answers::
     require_number("forward_flops", forward_flops, low=1e5, high=1e9, unit="FLOPs")
 
 :func:`hand_in` turns the answers into plain data (numbers, strings, lists,
-dicts, sets; nothing that can run code) and shows them as one output of the
-cell, under the MIME type :data:`MIME`. The autograder reads that output
-through the kernel protocol and checks the data in another process, with
-expected values that instructor code computes there; nothing the student's
-kernel defines or patches can reach that process. The visible checks
+dicts, sets; nothing that can run code), records them in :data:`log` and
+shows a one-line confirmation. The autograder empties the log just before it
+runs a check cell and reads it just after, through its own request to the
+kernel (:data:`TAKE`, a ``user_expressions`` entry of an execute request:
+the reply comes on the kernel's shell channel, so a flood of output cannot
+drown it). It checks the data in another process, with expected values that
+instructor code computes there; nothing the student's kernel defines or
+patches can reach that process. The visible checks
 (:func:`require_number`, :func:`check_one_of`) only give early feedback on
 the *shape* of an answer (a number, in range, one of the options); they
 decide no grade.
@@ -41,6 +44,11 @@ _GRADE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 #: The last hand-in of each question in this process: ``grade_id -> JSON-ready payload``.
 #: Read by :func:`lessonlib.grading.checks.grader` when an instructor notebook checks itself.
 handed: dict[str, dict] = {}
+#: Hand-ins since the grader last emptied the log (at most :data:`MAX_LOG`).
+log: list[dict] = []
+MAX_LOG = 20
+#: The expression the autograder evaluates in the kernel: the log as JSON, then emptied.
+TAKE = "__import__('lessonlib.grading.answers', fromlist=['take']).take()"
 #: Hand-in folders made in this process: ``grade_id -> Path``.
 folders: dict[str, Path] = {}
 
@@ -160,6 +168,8 @@ def hand_in(grade_id: str, **answers) -> None:
         raise TypeError(f"the answers to {grade_id} are too large to hand in "
                         f"({len(text.encode()):,} bytes; at most {MAX_HANDIN_BYTES:,})")
     handed[grade_id] = json.loads(text)
+    if len(log) < MAX_LOG:
+        log.append(handed[grade_id])
     summary = f"{grade_id}: handed in {', '.join(answers)}"
     try:
         from IPython import get_ipython
@@ -168,9 +178,16 @@ def hand_in(grade_id: str, **answers) -> None:
         if get_ipython() is not None:
             display({MIME: handed[grade_id], "text/plain": summary}, raw=True)
             return
-    except ImportError:  # plain Python: nothing to show
+    except Exception:  # noqa: BLE001 - no IPython, or its display broken: the log has the answers
         pass
     print(summary)
+
+
+def take() -> str:
+    """The hand-ins since the last call, as a JSON list; empties the log (the grader calls this)."""
+    text = json.dumps(log)
+    log.clear()
+    return text
 
 
 def hand_in_folder(grade_id: str) -> Path:

@@ -30,6 +30,7 @@ stopped; the printed table comes from the same rows.
 """
 from __future__ import annotations
 
+import ast
 import csv
 import datetime
 import difflib
@@ -50,13 +51,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .answers import MIME
+from .answers import MAX_HANDIN_BYTES, MAX_LOG, TAKE
 from .handout import (BEGIN_HIDDEN, META_KEY, _meta, _source, check_cells, exercise_notebooks,
                       student_notebook, visible_part)
 
 MAX_NOTEBOOK_BYTES = 20 * 1024 ** 2
 MAX_HANDIN_FILES_BYTES = 64 * 1024 ** 2
-MAX_MESSAGE_BYTES = 32 * 1024 ** 2  # one kernel message; larger ones are dropped by ZeroMQ
+# Kernel messages the grader accepts: at most 4 MiB each (ZeroMQ drops the connection for a
+# larger one, and reconnects), at most 64 queued: a flood of output costs time, not memory.
+MAX_MESSAGE_BYTES = 4 * 1024 ** 2
+MAX_QUEUED_MESSAGES = 64
+MAX_HANDIN_LOG_BYTES = MAX_LOG * MAX_HANDIN_BYTES
 STATUSES = ("passed", "failed", "flagged", "error", "timeout", "not run")
 
 
@@ -327,23 +332,13 @@ def _error_line(exc) -> str:
 
 
 def _client_class():
+    from jupyter_core.utils import ensure_async, run_sync
     from nbclient import NotebookClient
 
     class AnswerClient(NotebookClient):
-        """Keeps nothing a cell prints except the hand-ins of check cells (memory stays flat)."""
-
-        check_indices: set = set()
-        handed: dict = {}
-        collecting = True
+        """Keeps nothing a cell prints (memory stays flat); errors come with the execute reply."""
 
         def output(self, outs, msg, display_id, cell_index):
-            if (self.collecting and cell_index in self.check_indices
-                    and msg.get("msg_type") in ("display_data", "execute_result")):
-                data = msg.get("content", {}).get("data")
-                if isinstance(data, dict) and MIME in data:
-                    got = self.handed.setdefault(cell_index, [])
-                    if len(got) < 5:
-                        got.append(data[MIME])
             return None
 
         def clear_output(self, outs, msg, cell_index):
@@ -352,11 +347,55 @@ def _client_class():
         def handle_comm_msg(self, outs, msg, cell_index):
             return None
 
+        async def async_take(self, timeout: float) -> list | None:
+            """The kernel's hand-in log (emptied), asked for on the shell channel; None if no answer."""
+            msg_id = self.kc.execute("", silent=True, store_history=False, allow_stdin=False,
+                                     user_expressions={"take": TAKE})
+            deadline = time.monotonic() + timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                try:
+                    reply = await ensure_async(self.kc.get_shell_msg(timeout=remaining))
+                except Exception:  # noqa: BLE001 - no reply in time (queue.Empty) or a dead kernel
+                    return None
+                if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                    break
+            value = reply.get("content", {}).get("user_expressions", {}).get("take", {})
+            text = (value.get("data") or {}).get("text/plain") if value.get("status") == "ok" else None
+            if not isinstance(text, str) or len(text) > 2 * MAX_HANDIN_LOG_BYTES:
+                return None
+            try:
+                entries = json.loads(ast.literal_eval(text))
+            except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
+                return None
+            return entries if isinstance(entries, list) else None
+
+        take = run_sync(async_take)
+
+        async def async_start_new_kernel_client(self):
+            import zmq
+
+            self.kc = self.km.client()
+            # before the channels connect: the limits apply to new sockets
+            self.kc.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+            self.kc.context.setsockopt(zmq.RCVHWM, MAX_QUEUED_MESSAGES)
+            try:
+                await ensure_async(self.kc.start_channels())
+                await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))
+            except Exception:
+                await self._async_cleanup_kernel()
+                raise
+            self.kc.allow_stdin = False
+            return self.kc
+
+        start_new_kernel_client = run_sync(async_start_new_kernel_client)
+
     return AnswerClient
 
 
 def _kernel_manager(argv: list[str], conn: Path):
-    import zmq
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
 
@@ -367,7 +406,6 @@ def _kernel_manager(argv: list[str], conn: Path):
     km = AsyncKernelManager(kernel_spec_manager=Specs(), kernel_name="python3", transport="ipc",
                             ip=str(conn / "k"))
     km.connection_file = str(conn / "kernel.json")
-    km.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     return km
 
 
@@ -386,7 +424,7 @@ class Runner:
         self.ok_cells: list[int] = []  # cells that ran cleanly: replayed after a restart
 
     def _argv(self) -> list[str]:
-        kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+        kernel = [sys.executable, "-m", "lessonlib.grading.kernel", "-f", "{connection_file}",
                   "--IPKernelApp.parent_handle=0"]
         if self.sandbox is None:
             return kernel
@@ -397,7 +435,6 @@ class Runner:
         self.client = Client(self.nb, timeout=int(self.cell_timeout), kernel_name="python3",
                              interrupt_on_timeout=False, allow_errors=False, startup_timeout=60,
                              shutdown_kernel="immediate", iopub_timeout=4)
-        self.client.check_indices, self.client.handed = self.check_indices, self.handed
         self.client.km = _kernel_manager(self._argv(), self.conn)
         kwargs = {}
         if self.sandbox is None:  # no sandbox: the kernel still gets its own folder and hand-in folder
@@ -444,15 +481,10 @@ class Runner:
         except Exception:  # noqa: BLE001 - no kernel: the remaining cells are not run
             self.stop()
             return False
-        self.client.collecting = False  # a replayed check cell hands in again: not counted twice
-        try:
-            for i in list(self.ok_cells):
-                status, _ = self._execute(i, replay=True)
-                if status != "ok":
-                    return False
-        finally:
-            if self.client is not None:
-                self.client.collecting = True
+        for i in list(self.ok_cells):  # a replayed check cell hands in again: the log is emptied
+            status, _ = self._execute(i, replay=True)  # before the next check, so it does not count
+            if status != "ok":
+                return False
         return True
 
     def _execute(self, index: int, replay: bool = False) -> tuple[str, str]:
@@ -478,10 +510,19 @@ class Runner:
             return "dead", f"execution failed: {_error_line(exc)}"
 
     def run(self, index: int) -> tuple[str, str]:
-        """Execute cell ``index``: ``("ok"|"error"|"timeout"|"dead"|"not run", message)``."""
+        """Execute cell ``index``: ``("ok"|"error"|"timeout"|"dead"|"not run", message)``.
+
+        Around a check cell, the kernel's hand-in log is emptied before and read
+        after (:attr:`handed`), through the grader's own requests.
+        """
         if self.client is None:
             return "not run", "kernel could not be restarted"
+        check = index in self.check_indices
+        if check and self.client.take(10) is None:
+            return "dead", "the kernel does not answer the grader"
         status, msg = self._execute(index)
+        if check and status in ("ok", "error"):
+            self.handed[index] = self.client.take(10) or []
         if status in ("timeout-dead", "dead"):
             final = "timeout" if status == "timeout-dead" else "dead"
             if not self._restart():
@@ -608,7 +649,8 @@ def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", r
             if gid in outcome:
                 continue  # a check that appears twice counts once, at its first place
             status, msg = cell_status.get(i, ("not run", "not reached"))
-            payloads = [p for p in runner.handed.get(i, []) if isinstance(p, dict) and p.get("question") == gid]
+            payloads = [p for p in runner.handed.get(i, []) if isinstance(p, dict) and p.get("question") == gid
+                        and isinstance(p.get("answers"), dict)]
             if len(payloads) > 1:
                 outcome[gid] = QuestionResult(gid, 0.0, pts, "flagged",
                                               "handed in more than once by one check cell: read the notebook")

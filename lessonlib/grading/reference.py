@@ -34,7 +34,7 @@ from pathlib import Path
 from . import checks
 from .answers import check_one_of, require_number
 from .checks import Answers, Flag, check_choice, check_close, check_key_points, decode_answers, grader
-from .handout import INSTRUCTOR_ONLY, _source, hidden_part, is_check_cell, is_solution_cell
+from .handout import INSTRUCTOR_ONLY, _meta, _source, hidden_part, is_check_cell, is_solution_cell
 
 MAX_REQUEST_BYTES = 1024 * 1024
 
@@ -45,32 +45,43 @@ PRELUDE = {"grader": grader, "check_close": check_close, "check_choice": check_c
 
 
 def load(path: Path | str) -> dict:
-    """Run the instructor notebook at ``path`` without solutions; return ``grade_id -> check``."""
+    """Run the instructor notebook at ``path`` without solutions; return ``grade_id -> check``.
+
+    The checks are registered in reference mode; the module's mode and
+    registry are restored afterwards, so a test can call this in-process.
+    """
     path = Path(path)
     with open(path, encoding="utf-8") as f:
         nb = json.load(f)
+    saved = checks.MODE, dict(checks.REGISTRY)
     checks.MODE = "reference"
     checks.REGISTRY.clear()
-    namespace: dict = {"__name__": "__reference__"}
-    for i, cell in enumerate(nb.get("cells", [])):
-        if cell.get("cell_type") != "code":
-            continue
-        if INSTRUCTOR_ONLY in (cell.get("metadata", {}).get("tags") or []) or is_solution_cell(cell):
-            continue
-        source = _source(cell)
-        if is_check_cell(cell):
-            # each check's expected values and function live in their own copy of the
-            # namespace: a later cell that reuses a name cannot change an earlier check
-            scope = dict(namespace, **PRELUDE)
-            code = hidden_part(source)
-        else:
-            scope, code = namespace, source
-        exec(compile(code, f"{path.name} cell {i}", "exec"), scope)  # noqa: S102 - instructor code
-    missing = [c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.get("cells", [])
-               if is_check_cell(c) and c["metadata"]["nbgrader"].get("grade_id") not in checks.REGISTRY]
+    try:
+        namespace: dict = {"__name__": "__reference__"}
+        for i, cell in enumerate(nb.get("cells", [])):
+            if cell.get("cell_type") != "code":
+                continue
+            if INSTRUCTOR_ONLY in (cell.get("metadata", {}).get("tags") or []) or is_solution_cell(cell):
+                continue
+            source = _source(cell)
+            if is_check_cell(cell):
+                # each check's expected values and function live in their own copy of the
+                # namespace: a later cell that reuses a name cannot change an earlier check
+                scope = dict(namespace, **PRELUDE)
+                code = hidden_part(source)
+            else:
+                scope, code = namespace, source
+            exec(compile(code, f"{path.name} cell {i}", "exec"), scope)  # noqa: S102 - instructor code
+        registry = dict(checks.REGISTRY)
+    finally:
+        checks.MODE = saved[0]
+        checks.REGISTRY.clear()
+        checks.REGISTRY.update(saved[1])
+    missing = [_meta(c).get("grade_id") for c in nb.get("cells", [])
+               if is_check_cell(c) and _meta(c).get("grade_id") not in registry]
     if missing:
         raise ValueError(f"check cells without @grader(...) in their hidden part: {missing}")
-    return dict(checks.REGISTRY)
+    return registry
 
 
 class _Timeout(BaseException):
