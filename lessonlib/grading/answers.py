@@ -58,7 +58,7 @@ folders: dict[str, Path] = {}
 # --------------------------------------------------------------------------
 
 def _is_number(value) -> bool:
-    if isinstance(value, bool):
+    if isinstance(value, (bool, str, bytes)):  # "2.5" is a text, not a number
         return False
     try:
         return math.isfinite(float(value))

@@ -189,6 +189,7 @@ class Step:
     source: str
     grade_id: str | None = None
     restored: bool = False
+    origin: int | None = None  # the submission's cell index (counted from 1), if the cell is the student's
 
 
 def plan_cells(student_copy: Sequence[Cell], checks: Mapping[int, tuple[str, str]],
@@ -240,7 +241,7 @@ def plan_cells(student_copy: Sequence[Cell], checks: Mapping[int, tuple[str, str
             restored = _norm(submission[j].source) != _norm(visible_of[gid])
             steps.append(Step(visible_of[gid], gid, restored=restored))
         elif submission[j].type == "code" and submission[j].source.strip():
-            steps.append(Step(submission[j].source))
+            steps.append(Step(submission[j].source, origin=j + 1))
     return steps
 
 
@@ -552,7 +553,11 @@ class Exercise:
         import nbformat
 
         path = Path(path)
-        nb = nbformat.read(path, as_version=4)
+        return cls.load_notebook(nbformat.read(path, as_version=4), path)
+
+    @classmethod
+    def load_notebook(cls, nb, path: Path | str = "exercise.ipynb") -> "Exercise":
+        path = Path(path)
         ex = cls(path.stem, path, nb)
         ex.points = {gid: pts for gid, pts, _ in check_cells(nb)}
         copy = student_notebook(nb)
@@ -640,7 +645,7 @@ def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", r
                 cell_status[i] = (status, msg)
                 result.cells.append((i, status, msg))
                 if i not in check_at and status in ("timeout", "dead"):
-                    notes.append(f"cell {i}: {msg}")
+                    notes.append(f"cell {steps[i].origin} of the notebook: {msg}")
         finally:
             runner.stop()  # the sandbox and every process in it are gone after this
         # only now, with nothing of the submission running, read what it handed in

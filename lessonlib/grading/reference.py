@@ -44,11 +44,13 @@ PRELUDE = {"grader": grader, "check_close": check_close, "check_choice": check_c
            "check_one_of": check_one_of, "Flag": Flag}
 
 
-def load(path: Path | str) -> dict:
+def load(path: Path | str, questions=None, given: bool = True) -> dict:
     """Run the instructor notebook at ``path`` without solutions; return ``grade_id -> check``.
 
     The checks are registered in reference mode; the module's mode and
     registry are restored afterwards, so a test can call this in-process.
+    ``questions`` (grade ids) limits the checks run; ``given=False`` skips
+    the other cells (for a check that needs none of them, in a quick test).
     """
     path = Path(path)
     with open(path, encoding="utf-8") as f:
@@ -64,6 +66,10 @@ def load(path: Path | str) -> dict:
             if INSTRUCTOR_ONLY in (cell.get("metadata", {}).get("tags") or []) or is_solution_cell(cell):
                 continue
             source = _source(cell)
+            if is_check_cell(cell) and questions is not None and _meta(cell).get("grade_id") not in questions:
+                continue
+            if not is_check_cell(cell) and not given:
+                continue
             if is_check_cell(cell):
                 # each check's expected values and function live in their own copy of the
                 # namespace: a later cell that reuses a name cannot change an earlier check
@@ -78,7 +84,8 @@ def load(path: Path | str) -> dict:
         checks.REGISTRY.clear()
         checks.REGISTRY.update(saved[1])
     missing = [_meta(c).get("grade_id") for c in nb.get("cells", [])
-               if is_check_cell(c) and _meta(c).get("grade_id") not in registry]
+               if is_check_cell(c) and _meta(c).get("grade_id") not in registry
+               and (questions is None or _meta(c).get("grade_id") in questions)]
     if missing:
         raise ValueError(f"check cells without @grader(...) in their hidden part: {missing}")
     return registry
