@@ -109,9 +109,12 @@ def plain_lessonlib(dest: Path | str) -> Path:
     """Copy the lessonlib package (its files only, nothing beside it) to ``dest/lessonlib``."""
     import lessonlib
 
+    import compileall
+
     src = Path(lessonlib.__file__).resolve().parent
     target = Path(dest) / "lessonlib"
     shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.ipynb"))
+    compileall.compile_dir(target, quiet=2)  # read-only in the sandbox: compile once, not per kernel
     return target
 
 
