@@ -13,7 +13,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_notebook
 
 from grading_toy import toy_exercise
 from lessonlib.grading import Flag, autograde, handout, reference, sandbox

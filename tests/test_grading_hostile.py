@@ -352,9 +352,9 @@ def test_no_process_outlives_grading_and_the_csv_stays_as_written(graded):
     rows = {r["student"]: r for r in csv.DictReader((ctx["out"] / "grades.csv").open())}
     assert "attacker" not in rows and float(rows["detached"]["total"]) == 5
     # the printed table and the CSV are the same rows
-    for student, row in rows.items():
+    for name, row in rows.items():
         line = next(line for line in ctx["table"].splitlines() if line.split("  ")[0].strip() ==
-                    autograde._clean(student, 60))
+                    autograde._clean(name, 60))
         assert line.split()[-2:] == [row["total"], row["max"]], (line, row)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from grading_toy import GOOD_TEXT, honest, make_course, student, submit, toy_exercise
 from lessonlib.grading import (Flag, answers, autograde, check_choice, check_close, check_key_points, checks,
-                               grader, hand_in, handout, reference, require_number)
+                               grader, hand_in, reference, require_number)
 from lessonlib.grading.autograde import Cell, NotebookResult, QuestionResult
 
 

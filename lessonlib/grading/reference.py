@@ -26,8 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
+import subprocess
 import sys
+import tempfile
+import threading
 import traceback
 from pathlib import Path
 
@@ -142,6 +146,83 @@ def serve(registry: dict, requests, reply, timeout: float) -> None:
             continue
         status, message = run_check(registry[gid], got, timeout)
         reply({"id": rid, "status": status, "message": message})
+
+
+# --------------------------------------------------------------------------
+# The grader's side: a client for this process
+# --------------------------------------------------------------------------
+
+class ReferenceFailed(RuntimeError):
+    """The reference process could not start or stopped answering."""
+
+
+class Reference:
+    """A running :mod:`lessonlib.grading.reference` process for one exercise (thread-safe)."""
+
+    def __init__(self, notebook: Path, workdir: Path, start_timeout: float = 900, check_timeout: float = 30):
+        self.notebook, self.workdir = Path(notebook), Path(workdir)
+        self.start_timeout, self.check_timeout = start_timeout, check_timeout
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.questions: list[str] = []
+        self.next_id = 0
+        self.log = self.workdir / f"reference-{self.notebook.stem}.log"
+
+    def _readline(self, timeout: float) -> dict:
+        assert self.proc is not None and self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            tail = self.log.read_text(errors="replace")[-1500:] if self.log.exists() else ""
+            self.stop()
+            raise ReferenceFailed(f"the reference process for {self.notebook.name} did not answer:\n{tail}")
+        return json.loads(line)
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cwd = Path(tempfile.mkdtemp(prefix="reference-", dir=self.workdir))
+        env = dict(os.environ, MPLBACKEND="agg", PYTHONDONTWRITEBYTECODE="1")
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "lessonlib.grading.reference", str(self.notebook.resolve()),
+                 "--check-timeout", str(self.check_timeout)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=cwd, env=env, text=True,
+                bufsize=1)
+        hello = self._readline(self.start_timeout)
+        if not hello.get("ready"):
+            self.stop()
+            raise ReferenceFailed(f"{self.notebook.name}: the instructor notebook did not run without its "
+                                  f"solutions: {hello.get('error')}")
+        self.questions = hello["questions"]
+
+    def check(self, grade_id: str, answers: dict, folder: Path | None = None) -> tuple[str, str]:
+        """``(status, message)`` for one question's handed-in ``answers``."""
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.start()
+            self.next_id += 1
+            req = {"id": self.next_id, "question": grade_id, "answers": answers,
+                   "folder": str(folder) if folder else None}
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            reply = self._readline(self.check_timeout + 30)
+            if reply.get("id") != self.next_id:
+                self.stop()
+                raise ReferenceFailed("the reference process answered out of turn")
+            return reply["status"], reply.get("message", "")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            for f in (self.proc.stdin, self.proc.stdout):
+                try:
+                    f and f.close()
+                except OSError:
+                    pass
+        self.proc = None
 
 
 def main(argv=None) -> int:
