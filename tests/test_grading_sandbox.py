@@ -42,7 +42,8 @@ def test_a_submission_sees_no_instructor_material_and_writes_only_its_scratch(bo
     (tmp_path / "secret" / "answers.ipynb").write_text("{}")
     probe = {
         "read": [str(ROOT / "exercises" / "1a-price-the-training-step.ipynb"), str(ROOT / "lessonlib" / "__init__.py"),
-                 str(tmp_path / "secret" / "answers.ipynb"), str(Path.home() / ".bash_history")],
+                 str(tmp_path / "secret" / "answers.ipynb"), str(Path.home() / ".bash_history"),
+                 "/etc/shadow", "/etc/ssh/ssh_host_rsa_key"],
         "write": [str(Path(lessonlib.__file__)), "/opt/lessonlib/lessonlib/__init__.py", sys.prefix + "/evil.py",
                   "/usr/evil.py", "/etc/evil", str(tmp_path / "evil")],
     }
@@ -68,6 +69,7 @@ print(json.dumps(out))
     assert run.returncode == 0, run.stderr
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen["read"] == [] and seen["write"] == [], seen
+    assert Path("/etc/shadow").exists()  # on this machine it is there, and hidden inside
     assert seen["uid"] == sandbox.SANDBOX_UID and seen["cwd"] == "/scratch"
     assert seen["lessonlib"] == "/opt/lessonlib/lessonlib/__init__.py" and seen["beside"] == ["lessonlib"]
     assert (tmp_path / "scratch" / "mine.txt").read_text() == "ok"

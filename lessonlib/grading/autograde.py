@@ -256,7 +256,7 @@ def grade_folder(submissions: Path | str, source_dir: Path | str, *, exercise: s
         raise ValueError(f"no exercise notebooks (with check cells) in {source_dir}")
     if exercise is not None and exercise not in exercises:
         raise ValueError(f"exercise must be one of {sorted(exercises)}, got {exercise!r}")
-    items = find_submissions(submissions)
+    items = [(item, identify(item.path, exercises, exercise)) for item in find_submissions(submissions)]
     with tempfile.TemporaryDirectory(prefix="lessonlib-grading-") as run_dir:
         run_dir = Path(run_dir)
         box = sandbox
@@ -271,8 +271,8 @@ def grade_folder(submissions: Path | str, source_dir: Path | str, *, exercise: s
             ex.reference = Reference(ex.path, run_dir / "reference")
         lock = threading.Lock()
 
-        def one(item: Submission) -> NotebookResult:
-            stem = identify(item.path, exercises, exercise)
+        def one(pair: tuple[Submission, str | None]) -> NotebookResult:
+            item, stem = pair
             if stem is None:
                 return NotebookResult(item.student, None, item.rel,
                                       problem="cannot tell which exercise this is (name it like the "
@@ -290,6 +290,10 @@ def grade_folder(submissions: Path | str, source_dir: Path | str, *, exercise: s
                 return r
 
         try:
+            # an instructor notebook that does not run without its solutions stops everything
+            # here, before any submission, rather than giving every student an error
+            for stem in sorted({stem for _, stem in items if stem}):
+                exercises[stem].reference.start()
             if jobs == 1:
                 results = [one(item) for item in items]
             else:

@@ -5,9 +5,10 @@ What the sandbox gives a submission (Linux namespaces through ``bwrap``, no daem
 * **a fresh working copy**: an empty scratch folder, mounted at ``/scratch``
   (its home and current folder), the only place it can write besides a
   private ``/tmp``;
-* **a read-only system**: ``/usr``, ``/etc``, the Python installation and its
-  site-packages, read-only; no ``/home``, no ``/root``, no ``/work``, none of
-  the grader's files, no other submission;
+* **a read-only system**: ``/usr``, ``/etc`` (its secrets, such as
+  ``/etc/shadow``, hidden), the Python installation and its site-packages,
+  read-only; no ``/home``, no ``/root``, no ``/work``, none of the grader's
+  files, no other submission, no environment variables of the grader;
 * **no instructor material**: ``lessonlib`` is a plain copy of the package
   (``/opt/lessonlib``, first on ``sys.path``) with nothing beside it; the
   grader refuses to start when a folder that it must bind (the Python
@@ -94,14 +95,27 @@ def python_paths() -> list[Path]:
     return [p for p in keep if not p.is_relative_to("/usr")]
 
 
+#: System files that hold secrets: hidden inside the sandbox (a submission's error messages
+#: come back as feedback, so anything it can read could leave through them).
+SECRET_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
+                "/etc/security/opasswd", "/etc/machine-id")
+SECRET_FOLDERS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d")
+
+
 def system_binds() -> list[str]:
-    """bwrap arguments for the read-only system folders (symlinks kept as symlinks)."""
+    """bwrap arguments for the read-only system folders (symlinks kept as symlinks), secrets hidden."""
     args: list[str] = []
     for d in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"):
         if os.path.islink(d):
             args += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             args += ["--ro-bind", d, d]
+    for f in SECRET_FILES:
+        if os.path.isfile(f) and not os.path.islink(f):
+            args += ["--ro-bind", "/dev/null", f]
+    for d in SECRET_FOLDERS:
+        if os.path.isdir(d) and not os.path.islink(d):
+            args += ["--tmpfs", d, "--remount-ro", d]
     return args
 
 
