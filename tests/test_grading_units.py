@@ -300,3 +300,16 @@ def test_the_student_side_imports_nothing_else_from_lessonlib_and_no_torch():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == str(["lessonlib", "lessonlib.grading", "lessonlib.grading.answers",
                                       "lessonlib.grading.checks"])
+
+
+def test_an_instructor_notebook_whose_checks_need_a_solution_stops_the_run(tmp_path):
+    import nbformat
+
+    src = make_course(tmp_path)
+    nb = nbformat.read(src / "toy.ipynb", as_version=4)
+    # a hidden test that reads the solution's name: in the reference process no solution ran
+    nb.cells[4].source = nb.cells[4].source.replace("_expected = 100 / base", "_expected = speedup")
+    nbformat.write(nb, src / "toy.ipynb")
+    submit(tmp_path / "sub", "ada/toy.ipynb", honest())
+    with pytest.raises(autograde.ReferenceFailed, match="NameError: name 'speedup' is not defined"):
+        autograde.grade_folder(tmp_path / "sub", src, sandbox=None, progress=None)
