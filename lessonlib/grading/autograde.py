@@ -29,7 +29,6 @@ CSV and a manifest with their SHA-256), atomically, after every kernel has
 stopped; the printed table comes from the same rows.
 """
 from __future__ import annotations
-from __future__ import annotations
 
 import hashlib
 import json
@@ -47,7 +46,8 @@ from .handout import META_KEY, _meta, _source, check_cells, exercise_notebooks, 
 from .reference import Reference, ReferenceFailed
 from .results import (STATUSES, NotebookResult, QuestionResult, details_rows, format_table, manifest_path,
                       score_table, verify, write_results)
-from .runner import Runner, clean as _clean, error_line as _error_line
+from .results import clean as _clean
+from .runner import Runner, error_line as _error_line
 from .submission import (Cell, NotANotebook, Step, Submission, find_submissions, plan_cells, read_cells)
 
 __all__ = ["Cell", "Exercise", "NotANotebook", "NotebookResult", "QuestionResult", "Reference", "ReferenceFailed",

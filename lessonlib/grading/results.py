@@ -19,6 +19,7 @@ from typing import Sequence
 
 STATUSES = ("passed", "failed", "flagged", "error", "timeout", "not run")
 
+
 @dataclass
 class QuestionResult:
     grade_id: str
@@ -50,11 +51,13 @@ class NotebookResult:
         return sum(q.max_points for q in self.questions)
 
 
-def _clean(text: str, limit: int = 300) -> str:
+def clean(text: str, limit: int = 300) -> str:
     """One line of at most ``limit`` characters, without control characters."""
     text = re.sub(r"[\x00-\x1f\x7f]+", " ", str(text)).strip()
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
+
+_clean = clean
 
 
 # --------------------------------------------------------------------------

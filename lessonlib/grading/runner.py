@@ -14,25 +14,19 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from .answers import MAX_HANDIN_BYTES, MAX_LOG, TAKE
+from .results import clean
 
 # Kernel messages the grader accepts: at most 4 MiB each (ZeroMQ drops the connection for a
 # larger one, and reconnects), at most 64 queued: a flood of output costs time, not memory.
 MAX_MESSAGE_BYTES = 4 * 1024 ** 2
 MAX_QUEUED_MESSAGES = 64
 MAX_HANDIN_LOG_BYTES = MAX_LOG * MAX_HANDIN_BYTES
-
-
-def clean(text: str, limit: int = 300) -> str:
-    """One line of at most ``limit`` characters, without control characters."""
-    text = re.sub(r"[\x00-\x1f\x7f]+", " ", str(text)).strip()
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def error_line(exc) -> str:
