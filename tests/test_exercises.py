@@ -277,8 +277,15 @@ def test_a_real_exercise_full_marks_and_a_wrong_answer_losing_exactly_its_questi
     for cell in wrong.cells:
         if cell.metadata.get("nbgrader", {}).get("grade_id") == "3c-a2":
             cell.source += "\nschedule_idle = 3 / 8  # (p - 1) / (m + p - 1) with m = 4 by mistake"
+    # the old hidden test computed its expected value with parallel.pipeline_bubble_fraction, in the
+    # student's kernel: redefine it, answer to match, and the old grader gave full marks
+    redefined = nbformat.read(path, as_version=4)
+    for cell in redefined.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "3c-a1":
+            cell.source = ("parallel.pipeline_bubble_fraction = lambda p, m: 0.5\n"
+                           "bubble_4, min_microbatches = 0.5, 1")
     sub = tmp_path / "submitted"
-    for who, nb in (("instructor", src), ("wrong", wrong)):
+    for who, nb in (("instructor", src), ("wrong", wrong), ("redefined", redefined)):
         (sub / who).mkdir(parents=True)
         nbformat.write(nb, sub / who / path.name)
     results = autograde.grade_folder(sub, EXERCISES, cell_timeout=60, budget=150, jobs=2, progress=None)
@@ -287,6 +294,7 @@ def test_a_real_exercise_full_marks_and_a_wrong_answer_losing_exactly_its_questi
     lost = {q.grade_id: q.max_points - q.points for q in by["wrong"].questions}
     assert lost == {"3c-q1": 0, "3c-q2": 2, "3c-q3": 0}, by["wrong"].questions
     assert "not right: it is too large" in by["wrong"].questions[1].message
+    assert by["redefined"].questions[0].points == 0, by["redefined"].questions
 
 
 @pytest.mark.slow
