@@ -14,8 +14,8 @@ What the instructor uses (``python exercises/instructor.py``, i.e. :mod:`.cli`):
 holds the expected values). Those import nbformat, nbclient and friends; this
 package's ``__init__`` does not.
 """
-from .answers import MIME, check_one_of, hand_in, hand_in_folder, require_number
+from .answers import check_one_of, hand_in, hand_in_folder, require_number
 from .checks import Flag, check_choice, check_close, check_key_points, grader, key_points_found
 
-__all__ = ["MIME", "Flag", "check_choice", "check_close", "check_key_points", "check_one_of", "grader",
+__all__ = ["Flag", "check_choice", "check_close", "check_key_points", "check_one_of", "grader",
            "hand_in", "hand_in_folder", "key_points_found", "require_number"]

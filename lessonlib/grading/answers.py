@@ -7,7 +7,7 @@ A check cell in an exercise first *hands in* its answers::
 
 :func:`hand_in` turns the answers into plain data (numbers, strings, lists,
 dicts, sets; nothing that can run code), records them in :data:`log` and
-shows a one-line confirmation. The autograder empties the log just before it
+prints a one-line confirmation. The autograder empties the log just before it
 runs a check cell and reads it just after, through its own request to the
 kernel (:data:`TAKE`, a ``user_expressions`` entry of an execute request:
 the reply comes on the kernel's shell channel, so a flood of output cannot
@@ -32,8 +32,6 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-#: MIME type of the hand-in output of a check cell (a JSON object, see :func:`hand_in`).
-MIME = "application/vnd.lessonlib.answer+json"
 #: Environment variable naming the folder for hand-in files (the grader sets it in its sandbox).
 HANDIN_ENV = "LESSONLIB_HANDIN"
 #: Largest hand-in, in bytes of JSON: answers are numbers and short texts, not data sets.
@@ -153,10 +151,9 @@ def to_plain(value, name: str = "answer", _depth: int = 0):
 def hand_in(grade_id: str, **answers) -> None:
     """Hand in the answers to question ``grade_id`` for grading, as plain data.
 
-    Shows one output with the answers as JSON (MIME type :data:`MIME`) and a
-    one-line confirmation as text. The autograder takes each question's
-    answers from the output of that question's own check cell, so calling
-    this from another cell changes nothing.
+    Records them in :data:`log` and prints a one-line confirmation. The
+    autograder empties the log just before a check cell runs and reads it just
+    after, so a hand-in from another cell changes nothing.
     """
     if not isinstance(grade_id, str) or not _GRADE_ID.match(grade_id):
         raise ValueError(f"grade_id must be a short id such as '1a-q1', got {grade_id!r}")
@@ -170,17 +167,7 @@ def hand_in(grade_id: str, **answers) -> None:
     handed[grade_id] = json.loads(text)
     if len(log) < MAX_LOG:
         log.append(handed[grade_id])
-    summary = f"{grade_id}: handed in {', '.join(answers)}"
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-
-        if get_ipython() is not None:
-            display({MIME: handed[grade_id], "text/plain": summary}, raw=True)
-            return
-    except Exception:  # noqa: BLE001 - no IPython, or its display broken: the log has the answers
-        pass
-    print(summary)
+    print(f"{grade_id}: handed in {', '.join(answers)}")
 
 
 def take() -> str:
