@@ -151,3 +151,28 @@ def test_the_grader_refuses_a_layout_that_would_show_the_exercises(tmp_path):
     inside_env = Path(sys.prefix) / "exercises"
     with pytest.raises(sandbox.SandboxError, match="visible to submissions"):
         sandbox.Sandbox(runtime=tmp_path / "runtime", protected=[inside_env])
+
+
+def test_a_grader_that_dies_takes_the_sandbox_with_it(box, tmp_path):
+    """--die-with-parent: kill the process that started bwrap (the grader), not bwrap itself."""
+    marker = f"orphan-daemon-{os.getpid()}"
+    inner = f"""
+import os, subprocess, sys, time
+marker = "orphan-" + "daemon-{os.getpid()}"
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker], start_new_session=True)
+print("started", flush=True)
+time.sleep(60)
+"""
+    cmd = box.command([sys.executable, "-c", inner], tmp_path / "scratch")
+    grader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               "p = subprocess.Popen(sys.argv[1:])\ntime.sleep(60)", *cmd])
+    deadline = time.monotonic() + 20
+    while not _alive(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive(marker), "the daemon did not start"
+    grader.kill()  # the grader dies without cleaning up
+    grader.wait()
+    deadline = time.monotonic() + 5
+    while _alive(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive(marker) == []
