@@ -146,7 +146,7 @@ a an the this that these those it its they them their we our us you your i me my
 is are was were be been being am do does did has have had will would can could should may might must
 and but or so because since as if then than while when where which who what though although yet
 of to in on at by for with from into over under about per without through after before
-not no yes also only just very too
+not also only just very too
 """.split())
 
 

@@ -65,17 +65,17 @@ def read_cells(path: Path | str) -> tuple[list[Cell], list[str]]:
     cells, notes = [], []
     for i, c in enumerate(raw_cells):
         if not isinstance(c, dict):
-            notes.append(f"cell {i} is not a cell: skipped")
+            notes.append(f"cell {i + 1} is not a cell: skipped")
             continue
         ctype = c.get("cell_type")
         if ctype not in ("code", "markdown", "raw"):
-            notes.append(f"cell {i} has no valid cell_type: not run")
+            notes.append(f"cell {i + 1} has no valid cell_type: not run")
             ctype = "raw"
         src = c.get("source", "")
         if isinstance(src, list) and all(isinstance(s, str) for s in src):
             src = "".join(src)
         elif not isinstance(src, str):
-            notes.append(f"cell {i} has a damaged source: treated as empty")
+            notes.append(f"cell {i + 1} has a damaged source: treated as empty")
             src = ""
         gid = _meta(c).get("grade_id")
         cells.append(Cell(ctype, src, gid if isinstance(gid, str) else None))
