@@ -12,7 +12,7 @@ nbgrader runs each submission's checks in the student's own kernel, without
 a sandbox: the expected values in the hidden tests come from that kernel's
 names, which a student can redefine. For grades that students cannot forge,
 grade with ``python exercises/instructor.py grade`` instead (see the "For
-instructors" page). Tested by tests/test_grading_nbgrader.py (marked slow).
+instructors" page). Tested by tests/test_grading_nbgrader.py.
 """
 from nbconvert.preprocessors import TagRemovePreprocessor
 from nbgrader.preprocessors import (CheckCellMetadata, ClearHiddenTests, ClearMarkScheme, ClearOutput,

@@ -1,10 +1,10 @@
 """The graded exercises (exercises/) and their student copies.
 
-Fast tests check each notebook's grading structure and its student copy,
-and grade one cheap exercise (3c) through the sandboxed grader. Grading all
-nine real exercises (the instructor's version must score full marks, the
-student copy must run up to its stubs and score nothing) takes minutes: it is
-marked ``slow`` (``bash scripts/test.sh -m slow``).
+Unit tests check each notebook's grading structure and its student copy. The
+tests marked ``notebooks`` (the run's "exercises" phase, after nbval) grade the
+real exercises through the sandboxed grader: every exercise's instructor
+version must score full marks, its student copy must run up to its stubs and
+score nothing; one exercise also gets a wrong answer and a redefined helper.
 """
 from __future__ import annotations
 
@@ -269,6 +269,7 @@ def assert_three_ways(by, sub, path):
             assert status == "ok", f"cell {i} fails before any stub: {msg}"
 
 
+@pytest.mark.notebooks
 @pytest.mark.skipif(bool(NO_SANDBOX), reason=f"no sandbox here: {NO_SANDBOX}")
 def test_a_real_exercise_full_marks_and_a_wrong_answer_losing_exactly_its_question(tmp_path):
     path = EXERCISES / "3c-bubbles-and-paid-capacity.ipynb"
@@ -297,7 +298,7 @@ def test_a_real_exercise_full_marks_and_a_wrong_answer_losing_exactly_its_questi
     assert by["redefined"].questions[0].points == 0, by["redefined"].questions
 
 
-@pytest.mark.slow
+@pytest.mark.notebooks
 @pytest.mark.skipif(bool(NO_SANDBOX), reason=f"no sandbox here: {NO_SANDBOX}")
 def test_every_real_exercise_graded_three_ways(tmp_path):
     by, sub = grade_three_ways(EXERCISE_PATHS, tmp_path)

@@ -64,6 +64,7 @@ def test_bad_paths_are_rejected_with_one_line(course, tmp_path, capsys):
         assert exit_.value.code == 2 and err.count("\n") == 1 and "error:" in err, err
 
 
+@pytest.mark.slow  # starts a process
 def test_a_bad_option_from_the_shell_gives_no_traceback(course):
     src, sub = course
     run = subprocess.run([sys.executable, str(SCRIPT), "--source", str(src), "grade", str(sub), "--jobs", "0"],
@@ -71,6 +72,7 @@ def test_a_bad_option_from_the_shell_gives_no_traceback(course):
     assert run.returncode == 2 and "Traceback" not in run.stderr and run.stderr.count("\n") == 1, run.stderr
 
 
+@pytest.mark.slow  # starts kernels
 @pytest.mark.skipif(bool(NO_SANDBOX), reason=f"no sandbox here: {NO_SANDBOX}")
 def test_grade_end_to_end_writes_checked_files_once(course, tmp_path):
     src, sub = course
@@ -91,6 +93,7 @@ def test_grade_end_to_end_writes_checked_files_once(course, tmp_path):
     assert bad.returncode == 1 and "changed after grading" in bad.stdout
 
 
+@pytest.mark.slow  # starts processes
 def test_student_and_check_commands_on_the_real_exercises(tmp_path):
     run = subprocess.run([sys.executable, str(SCRIPT), "check"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "no problems" in run.stdout, run.stdout + run.stderr

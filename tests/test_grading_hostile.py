@@ -41,7 +41,8 @@ FULL = {"toy-q1": 2, "toy-q2": 3, "toy-q3": 2}
 LIBRARY = Path(lessonlib.__file__).resolve().parent  # the installed package, on the grader's side
 MARKER = "lessonlib-hostile-detached-7f3a"  # in the command line of the detached process
 
-pytestmark = pytest.mark.skipif(bool(sandbox.probe()), reason=f"no sandbox here: {sandbox.probe()}")
+pytestmark = [pytest.mark.slow,  # starts kernels: about a minute for the whole class
+              pytest.mark.skipif(bool(sandbox.probe()), reason=f"no sandbox here: {sandbox.probe()}")]
 
 
 def _library_digest() -> str:

@@ -20,7 +20,8 @@ from lessonlib.grading import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 WHY = sandbox.probe()
-pytestmark = pytest.mark.skipif(bool(WHY), reason=f"no sandbox here: {WHY}")
+pytestmark = [pytest.mark.slow,  # starts processes
+              pytest.mark.skipif(bool(WHY), reason=f"no sandbox here: {WHY}")]
 
 
 @pytest.fixture

@@ -137,6 +137,7 @@ def test_reference_check_that_hangs_is_stopped():
     assert reference.run_check(hang, checks.Answers(), 0.2)[0] == "error"
 
 
+@pytest.mark.slow  # starts a process
 def test_reference_process_answers_malformed_requests_and_keeps_going(tmp_path):
     src = make_course(tmp_path)
     lines = [json.dumps({"id": 1, "question": "toy-q1", "answers": {"speedup": 2.5}}),
@@ -292,6 +293,7 @@ def test_good_text_of_the_toy_passes_its_own_check(tmp_path):
     assert reference.run_check(registry["toy-q3"], checks.decode_answers({"answer": GOOD_TEXT}), 5)[0] == "passed"
 
 
+@pytest.mark.slow  # starts a process
 def test_the_student_side_imports_nothing_else_from_lessonlib_and_no_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
             "import lessonlib.grading\n"
@@ -302,6 +304,7 @@ def test_the_student_side_imports_nothing_else_from_lessonlib_and_no_torch():
                                       "lessonlib.grading.checks"])
 
 
+@pytest.mark.slow  # starts a process
 def test_an_instructor_notebook_whose_checks_need_a_solution_stops_the_run(tmp_path):
     import nbformat
 

@@ -22,6 +22,7 @@ Pure Python, no torch, nothing imported from the rest of lessonlib.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import numbers
@@ -101,7 +102,8 @@ def check_one_of(name: str, value, options: Sequence[str]) -> str:
 def to_plain(value, name: str = "answer", _depth: int = 0):
     """``value`` as JSON-ready plain data, or ``TypeError`` naming ``name``.
 
-    Numbers (Python and numpy), arrays and tensors (as lists), strings, ``None``, lists and
+    Numbers (Python and numpy), arrays and tensors (as lists), dataclass
+    instances (as dicts of their fields), strings, ``None``, lists and
     tuples (as lists), sets (``{"$set": [...]}``) and dicts with number or
     string keys (``{"$dict": [[key, value], ...]}``, so that ``{64: ...}``
     keeps its integer keys). Non-finite floats become ``{"$float": "nan"}``.
@@ -122,6 +124,8 @@ def to_plain(value, name: str = "answer", _depth: int = 0):
     if isinstance(value, numbers.Real):
         v = float(value)
         return v if math.isfinite(v) else {"$float": repr(v)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a result object: its fields
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple, set, frozenset, dict)):
         if len(value) > _MAX_ITEMS:
             raise TypeError(f"{name}: {len(value)} items are too many to hand in")

@@ -34,6 +34,7 @@ Debian's ``bubblewrap``, or from ``$LESSONLIB_BWRAP``.
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import site
@@ -183,8 +184,9 @@ class Sandbox:
         return [sys.executable, "-I", "-S", "-c", _LIMITS, *limits, "--", *args, "--", *argv]
 
 
+@functools.lru_cache(maxsize=None)
 def probe(timeout: float = 30) -> str:
-    """Why sandboxing does not work here, or ``""`` when it does (runs ``python -c pass`` inside)."""
+    """Why sandboxing does not work here, or ``""`` when it does (runs Python inside; once a process)."""
     try:
         with tempfile.TemporaryDirectory(prefix="lessonlib-probe-") as tmp:
             (Path(tmp) / "rt").mkdir()
