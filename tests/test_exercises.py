@@ -114,7 +114,7 @@ def test_instructor_page_lists_every_exercise_as_it_is():
 def test_exercise_structure_and_student_copy(path):
     nb = nbformat.read(path, as_version=4)
     assert handout.lint(nb, path.name) == []
-    assert nb.cells[0].source.startswith("# Setup"), "first cell must be the shared setup cell"
+    assert nb.cells[0].source.startswith("# @title Setup"), "first cell must be the shared setup cell"
     student = handout.student_notebook(nb)
     assert handout.answer_leaks(student) == []
     text = nbformat.writes(student)
@@ -198,7 +198,7 @@ FAILED_ANSWERS = {"": "empty", "Yes.": "words", None: "empty"}
 def _run(check, text):
     from lessonlib.grading.checks import Answers
 
-    return check(Answers(answer=text))
+    return check(Answers(reply=text))
 
 
 @pytest.mark.parametrize("text", GOOD_ANSWERS)
