@@ -1,10 +1,10 @@
 """The graded exercises (exercises/) and their student copies.
 
 Unit tests check each notebook's grading structure and its student copy. The
-tests marked ``notebooks`` (the run's "exercises" phase, after nbval) grade the
-real exercises through the sandboxed grader: every exercise's instructor
-version must score full marks, its student copy must run up to its stubs and
-score nothing; one exercise also gets a wrong answer and a redefined helper.
+tests marked ``notebooks`` (the run's "exercises" phase, after nbval) share one
+grading run through the sandboxed grader: every exercise's instructor version
+must score full marks, its student copy must run up to its stubs and score
+nothing; exercise 3c also gets a wrong answer and a redefined helper.
 """
 from __future__ import annotations
 
@@ -222,44 +222,47 @@ def test_free_text_that_is_empty_or_too_short_fails(check_2b_q2, text, why):
 # grading the real exercises through the sandboxed grader
 # --------------------------------------------------------------------------
 
-def empty_answers(src):
-    """A student copy in which every name a solution defines is set to None."""
-    nb = handout.student_notebook(src)
-    for cell, original in zip(nb.cells, [c for c in src.cells if handout.INSTRUCTOR_ONLY
-                                         not in c.metadata.get("tags", [])]):
-        if cell.cell_type == "code" and handout.BEGIN_SOLUTION in original.source:
-            body = original.source.split(handout.BEGIN_SOLUTION)[1].split(handout.END_SOLUTION)[0]
-            names = []
-            for node in ast.parse(body).body:
-                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-                names += [t.id for t in targets if isinstance(t, ast.Name)]
-                if isinstance(node, ast.FunctionDef):
-                    names.append(node.name)
-            cell.source = "\n".join(f"{n} = None" for n in dict.fromkeys(names))
+def _answer(nb, grade_id: str, code: str, replace: bool = False):
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            cell.source = code if replace else cell.source + "\n" + code
     return nb
 
 
-def grade_three_ways(paths, tmp_path, extra=None):
-    """Grade the instructor's notebook, an untouched student copy and an all-None copy of each path."""
-    sub = tmp_path / "submitted"
-    for path in paths:
+@pytest.fixture(scope="module")
+def graded_real(tmp_path_factory):
+    """One grading run over every exercise: the instructor's notebook and an untouched student copy of
+    each, and two more submissions of 3c (a wrong answer; a redefined helper)."""
+    if NO_SANDBOX:
+        pytest.skip(f"no sandbox here: {NO_SANDBOX}")
+    sub = tmp_path_factory.mktemp("real") / "submitted"
+    for path in EXERCISE_PATHS:
         src = nbformat.read(path, as_version=4)
-        for who, nb in (("instructor", src), ("blank", handout.student_notebook(src)),
-                        ("none", empty_answers(src))):
+        for who, nb in (("instructor", src), ("blank", handout.student_notebook(src))):
             (sub / who).mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, sub / who / path.name)
-    for rel, nb in (extra or {}).items():
-        (sub / rel).parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, sub / rel)
+    c3 = EXERCISES / "3c-bubbles-and-paid-capacity.ipynb"
+    wrong = _answer(nbformat.read(c3, as_version=4), "3c-a2",
+                    "schedule_idle = 3 / 8  # (p - 1) / (m + p - 1) with m = 4 by mistake")
+    # the old hidden test computed its expected value with parallel.pipeline_bubble_fraction, in the
+    # student's kernel: redefine it, answer to match, and the old grader gave full marks
+    redefined = _answer(nbformat.read(c3, as_version=4), "3c-a1",
+                        "parallel.pipeline_bubble_fraction = lambda p, m: 0.5\nbubble_4, min_microbatches = 0.5, 1",
+                        replace=True)
+    for who, nb in (("wrong", wrong), ("redefined", redefined)):
+        (sub / who).mkdir(parents=True)
+        nbformat.write(nb, sub / who / c3.name)
     results = autograde.grade_folder(sub, EXERCISES, cell_timeout=60, budget=150, jobs=2, progress=None)
     return {(r.student, r.exercise): r for r in results}, sub
 
 
-def assert_three_ways(by, sub, path):
-    full, empty, none = (by[(who, path.stem)] for who in ("instructor", "blank", "none"))
+@pytest.mark.notebooks
+@pytest.mark.parametrize("path", EXERCISE_PATHS, ids=lambda p: p.stem)
+def test_instructor_full_marks_student_copy_runs_to_stubs_and_scores_zero(graded_real, path):
+    by, sub = graded_real
+    full, empty = by[("instructor", path.stem)], by[("blank", path.stem)]
     assert full.score == full.max_score > 0, [q for q in full.questions if q.status != "passed"]
     assert all(status == "ok" for _, status, _ in full.cells), full.cells
-    assert none.score == 0, [q for q in none.questions if q.points]
     assert empty.score == 0, [q for q in empty.questions if q.points]
     nb = nbformat.read(sub / "blank" / path.name, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
@@ -270,37 +273,16 @@ def assert_three_ways(by, sub, path):
 
 
 @pytest.mark.notebooks
-@pytest.mark.skipif(bool(NO_SANDBOX), reason=f"no sandbox here: {NO_SANDBOX}")
-def test_a_real_exercise_full_marks_and_a_wrong_answer_losing_exactly_its_question(tmp_path):
-    path = EXERCISES / "3c-bubbles-and-paid-capacity.ipynb"
-    src = nbformat.read(path, as_version=4)
-    wrong = nbformat.read(path, as_version=4)  # the instructor's answers, one made wrong
-    for cell in wrong.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == "3c-a2":
-            cell.source += "\nschedule_idle = 3 / 8  # (p - 1) / (m + p - 1) with m = 4 by mistake"
-    # the old hidden test computed its expected value with parallel.pipeline_bubble_fraction, in the
-    # student's kernel: redefine it, answer to match, and the old grader gave full marks
-    redefined = nbformat.read(path, as_version=4)
-    for cell in redefined.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == "3c-a1":
-            cell.source = ("parallel.pipeline_bubble_fraction = lambda p, m: 0.5\n"
-                           "bubble_4, min_microbatches = 0.5, 1")
-    sub = tmp_path / "submitted"
-    for who, nb in (("instructor", src), ("wrong", wrong), ("redefined", redefined)):
-        (sub / who).mkdir(parents=True)
-        nbformat.write(nb, sub / who / path.name)
-    results = autograde.grade_folder(sub, EXERCISES, cell_timeout=60, budget=150, jobs=2, progress=None)
-    by = {r.student: r for r in results}
-    assert by["instructor"].score == by["instructor"].max_score == 7, by["instructor"].questions
-    lost = {q.grade_id: q.max_points - q.points for q in by["wrong"].questions}
-    assert lost == {"3c-q1": 0, "3c-q2": 2, "3c-q3": 0}, by["wrong"].questions
-    assert "not right: it is too large" in by["wrong"].questions[1].message
-    assert by["redefined"].questions[0].points == 0, by["redefined"].questions
+def test_a_wrong_answer_in_a_real_exercise_loses_exactly_its_question(graded_real):
+    by, _ = graded_real
+    wrong = by[("wrong", "3c-bubbles-and-paid-capacity")]
+    lost = {q.grade_id: q.max_points - q.points for q in wrong.questions}
+    assert lost == {"3c-q1": 0, "3c-q2": 2, "3c-q3": 0}, wrong.questions
+    assert "not right: it is too large" in wrong.questions[1].message
 
 
 @pytest.mark.notebooks
-@pytest.mark.skipif(bool(NO_SANDBOX), reason=f"no sandbox here: {NO_SANDBOX}")
-def test_every_real_exercise_graded_three_ways(tmp_path):
-    by, sub = grade_three_ways(EXERCISE_PATHS, tmp_path)
-    for path in EXERCISE_PATHS:
-        assert_three_ways(by, sub, path)
+def test_redefining_the_helper_an_old_hidden_test_used_earns_nothing(graded_real):
+    by, _ = graded_real
+    redefined = by[("redefined", "3c-bubbles-and-paid-capacity")]
+    assert redefined.questions[0].points == 0, redefined.questions

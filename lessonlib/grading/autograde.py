@@ -289,17 +289,22 @@ def grade_folder(submissions: Path | str, source_dir: Path | str, *, exercise: s
                                for g, p in exercises[stem].points.items()]
                 return r
 
+        # the reference processes start at once, beside the first kernels; a check waits for its own
+        starter = ThreadPoolExecutor(max_workers=max(1, min(jobs, 4)))
+        started = {stem: starter.submit(exercises[stem].reference.start)
+                   for stem in sorted({stem for _, stem in items if stem})}
         try:
-            # an instructor notebook that does not run without its solutions stops everything
-            # here, before any submission, rather than giving every student an error
-            for stem in sorted({stem for _, stem in items if stem}):
-                exercises[stem].reference.start()
             if jobs == 1:
                 results = [one(item) for item in items]
             else:
                 with ThreadPoolExecutor(max_workers=jobs) as pool:
                     results = list(pool.map(one, items))
+            # an instructor notebook that does not run without its solutions stops the run: no
+            # table in which every student has an error
+            for stem, future in started.items():
+                future.result()
         finally:
+            starter.shutdown(wait=True)
             for ex in exercises.values():
                 ex.reference.stop()
     _mark_duplicates(results)

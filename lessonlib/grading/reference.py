@@ -166,6 +166,7 @@ class Reference:
         self.proc: subprocess.Popen | None = None
         self.questions: list[str] = []
         self.next_id = 0
+        self.failed: ReferenceFailed | None = None  # a start that failed is not tried again
         self.log = self.workdir / f"reference-{self.notebook.stem}.log"
 
     def _readline(self, timeout: float) -> dict:
@@ -179,6 +180,21 @@ class Reference:
         return json.loads(line)
 
     def start(self) -> None:
+        """Start the process unless it runs; safe to call from another thread while checks wait."""
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self._start()
+
+    def _start(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+        try:
+            self._launch()
+        except ReferenceFailed as exc:
+            self.failed = exc
+            raise
+
+    def _launch(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cwd = Path(tempfile.mkdtemp(prefix="reference-", dir=self.workdir))
         env = dict(os.environ, MPLBACKEND="agg", PYTHONDONTWRITEBYTECODE="1")
@@ -199,7 +215,7 @@ class Reference:
         """``(status, message)`` for one question's handed-in ``answers``."""
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
-                self.start()
+                self._start()
             self.next_id += 1
             req = {"id": self.next_id, "question": grade_id, "answers": answers,
                    "folder": str(folder) if folder else None}
