@@ -2,29 +2,32 @@
 
     python exercises/instructor.py student OUT [--colab github/ORG/REPO/blob/main/OUT]
     python exercises/instructor.py grade SUBMISSIONS [--csv grades.csv] [--jobs 2] [--exercise STEM]
-                                         [--cell-timeout 60] [--budget 300]
+                                         [--cell-timeout 60] [--budget 300] [--memory 2G]
+    python exercises/instructor.py verify grades.csv
     python exercises/instructor.py check
     python exercises/instructor.py mark NOTEBOOK...
 
 (``python -m exercises.instructor ...`` from the repository root does the same.)
 ``student`` writes a copy of every exercise notebook in this folder with the
 solutions replaced by ``raise NotImplementedError()`` and the hidden tests and
-outputs removed. ``grade`` executes every ``SUBMISSIONS/STUDENT/*.ipynb`` (or
-``SUBMISSIONS/STUDENT.ipynb``) with the instructor's checks, prints a score
-table per student and question and writes it as CSV. ``check`` lints the
+outputs removed. ``grade`` runs every ``SUBMISSIONS/STUDENT/*.ipynb`` (or
+``SUBMISSIONS/STUDENT.ipynb``) in a sandbox, checks the answers it hands in
+against expected values computed by the instructor's notebook in a separate
+process, prints a score table per student and question and writes it as CSV
+with a manifest; ``verify`` checks the CSV against the manifest. ``check`` lints the
 grading metadata of the instructor notebooks; ``mark`` writes that metadata
 from each check cell's first line (``# Check 2a-q2 (3 points)``) and the
 solution markers. The logic is in
-``lessonlib.grading``.
+``lessonlib.grading`` (``cli``, ``autograde``, ``sandbox``, ``reference``, ``handout``).
 """
 import sys
 from pathlib import Path
 
 try:
-    from lessonlib.grading import main
+    from lessonlib.grading.cli import main
 except ImportError:  # run from a checkout without lessonlib installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from lessonlib.grading import main
+    from lessonlib.grading.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(default_source=Path(__file__).resolve().parent))

@@ -25,9 +25,9 @@ fi
 stamp="$VENV/.lessonlib-installed"
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "==> installing lessonlib with the book and test extras (torch pinned by constraints.txt)"
+  echo "==> installing lessonlib with the book, test and grading extras (torch pinned by constraints.txt)"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[book,test]"
+  "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[book,test,grading]"
   echo "$want" > "$stamp"
 fi
 
