@@ -88,11 +88,7 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     assert ("lessonlib.calc.memory", ) == tuple({n for n, _, _ in found if n.endswith("calc.memory")})
 
 
-#: Modules being split on another branch (issue 15 turns grading.py into lessonlib/grading/).
-PENDING_SPLIT = {"grading.py"}
-
-
-@pytest.mark.parametrize("path", [p for p in sources() if str(p.relative_to(PKG)) not in PENDING_SPLIT],
+@pytest.mark.parametrize("path", sources(),
                          ids=lambda p: str(p.relative_to(PKG)))
 def test_modules_stay_small(path):
     n = len(path.read_text().splitlines())
