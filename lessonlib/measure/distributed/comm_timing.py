@@ -24,12 +24,10 @@ them (the fastest round, on the pages). Times are seconds.
 from __future__ import annotations
 
 import copy
-import time
 
 from ...checks import count as check_count
 from .launch import launch
 from .collectives import CollectiveLog
-from ..device import synchronize as _sync
 from .quiet import known_warnings_silenced
 
 __all__ = ["run_comm_timing", "SWEEP_BYTES"]
@@ -72,23 +70,23 @@ def _slowest(times, device):
 def _interleaved(probes, device, rounds, warmup=2):
     """Time every ``(key, fn)`` probe once per round, round after round; ``{key: [s per round]}``.
 
+    The course's one timing loop (:func:`lessonlib.measure.rounds.time_rounds`),
+    with a barrier before each probe so that every rank starts it together.
     Interleaving spreads each probe's rounds over the whole measurement, so a
     stretch of time when other programs hog the machine slows a few rounds of
     every probe rather than all rounds of one.
     """
     import torch.distributed as dist
 
-    out = {key: [] for key, _ in probes}
-    for r in range(warmup + rounds):
+    from ..rounds import time_rounds
+
+    def one_round(clock):
         for key, fn in probes:
             dist.barrier()
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            if r >= warmup:
-                out[key].append(time.perf_counter() - t0)
-    return out
+            clock.time(key, fn)
+
+    # num_threads=None: the worker set its threads when it started
+    return time_rounds(one_round, rounds, warmup=warmup, device=device, num_threads=None).seconds
 
 
 def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_hidden, ddp_batch, fsdp_cfg):
@@ -165,10 +163,7 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
         progress.put(1)
 
         # whole steps, which compute: DDP with and without its all-reduce (interleaved), the FSDP step
-        with_sync, without = [], []
-        for _ in range(rounds + 2):
-            with_sync += _timed(backward, device, 1, warmup=0)
-            without += _timed(backward_no_sync, device, 1, warmup=0)
+        ddp_t = _interleaved([("with", backward), ("without", backward_no_sync)], device, rounds)
 
         def fsdp_step():
             opt.zero_grad(set_to_none=True)
@@ -185,7 +180,7 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
         "reduce_scatter": [(n, times[("reduce_scatter", n)]) for n in check_bytes],
         "ddp": {"grad_bytes": grad_bytes, "bucket_bytes": bucket_bytes,
                 "bucket_times": [times[("bucket", i)] for i in range(len(bucket_bytes))],
-                "backward": _slowest(with_sync[2:], device), "backward_no_sync": _slowest(without[2:], device)},
+                "backward": _slowest(ddp_t["with"], device), "backward_no_sync": _slowest(ddp_t["without"], device)},
         "fsdp": {"collectives": records, "n_params": sum(p.numel() for p in base.parameters()),
                  "replay_each": [times[("fsdp", i)] for i in range(len(records))],
                  "step": _slowest(step_t, device)},
