@@ -118,7 +118,22 @@ def _good():
         "result": _empty_run(), "controls": {"a": [1, 2]}, "timings": None, "recordings": None,
         "sweeps": None, "reference": {1: 1.0, 2: 0.5}, "resumed": {1: 1.0, 2: 0.5}, "run_dir": None,
         "path": None, "src": None, "dst": None, "parts": (), "n_blocks": 2, "seq": 4,
+        "collective": "all_reduce", "alpha_s": 1e-5, "beta_bytes_per_s": 1e9, "experts_per_process": 1,
+        "runs": [{"rank": r, "wall": [1.0, 2.0, 3.0], "cpu": [1.0, 2.0, 3.0]} for r in (0, 1)], "stall_step": 1,
+        "micro_batch": 1, "peak_flops_per_s": 1e15, "utilisation": 0.4, "device_hours": 1000.0,
+        "span_seconds": 86400.0, "failures": 3, "useful_fraction": 0.9, "checkpoint_bytes": 1e9,
+        "bandwidth_bytes_per_s": 1e9, "shapes": [(4, 3), ()], "rank": 0, "stage": 1,
+        # by function, where an argument's name means something else elsewhere ("function.argument")
+        "fit_alpha_beta.n_bytes": [1e3, 1e5, 1e7], "fit_alpha_beta.seconds": [1e-4, 2e-4, 1e-2],
+        "relative_errors.n_bytes": [1e3, 1e5], "relative_errors.seconds": [1e-4, 2e-4],
+        "relative_errors.link": _link(), "fsdp_shard_rows.rows": 10,
     }
+
+
+def _link():
+    from lessonlib.calc.comm import LINKS
+
+    return LINKS["nvlink"]
 
 
 def _discover():
@@ -227,8 +242,8 @@ def _run_one(qualname, fn, params, good, data, tmp_path):
             kwargs[p.name] = value
         elif p.default is not inspect.Parameter.empty:
             continue
-        elif good.get(p.name) is not None:
-            kwargs[p.name] = good[p.name]
+        elif good.get(f"{qualname.rpartition('.')[2]}.{p.name}", good.get(p.name)) is not None:
+            kwargs[p.name] = good.get(f"{qualname.rpartition('.')[2]}.{p.name}", good.get(p.name))
         elif p.name in ("run_dir", "path", "src", "dst"):
             kwargs[p.name] = tmp_path / f"{p.name}-dir"
         else:
