@@ -126,8 +126,19 @@ def _good():
         # by function, where an argument's name means something else elsewhere ("function.argument")
         "fit_alpha_beta.n_bytes": [1e3, 1e5, 1e7], "fit_alpha_beta.seconds": [1e-4, 2e-4, 1e-2],
         "relative_errors.n_bytes": [1e3, 1e5], "relative_errors.seconds": [1e-4, 2e-4],
-        "relative_errors.link": _link(), "fsdp_shard_rows.rows": 10,
+        "relative_errors.link": _link(), "fsdp_shard_rows.rows": 10, "static_text.name": "widgets.css",
+        "plot_resume_comparison.resumed": {"resumed": {1: 1.0, 2: 0.5}}, "plan_html.model": "1.3B", "plan_html.optimizer": "adam",
+        "zero_report.model": "1.3B", "memory_multiplier.optimizer": "adam", "feature.name": "flop_counter",
+        "require.name": "flop_counter", "as_device.name": "device", "as_device.value": "cpu", "threads.n": 1,
+        "lm_loss.targets": torch.zeros(2, 4, dtype=torch.long), "SingleChoice.choices": _choices(),
+        "MultipleSelect.choices": _choices(),
     }
+
+
+def _choices():
+    from lessonlib.book.quiz import Choice
+
+    return [Choice("yes", correct=True), "no"]
 
 
 def _link():
