@@ -139,7 +139,23 @@ def _good():
         "losses": [1.0, 0.5, 0.5], "op_name": "c10d.allreduce_", "where": "layers.0.mlp.fc1", "batches": [1, 2],
         "enable": True, "mode": "fp32", "X": torch.ones(4, 2), "y": torch.ones(4, 1), "markdown": "Some *text*.",
         "sizes": [1e3, 1e5], "plot_alpha_beta.seconds": [1e-4, 2e-4], "link": _link(), "Clock.device": torch.device("cpu"),
+        "items": [((2, 3, 1), "float32", 24)], "format_value.figure": _published(), "W": torch.ones(2, 1, dtype=torch.bfloat16),
+        "b": torch.zeros(1, dtype=torch.bfloat16), "lr": 0.01, "compare_states.a": {"w": torch.zeros(2)},
+        "compare_states.b": {"w": torch.zeros(2)}, "plot_goodput_failures.devices": [1, 2],
+        "plot_goodput_failures.rows": {"MTBF 1000 h": _goodputs()}, "no_failure": [1.0, 0.95],
     }
+
+
+def _published():
+    from lessonlib.calc.published import LLAMA3_405B
+
+    return LLAMA3_405B["layers"]
+
+
+def _goodputs():
+    from lessonlib.calc.goodput import goodput
+
+    return [goodput(1, 1.0, 1000.0, 300.0), goodput(2, 1.9, 1000.0, 300.0)]
 
 
 def _choices():
