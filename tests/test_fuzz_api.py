@@ -143,7 +143,24 @@ def _good():
         "b": torch.zeros(1, dtype=torch.bfloat16), "lr": 0.01, "compare_states.a": {"w": torch.zeros(2)},
         "compare_states.b": {"w": torch.zeros(2)}, "plot_goodput_failures.devices": [1, 2],
         "plot_goodput_failures.rows": {"MTBF 1000 h": _goodputs()}, "no_failure": [1.0, 0.95],
+        "per_rank_spans": [[("F", 0, 0.0, 1.0), ("B", 0, 1.0, 3.0)], [("F", 0, 1.0, 2.0), ("B", 0, 2.0, 4.0)]],
+        "data_parallel_figure.rows": [_dp_row(8), _dp_row(32)], "world_size": 2,
+        "proposal_html.layouts": _layouts(), "traffic_summary.records": [("all_reduce", "backward", 1000)],
     }
+
+
+def _dp_row(batch):
+    from lessonlib.measure.distributed.data_parallel import DataParallelRow
+
+    return DataParallelRow(global_batch=batch, per_process_batch=batch // 2, single=0.01, ddp=0.007,
+                           half_compute=0.005, optimizer=0.001, allreduce=0.001, predicted=0.007,
+                           ddp_backward=0.004, speedup=1.4, predicted_speedup=1.4, predicted_over_measured=1.0)
+
+
+def _layouts():
+    from lessonlib.calc.planner import propose
+
+    return propose(7.5e9, layers=32, hidden=4096, heads=32)
 
 
 def _published():
