@@ -28,12 +28,13 @@ def growing_communication(share: float, ns, per_step: float) -> list[float]:
 
 def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
     """Left: speedup against devices for several serial ``shares``. Right: serial ``share``
-    with no, a ``fixed`` and a growing (``per_step`` x 2(n-1)) communication cost (shares of the one-device time)."""
+    with no, a ``fixed`` and a growing (``per_step`` x 2(n-1)) communication cost (shares of the one-device time,
+    each at most 10)."""
     ns = counts("ns", ns)
     shares = [check_share(f"shares[{i}]", s) for i, s in enumerate(sequence("shares", shares))]
-    check_share("share", share)
-    amount("fixed", fixed)
-    amount("per_step", per_step)
+    share = check_share("share", share)
+    amount("fixed", fixed, maximum=10.0)  # communication of up to 10 times the one-device time: a readable legend
+    amount("per_step", per_step, maximum=10.0)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for sh in shares:
         ax1.plot(ns, [speedup_from_share(sh, n) for n in ns], marker="o", ms=3, label=f"serial share {sh:.0%}")
@@ -48,7 +49,8 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
     }
     for label, ys in curves.items():
         ax2.plot(ns, ys, marker="o", ms=3, label=label)
-    ax2.axhline(1 / share, color="grey", ls=":", lw=1)
+    if share > 0:  # the ceiling; with no serial work there is none
+        ax2.axhline(1 / share, color="grey", ls=":", lw=1)
     ax2.set(xscale="log", xlabel="devices (count, log scale)", ylabel="speedup (×)",
             title=f"Serial share {share:.0%}, with communication")
     ax2.set_xticks(ns, [str(n) for n in ns])
@@ -129,17 +131,31 @@ def allreduce_volume_figure(grad_bytes: int, ns, name: str):
                 "device, equal to the gradient size for two, rising towards twice the gradient size as the ring grows.")
 
 
+#: The largest schedule :func:`pipeline_schedule_figure` draws (a chart stays readable; each task is a labelled bar).
+MAX_GANTT_STAGES, MAX_GANTT_MICRO = 16, 32
+
+
 def pipeline_schedule_figure(tasks: list, stages: int, micro: int, idle: float):
-    """Gantt chart of a pipeline schedule (``lessonlib.calc.pipeline.pipeline_schedule``'s tasks)."""
+    """Gantt chart of a pipeline schedule (``lessonlib.calc.pipeline.pipeline_schedule``'s tasks).
+
+    At most :data:`MAX_GANTT_STAGES` stages and :data:`MAX_GANTT_MICRO` micro-batches."""
     from ..calc.pipeline import schedule_idle_fraction
 
+    stages = count("stages", stages, maximum=MAX_GANTT_STAGES)
+    micro = count("micro", micro, maximum=MAX_GANTT_MICRO)
+    check_share("idle", idle)
+    tasks = sequence("tasks", tasks)
+    if len(tasks) > 2 * stages * micro:
+        raise ValueError(f"tasks has {len(tasks):,} tasks; a schedule of {stages} stages and {micro} "
+                         f"micro-batches has {2 * stages * micro:,}")
     schedule_idle_fraction(tasks)  # checks every task
     for i, t in enumerate(tasks):
         if t.get("kind") not in ("F", "B") or "microbatch" not in t:
             raise TypeError(f"tasks[{i}] must be one of pipeline_schedule's tasks, got {t!r:.80}")
-    count("stages", stages)
-    count("micro", micro)
-    check_share("idle", idle)
+        if not (isinstance(t["stage"], int) and 0 <= t["stage"] < stages
+                and isinstance(t["microbatch"], int) and 0 <= t["microbatch"] < micro):
+            raise ValueError(f"tasks[{i}] has stage {t['stage']!r:.20} and microbatch {t['microbatch']!r:.20}; "
+                             f"stages is {stages} and micro {micro}")
     fig, ax = plt.subplots(figsize=(11, 3.2))
     cmap = plt.get_cmap("tab10")
     for t in tasks:
@@ -208,8 +224,12 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
     positive("ckpt_s", ckpt_s)
     amount("restart_s", restart_s)
     mtbfs = [positive(f"mtbfs[{i}]", m) for i, m in enumerate(sequence("mtbfs", mtbfs))]
-    rows = {f"device MTBF {mt:,} h": [goodput(n, speedup_from_share(serial_share, n), mt, ckpt_s, restart_s)
-                                      for n in ns] for mt in mtbfs}
+    try:
+        rows = {f"device MTBF {mt:,} h": [goodput(n, speedup_from_share(serial_share, n), mt, ckpt_s, restart_s)
+                                          for n in ns] for mt in mtbfs}
+    except ValueError as err:  # goodput names its own arguments; say which of the caller's gave them
+        raise ValueError(f"ckpt_s ({ckpt_s:g} s) and mtbfs ({', '.join(f'{m:g}' for m in mtbfs)} h) give no "
+                         f"answer for {ns[-1]:,} devices: {err}") from None
     no_failure = [speedup_from_share(serial_share, n) / n for n in ns]
     fig = plot_goodput_failures(list(ns), rows, no_failure,
                                 title=f"Serial share {serial_share:.1%}, saves of {ckpt_s} s, restarts of "

@@ -190,10 +190,13 @@ def tp_collective_table(records, expected) -> str:
 def layernorm_stat_bytes(items) -> int:
     """Bytes of the small per-row tensors LayerNorm keeps (last dimension 1) among saved ``items``."""
     total = 0
-    for item in check_sequence("items", items, allow_empty=True):
-        shape, _dtype, n = check_sequence("items", item)
+    for i, item in enumerate(check_sequence("items", items, allow_empty=True)):
+        item = check_sequence(f"items[{i}]", item)
+        if len(item) != 3:
+            raise ValueError(f"items[{i}] must be (shape, dtype, bytes), got {len(item)} values")
+        shape = check_sequence(f"items[{i}] (shape)", item[0], allow_empty=True)
         if shape and shape[-1] == 1:
-            total += check_count("items (bytes)", n, minimum=0)
+            total += check_count(f"items[{i}] (bytes)", item[2], minimum=0)
     return total
 
 

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from ..checks import (amount as check_amount, choice as check_choice, count as check_count, instance as check_instance,
-                      positive as check_positive, sequence as check_sequence)
+                      positive as check_positive, sequence as check_sequence, text as check_text)
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -127,6 +127,7 @@ def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, 
     """
     xs = [check_amount("n_bytes", x) for x in check_sequence("n_bytes", n_bytes)]
     ts = [check_positive("seconds", t) for t in check_sequence("seconds", seconds)]
+    name = check_text("name", name)
     if len(xs) != len(ts):
         raise ValueError(f"n_bytes and seconds must have the same length, got {len(xs)} and {len(ts)}")
     if len(set(xs)) < 2:
@@ -135,17 +136,23 @@ def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, 
     d = check_count("devices", devices)
     # t = steps*alpha + (steps*n/d) * (1/beta): regress t on u = steps*n/d with weights 1/t^2.
     us = [steps * x / d for x in xs]
-    w = [1.0 / t ** 2 for t in ts]
-    sw = sum(w)
-    su = sum(wi * u for wi, u in zip(w, us))
-    st = sum(wi * t for wi, t in zip(w, ts))
-    suu = sum(wi * u * u for wi, u in zip(w, us))
-    sut = sum(wi * u * t for wi, u, t in zip(w, us, ts))
-    det = sw * suu - su * su
-    if det <= 0:
-        raise ValueError("n_bytes needs at least two different message sizes to separate alpha from beta")
-    slope = (sw * sut - su * st) / det          # seconds per byte sent = 1/beta
-    intercept = (st - slope * su) / sw          # seconds = steps * alpha
+    try:
+        w = [1.0 / t ** 2 for t in ts]
+        sw = sum(w)
+        su = sum(wi * u for wi, u in zip(w, us))
+        st = sum(wi * t for wi, t in zip(w, ts))
+        suu = sum(wi * u * u for wi, u in zip(w, us))
+        sut = sum(wi * u * t for wi, u, t in zip(w, us, ts))
+        det = sw * suu - su * su
+        if det <= 0:
+            raise ValueError("n_bytes needs at least two different message sizes to separate alpha from beta")
+        slope = (sw * sut - su * st) / det          # seconds per byte sent = 1/beta
+        intercept = (st - slope * su) / sw          # seconds = steps * alpha
+    except (OverflowError, ZeroDivisionError):  # squares beyond a float's range
+        slope = intercept = math.nan
+    if not (math.isfinite(slope) and math.isfinite(intercept)):
+        raise ValueError("n_bytes and seconds are too far apart in size to fit in floating point; "
+                         "give bytes and seconds of real messages")
     if slope <= 0 or intercept < 0:
         raise ValueError(f"the samples do not follow a latency-bandwidth line (intercept {intercept:.3g} s, "
                          f"slope {slope:.3g} s/byte); measure more rounds or a wider range of n_bytes")

@@ -82,4 +82,10 @@ def restart_for_useful_fraction(useful_fraction, interval_seconds, checkpoint_se
     t = positive("interval_seconds", interval_seconds)
     c = positive("checkpoint_seconds", checkpoint_seconds)
     m = positive("mtbf_seconds", mtbf_seconds)
-    return t / (f * math.expm1((t + c) / m)) - m
+    x = (t + c) / m
+    if x > 700:  # exp(x) beyond a float: the first term is below 1e-290 s, so R is -M to float precision
+        return -m
+    e = math.expm1(x)
+    if e == 0.0:  # x below the smallest float: expm1(x) = x, and R = M (τ / (useful (τ + C)) - 1)
+        return m * (t / (t + c) / f - 1)
+    return t / f / e - m

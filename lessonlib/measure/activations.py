@@ -18,13 +18,22 @@ from .device import as_device
 #: The most numbers (batch × seq_len × hidden) a measured input here may hold: the page's
 #: largest case is a quarter of this; more would take minutes and gigabytes.
 MAX_NUMBERS = 2**20
+#: The most attention scores (batch × heads × seq_len²) one layer here may compute: the page's
+#: largest case is an eighth of this (a second on one core); they grow with the square of seq_len.
+MAX_SCORES = 2**22
+#: The most sizes one call measures (batch sizes of :func:`crossover`, values of :func:`sweep`).
+MAX_CASES = 32
 
 
-def _check_shape(batch, seq_len, hidden):
+def _check_shape(batch, seq_len, hidden, heads=4):
     batch, seq_len, hidden = count("batch", batch), count("seq_len", seq_len), count("hidden", hidden)
+    heads = count("heads", heads)
     if batch * seq_len * hidden > MAX_NUMBERS:
         raise ValueError(f"batch × seq_len × hidden = {batch * seq_len * hidden:,} numbers, more than the {MAX_NUMBERS:,} "
                          f"a measured input here may hold")
+    if batch * heads * seq_len ** 2 > MAX_SCORES:
+        raise ValueError(f"batch × heads × seq_len² = {batch * heads * seq_len ** 2:,} attention scores, more than "
+                         f"the {MAX_SCORES:,} a measured layer here may compute")
     return batch, seq_len, hidden
 from .memory import SavedTensorCounter, measure_activations, measure_training_memory
 
@@ -38,7 +47,7 @@ def layers_activations(batch: int = 2, seq_len: int = 64, layers: int = 2, hidde
 
     ``kw`` goes to :class:`lessonlib.measure.models.TinyGPT` (``dropout``, ``dropout_impl``, ``attention``).
     """
-    batch, seq_len, hidden = _check_shape(batch, seq_len, hidden)
+    batch, seq_len, hidden = _check_shape(batch, seq_len, hidden, heads)
     device = as_device("device", device)
     gpt = models.TinyGPT(seq_len=seq_len, hidden=hidden, heads=heads, layers=layers, **kw).to(device, torch.bfloat16)
     x = torch.randn(batch, seq_len, hidden, dtype=torch.bfloat16, device=device)
@@ -55,9 +64,13 @@ def sweep(base: dict, sweeps: dict, device=None, progress=None) -> dict:
     mapping("base", base)
     if set(base) != {"batch", "seq_len", "layers", "hidden", "heads"}:
         raise ValueError(f"base must hold exactly batch, seq_len, layers, hidden and heads, got {sorted(map(str, base))}")
+    cases = 0
     for knob, values in mapping("sweeps", sweeps).items():
         for v in counts(f"sweeps[{knob!r}]", values):
-            _check_shape(*({**base, knob: v}[k] for k in ("batch", "seq_len", "hidden")))
+            _check_shape(*({**base, knob: v}[k] for k in ("batch", "seq_len", "hidden", "heads")))
+            cases += 1
+    if cases > MAX_CASES:
+        raise ValueError(f"sweeps holds {cases} values in all, more than the {MAX_CASES} one sweep measures")
     as_device("device", device)
     if progress is not None:
         function("progress", progress)
@@ -98,9 +111,11 @@ def bytes_by_part(counter: SavedTensorCounter) -> dict:
 def crossover(batches, seq_len: int = 64, device=None, progress=None, **gpt) -> "Crossover":
     """Activations of the whole GPT (bf16, loss included) for each batch, against its training state."""
     batches = counts("batches", batches)
+    if len(batches) > MAX_CASES:
+        raise ValueError(f"batches holds {len(batches)} batch sizes, more than the {MAX_CASES} one call measures")
     seq_len = count("seq_len", seq_len)
     for b in batches:
-        _check_shape(b, seq_len, gpt.get("hidden", 128))
+        _check_shape(b, seq_len, gpt.get("hidden", 128), gpt.get("heads", 4))
     if progress is not None:
         function("progress", progress)
     device = as_device("device", device)

@@ -9,8 +9,9 @@ import math
 
 from ..checks import count as check_count
 
-#: The most numbers one generated data set holds (e.g. stores × days): teaching-sized.
-MAX_NUMBERS = 50_000_000
+#: The most numbers one generated data set holds (e.g. stores × days): teaching-sized (the pages
+#: use under 20,000; this many take about a second on one core).
+MAX_NUMBERS = 2_000_000
 
 
 def _check_total(what: str, n: int) -> None:

@@ -12,10 +12,12 @@ from contextlib import contextmanager
 
 import torch
 
-from ..checks import count as _check_count
+from ..checks import count as _check_count, text as _check_text
 
-#: The most CPU threads :func:`threads` sets (torch accepts more, but no course machine has them).
-MAX_THREADS = 1024
+#: The most CPU threads :func:`threads` (and every ``num_threads`` of a measurement) sets: this
+#: machine's logical CPUs. torch accepts more, but a measurement with more threads than CPUs
+#: times their contention (and hundreds of spinning threads would take unbounded time).
+MAX_THREADS = os.cpu_count() or 1
 
 
 def as_device(name: str, value) -> torch.device:
@@ -24,6 +26,7 @@ def as_device(name: str, value) -> torch.device:
     None means :func:`get_device`'s choice. Anything else is a ``ValueError``
     or ``TypeError`` naming the argument ``name``.
     """
+    _check_text("name", name)
     if value is None:
         return get_device()
     if isinstance(value, torch.device):

@@ -72,16 +72,25 @@ def largest_update_over_half_gap(X: torch.Tensor, y: torch.Tensor, W: torch.Tens
                                  lr: float) -> float:
     """The largest bf16 update ``lr × |gradient|`` of (W, b), over half the gap between bf16 numbers there.
 
-    Below 1, every update rounds away: the weights cannot change.
+    Below 1, every update rounds away: the weights cannot change. ``W`` and ``b`` are
+    the bf16 weights (``torch.bfloat16``), e.g. from :func:`train_linear` in "pure bf16".
     """
+    for name, t in (("W", W), ("b", b)):
+        _check_tensor(name, t, floating=True)  # required here (optional to _check_regression)
     _check_regression(X, y, W, b)
+    for name, t in (("W", W), ("b", b)):
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name} must be bf16 weights (torch.bfloat16), got {t.dtype}")
     lr = positive("lr", lr, maximum=MAX_LR)
     low = torch.bfloat16
     Wc, bc = W.clone().requires_grad_(), b.clone().requires_grad_()
     ((X.to(low) @ Wc + bc - y.to(low)).float() ** 2).mean().backward()
-    params = torch.cat([W.flatten(), b]).float()
-    grads = torch.cat([Wc.grad.flatten(), bc.grad]).float()
-    half_gap = 2.0 ** (torch.floor(torch.log2(params.abs())) - 7) / 2  # bf16 keeps 8 significant bits
+    params = torch.cat([W.flatten(), b]).double()  # double: lr x grad over a gap of 2^-134 exceeds fp32
+    grads = torch.cat([Wc.grad.flatten(), bc.grad]).double()
+    # bf16 keeps 8 significant bits: numbers in [2^e, 2^(e+1)) are 2^(e-7) apart, and below 2^-126
+    # (zero too) they are 2^-133 apart, the gap of its smallest exponent
+    exponent = torch.floor(torch.log2(params.abs())).clamp(min=-126)
+    half_gap = 2.0 ** (exponent - 7) / 2
     return (lr * grads.abs() / half_gap).max().item()
 
 

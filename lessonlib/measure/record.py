@@ -28,8 +28,13 @@ def record(kind: str, **values) -> None:
 def read(path) -> list[dict]:
     """The records in ``path`` (an empty list when there is no file)."""
     path = check_path("path", path)
+    if path.is_dir():
+        raise ValueError(f"path {str(path)!r:.80} is a folder, not a file of records")
     try:
         with open(path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
     except FileNotFoundError:
         return []
+    except ValueError as err:  # not UTF-8 text (UnicodeDecodeError), or a line that is not JSON
+        raise ValueError(f"path {str(path)!r:.80} is not a file of records, one JSON object a line "
+                         f"({type(err).__name__}: {str(err):.80})") from None

@@ -21,8 +21,11 @@ from typing import Callable, Hashable
 
 import torch
 
-from ..checks import count as _check_count
-from .device import Timer, get_device, synchronize, threads
+from ..checks import count as _check_count, flag as _check_flag, function as _check_function, text as _check_text
+from .device import MAX_THREADS, Timer, as_device, synchronize, threads
+
+#: The most rounds (and, separately, warm-up rounds) :func:`time_rounds` runs.
+MAX_ROUNDS = 1000
 
 
 class Clock:
@@ -80,7 +83,7 @@ def time_rounds(round_fn: Callable[[Clock], object], rounds: int, warmup: int = 
                 device: torch.device | str | None = None, num_threads: int | None = 1,
                 progress: bool = False, desc: str = "timing rounds",
                 after_round: Callable[[], object] | None = None) -> Rounds:
-    """Call ``round_fn(clock)`` ``warmup + rounds`` times; keep the last ``rounds``.
+    """Call ``round_fn(clock)`` ``warmup + rounds`` times; keep the last ``rounds`` (each at most :data:`MAX_ROUNDS`).
 
     ``round_fn`` times each case of a round with ``clock("name")`` (a context
     manager) or ``clock.time("name", fn, *args)``; untimed work (zeroing
@@ -92,9 +95,15 @@ def time_rounds(round_fn: Callable[[Clock], object], rounds: int, warmup: int = 
     """
     if not callable(round_fn):
         raise TypeError(f"round_fn must be a function of one clock, got {type(round_fn).__name__}")
-    rounds = _check_count("rounds", rounds)
-    warmup = _check_count("warmup", warmup, minimum=0)
-    device = torch.device(device) if device is not None else get_device()
+    rounds = _check_count("rounds", rounds, maximum=MAX_ROUNDS)
+    warmup = _check_count("warmup", warmup, minimum=0, maximum=MAX_ROUNDS)
+    device = as_device("device", device)
+    if num_threads is not None:  # checked on a GPU too, where it is not used
+        num_threads = _check_count("num_threads", num_threads, maximum=MAX_THREADS)
+    progress = _check_flag("progress", progress)
+    desc = _check_text("desc", desc)
+    if after_round is not None:
+        _check_function("after_round", after_round)
     ctx = threads(num_threads) if (num_threads is not None and device.type == "cpu") else nullcontext()
     it = range(warmup + rounds)
     if progress:  # a bar live; one summary line in the static book build

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 
 from ...checks import count as check_count
+from ..rounds import MAX_ROUNDS
 from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
@@ -202,7 +203,7 @@ def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16
     ``4 * world_size`` bytes.
     """
     world_size = check_count("world_size", world_size, minimum=2)
-    rounds = check_count("rounds", rounds)
+    rounds = check_count("rounds", rounds, maximum=MAX_ROUNDS)  # time_rounds' limit, checked before spawning
     sizes = [check_count("sweep", s) for s in sweep]
     checks = [check_count("check_bytes", s) for s in check_bytes]
     for s in sizes + checks:
