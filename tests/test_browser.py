@@ -56,11 +56,9 @@ def _open(b, url):
 
 
 @pytest.mark.parametrize("path", PAGES)
-def test_page_is_offline_error_free_and_complete(site, path):
-    base, b = site
-    page, outside, errors = _open(b, base + path)
-    audit = page.evaluate(_PAGE_AUDIT)
-    page.close()
+def test_page_is_offline_error_free_and_complete(looked, path):
+    seen = looked[path]
+    outside, errors, audit = seen["outside"], seen["errors"], seen["audit"]
     assert outside == [], f"{path} made requests that leave localhost: {outside}"
     assert errors == [], f"{path} logged console errors: {errors}"
     assert audit["brokenImages"] == [], f"{path}: figures that did not load: {audit['brokenImages']}"
@@ -125,13 +123,10 @@ LESSONS = [p for p in PAGES if re.match(r"chapters/[^/]+/\d\d-", p)]
 MAX_CODE_OVER_PROSE = 1 / 3
 
 
-def test_code_is_at_most_a_third_of_the_prose_on_every_lesson_page(site, built_book):
-    base, b = site
+def test_code_is_at_most_a_third_of_the_prose_on_every_lesson_page(looked, built_book):
     rows = []
     for path in LESSONS:
-        page, _, _ = _open(b, base + path)
-        c = page.evaluate(CODE_PROSE_JS)
-        page.close()
+        c = looked[path]["code_prose"]
         rows.append((path, c["code"], c["prose"], c["code"] / max(c["prose"], 1)))
     table = "\n".join([f"{'page':62s} {'code':>6s} {'prose':>6s} {'code/prose':>10s}"] +
                       [f"{p:62s} {c:6d} {r:6d} {x:10.2f}" for p, c, r, x in rows])
@@ -151,15 +146,9 @@ _QUIZ_SECRETS = r"""() => Array.from(document.querySelectorAll('.wtc-quiz')).map
 
 
 @pytest.mark.parametrize("path", [p for p in PAGES if p.startswith("chapters/")])
-def test_no_quiz_answer_is_visible_before_answering(site, path):
-    base, b = site
-    page, _, _ = _open(b, base + path)
-    quizzes = page.evaluate(_QUIZ_SECRETS)
-    visible = page.locator("body").inner_text()
-    tree = page.locator("body").aria_snapshot()
-    answers = page.evaluate("() => Array.from(document.querySelectorAll('.wtc-prediction .wtc-explanation'))"
-                            ".map(e => e.textContent.trim().slice(0, 60))")
-    page.close()
+def test_no_quiz_answer_is_visible_before_answering(looked, path):
+    seen = looked[path]
+    quizzes, visible, tree, answers = seen["quizzes"], seen["visible"], seen["tree"], seen["predictions"]
     for q in quizzes:
         assert not q["explanationVisible"], f"{path}: an explanation shows before any answer: {q['explanation'][:80]}"
         for text in q["rightFeedback"]:
@@ -174,12 +163,39 @@ def test_no_glue_role_text_in_the_built_html(built_book):
 
 
 @pytest.mark.parametrize("path", LESSONS)
-def test_environment_line_is_not_cut_off(site, path):
-    base, b = site
-    page, _, _ = _open(b, base + path)
-    first = page.locator(".cell_output pre").first
-    text = first.inner_text()
-    fits = first.evaluate("e => e.scrollWidth <= e.clientWidth")
-    page.close()
+def test_environment_line_is_not_cut_off(looked, path):
+    text, fits = looked[path]["env_line"]
     assert text.startswith("measures on:"), text[:120]
     assert fits, f"{path}: the environment line is wider than its box: {text}"
+
+
+@pytest.fixture(scope="module")
+def looked(site):
+    """Every page of the book, loaded once, as a reader first sees it (nothing clicked).
+
+    Page loads are most of this phase's time, so each page is opened once and
+    everything the per-page tests read is taken from that one load: the
+    requests and console errors from the start, the audit of figures and
+    outputs, and on chapter pages the quiz secrets, the visible text, the
+    accessibility tree, the code/prose count and the environment line.
+    """
+    base, b = site
+    out = {}
+    for path in PAGES:
+        page, outside, errors = _open(b, base + path)
+        seen = {"audit": page.evaluate(_PAGE_AUDIT)}
+        if path.startswith("chapters/"):
+            seen["quizzes"] = page.evaluate(_QUIZ_SECRETS)
+            seen["visible"] = page.locator("body").inner_text()
+            seen["tree"] = page.locator("body").aria_snapshot()
+            seen["predictions"] = page.evaluate(
+                "() => Array.from(document.querySelectorAll('.wtc-prediction .wtc-explanation'))"
+                ".map(e => e.textContent.trim().slice(0, 60))")
+        if path in LESSONS:
+            seen["code_prose"] = page.evaluate(CODE_PROSE_JS)
+            first = page.locator(".cell_output pre").first
+            seen["env_line"] = (first.inner_text(), first.evaluate("e => e.scrollWidth <= e.clientWidth"))
+        page.close()
+        seen["outside"], seen["errors"] = list(outside), list(errors)  # everything up to the close
+        out[path] = seen
+    return out
