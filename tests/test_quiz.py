@@ -106,6 +106,10 @@ def test_live_single_choice_widget_hints_when_wrong_and_explains_when_right():
     w.selector.value = 1
     w.check_button.click()
     assert "Correct" in w.feedback.value and q.explanation in w.solution.value
+    # the verdict line names the right answer and why; the solution adds the explanation, not a repeat
+    assert "Answer:" not in w.solution.value and q.choices[1].feedback in w.feedback.value
+    w.reveal_button.click()
+    assert "Answer:" in w.solution.value and q.explanation in w.solution.value
 
 
 def test_live_show_answer_reveals_answer_and_explanation():
@@ -247,3 +251,7 @@ def test_static_quiz_hides_the_answer_until_right_or_revealed_in_chromium(tmp_pa
         box.locator("input[type=radio]").nth(1).check()
         box.locator("button.wtc-check").click()
         assert box.locator(".wtc-explanation").is_visible()              # a right answer explains
+        # ... without repeating the answer its verdict line just gave; "Show answer" still adds it
+        assert not box.locator(".wtc-answer").is_visible() and s.explanation in box.inner_text()
+        box.locator("button.wtc-reveal").click()
+        assert box.locator(".wtc-answer").is_visible()

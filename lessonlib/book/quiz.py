@@ -313,8 +313,12 @@ def _live_box(quiz, selector, grade, empty_msg):
     feedback = w.HTML("")
     solution = w.HTML("")
 
-    def show_solution():
-        solution.value = _explanation_html(quiz)
+    revealed = []
+
+    def show_solution(answer_line=True):
+        if answer_line:
+            revealed.append(True)
+        solution.value = _explanation_html(quiz, answer_line=answer_line or bool(revealed))
 
     def on_check(_b):
         verdict = grade()
@@ -324,8 +328,8 @@ def _live_box(quiz, selector, grade, empty_msg):
         cls, mark = ("wtc-right", "✔") if verdict.correct else ("wtc-wrong", "✘")
         color = "#17612f" if verdict.correct else "#9b1c1c"
         feedback.value = f'<span class="{cls}" style="color:{color};font-weight:600">{mark} {verdict.feedback}</span>'
-        if verdict.correct:  # a wrong answer gets its hint only
-            show_solution()
+        if verdict.correct:  # a wrong answer gets its hint only; a right one already names the answer
+            show_solution(answer_line=False)
 
     check.on_click(on_check)
     reveal.on_click(lambda _b: show_solution())
@@ -335,11 +339,17 @@ def _live_box(quiz, selector, grade, empty_msg):
     return box
 
 
-def _explanation_html(quiz) -> str:
-    """The answer and the explanation: what "Show answer" or a right answer reveals."""
-    body = f'<div class="wtc-answer">{quiz.answer_html()}</div>'
+def _explanation_html(quiz, answer_line: bool = True) -> str:
+    """What "Show answer" reveals: the answer and the explanation.
+
+    After a right answer (``answer_line=False``) the verdict line already says the
+    answer and why, so only the explanation is added (nothing, without one).
+    """
+    body = f'<div class="wtc-answer">{quiz.answer_html()}</div>' if answer_line else ""
     if quiz.explanation:
         body += f"<div>{quiz.explanation}</div>"
+    if not body:
+        return ""
     return ('<div class="wtc-explanation" style="margin-top:.4em;border-left:3px solid #8aa4bf;padding-left:.6em">'
             f"{body}</div>")
 

@@ -1,12 +1,15 @@
 // The static quiz's click handler. %(uid)s is replaced by the quiz's element id.
 (function(){
 var id="%(uid)s", box=document.getElementById(id), d=JSON.parse(document.getElementById(id+"-data").textContent);
-var fb=document.getElementById(id+"-fb"), ex=document.getElementById(id+"-ex");
+var fb=document.getElementById(id+"-fb"), ex=document.getElementById(id+"-ex"), ans=ex.querySelector(".wtc-answer");
 function esc(t){return t.replace(/&/g,"&amp;").replace(/</g,"&lt;").replace(/>/g,"&gt;").replace(/"/g,"&quot;").replace(/'/g,"&#x27;");}
 function show(ok, text){fb.innerHTML='<span class="'+(ok?'wtc-right':'wtc-wrong')+'">'+(ok?'\u2714 ':'\u2718 ')+text+'</span>';
- fb.setAttribute("data-correct", ok?"true":"false"); if(ok){reveal();}}
+ fb.setAttribute("data-correct", ok?"true":"false"); if(ok){explain();}}
 // A wrong answer gets its hint only; the answer and explanation wait for a right answer or "Show answer".
-function reveal(){ex.hidden=false; box.setAttribute("data-revealed","true");}
+// After a right answer the verdict line already says the answer (and why), so only the explanation opens.
+function explain(){if(box.getAttribute("data-revealed")==="true"){return;}
+ ans.hidden=true; if(ex.children.length>1){ex.hidden=false;}}
+function reveal(){ans.hidden=false; ex.hidden=false; box.setAttribute("data-revealed","true");}
 box.querySelector("button.wtc-reveal").addEventListener("click", reveal);
 box.querySelector("button.wtc-check").addEventListener("click", function(){
  if(d.kind==="single"){var s=box.querySelector('input[type=radio]:checked');
