@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import os
 import resource
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import pytest
 
 import lessonlib
 from grading_toy import GOOD_TEXT, POINTS, honest, make_course, scores, student, submit
+from procs import processes_with
 from lessonlib.grading import autograde, sandbox
 
 FULL = {"toy-q1": 2, "toy-q2": 3, "toy-q3": 2}
@@ -332,23 +332,11 @@ def test_the_installed_library_cannot_be_changed(graded):
     assert scores(by["victim/toy.ipynb"]) == FULL and scores(by["wrong/toy.ipynb"])["toy-q1"] == 0
 
 
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.append(int(pid))
-            except OSError:
-                pass
-    return found
-
-
 def test_no_process_outlives_grading_and_the_csv_stays_as_written(graded):
     by, ctx = graded
-    assert _processes_with(MARKER) == []
+    assert processes_with(MARKER) == []
     time.sleep(3)  # the detached process would have written by now
-    assert _processes_with(MARKER) == []
+    assert processes_with(MARKER) == []
     assert autograde.verify(ctx["out"] / "grades.csv") == []
     rows = {r["student"]: r for r in csv.DictReader((ctx["out"] / "grades.csv").open())}
     assert "attacker" not in rows and float(rows["detached"]["total"]) == 5

@@ -17,6 +17,7 @@ import pytest
 
 import lessonlib
 from lessonlib.grading import sandbox
+from procs import processes_with
 
 ROOT = Path(__file__).resolve().parents[1]
 WHY = sandbox.probe()
@@ -95,18 +96,6 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); print("loopback ok")
     assert run.stdout.split() == ["loopback", "ok"], run.stdout + run.stderr
 
 
-def _alive(marker: str) -> list[str]:
-    pids = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    pids.append(pid)
-            except OSError:
-                pass
-    return pids
-
-
 def test_no_process_outlives_the_sandbox(box, tmp_path):
     marker = f"sandbox-daemon-{os.getpid()}"
     code = f"""
@@ -125,15 +114,15 @@ time.sleep(60)
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "started"
     deadline = time.monotonic() + 10
-    while len(_alive(marker)) < 2 and time.monotonic() < deadline:
+    while len(processes_with(marker)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(_alive(marker)) == 2, "the detached processes did not start"
+    assert len(processes_with(marker)) == 2, "the detached processes did not start"
     proc.send_signal(signal.SIGKILL)  # what the grader does to a kernel it stops
     proc.wait()
     deadline = time.monotonic() + 5
-    while _alive(marker) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _alive(marker) == []
+    assert processes_with(marker) == []
 
 
 def test_memory_and_cpu_are_capped(box, tmp_path):
@@ -168,12 +157,12 @@ time.sleep(60)
     grader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
                                "p = subprocess.Popen(sys.argv[1:])\ntime.sleep(60)", *cmd])
     deadline = time.monotonic() + 20
-    while not _alive(marker) and time.monotonic() < deadline:
+    while not processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _alive(marker), "the daemon did not start"
+    assert processes_with(marker), "the daemon did not start"
     grader.kill()  # the grader dies without cleaning up
     grader.wait()
     deadline = time.monotonic() + 5
-    while _alive(marker) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _alive(marker) == []
+    assert processes_with(marker) == []
