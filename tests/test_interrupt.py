@@ -43,7 +43,10 @@ def _alive(pid: int) -> bool:
 def _interrupt(code: str, folder: Path, expected_pids: int, timeout: float = 120.0) -> tuple[int, str, list[int]]:
     """Run ``code`` in a child Python, SIGINT it once its workers run; return (exit code, stderr, worker pids)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
+    # A kernel turns SIGINT into KeyboardInterrupt even when it was started with SIGINT ignored
+    # (as a shell's background job is): so does this stand-in.
+    code = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n" + textwrap.dedent(code)
+    kernel = subprocess.Popen([sys.executable, "-c", code], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + timeout
