@@ -9,8 +9,10 @@ import functools
 import http.server
 import shutil
 import threading
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlparse
 
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -57,6 +59,48 @@ def browser():
             yield b
         finally:
             b.close()
+
+
+class Visit:
+    """A page of the book opened at ``width`` px and loading; ``ready()`` waits until it is loaded.
+
+    ``outside`` collects every request that leaves localhost and ``errors``
+    every console error and uncaught exception, from the first request on.
+    """
+
+    def __init__(self, b, url: str, width: int = 1280):
+        self.page = b.new_page(viewport={"width": width, "height": 900}, color_scheme="light")
+        self.outside, self.errors = [], []
+        self.page.on("request", lambda r: self.outside.append(r.url) if urlparse(r.url).scheme not in
+                     ("data", "blob", "about") and urlparse(r.url).hostname != "127.0.0.1" else None)
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        self.page.goto(url, wait_until="commit")
+
+    def ready(self):
+        self.page.wait_for_load_state("networkidle")  # MathJax's fonts and the figures, too
+        return self.page
+
+
+def visits(b, base: str, paths, widths=(1280,), ahead: int = 2):
+    """Every page at every width, in order, each loaded: yields ``(path, width, visit)``.
+
+    A load is mostly waiting (for the quiet half-second that "networkidle"
+    means), so the next ``ahead`` pages start loading while one is read. Each
+    page is closed once the caller is done with it.
+    """
+    todo = deque((path, width) for path in paths for width in widths)
+    loading = deque()
+    while todo or loading:
+        while todo and len(loading) <= ahead:
+            path, width = todo.popleft()
+            loading.append((path, width, Visit(b, base + path, width)))
+        path, width, visit = loading.popleft()
+        visit.ready()
+        try:
+            yield path, width, visit
+        finally:
+            visit.page.close()
 
 
 #: Visible characters of a built page, split into code, prose and other (outputs, widgets, buttons).

@@ -1,4 +1,15 @@
-"""The built book in headless Chromium: offline, error-free, complete, and its quizzes answer.
+"""The built book in headless Chromium: offline, error-free, complete, readable, and its quizzes answer.
+
+Readable: contrast in light and dark mode, and nothing clipped at 1280 and 390 px.
+
+Contrast is the WCAG 2 ratio between an element's computed text colour and
+the colour behind it (the first non-transparent background up the tree), for
+every quiz and calculator text and control, after each quiz has been
+answered (so feedback colours are on the page) and every "Reveal" opened.
+Clipping: inside the article, an element whose content is wider than its box
+must scroll (overflow-x auto/scroll); no element may stick out of the
+article's right edge unless an ancestor scrolls; figures fit; a multi-panel
+figure on a phone shows its stacked version at half its pixel size or more.
 
 These tests never skip: without Debian's chromium they fail with a message
 saying how to install it (scripts/test.sh installs it when run as root).
@@ -7,14 +18,14 @@ from __future__ import annotations
 
 import json
 import re
-from urllib.parse import urlparse
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
 from lessonlib.book.quiz import Numeric
 
-from browser import CODE_PROSE_JS, browser, serve
+from browser import CODE_PROSE_JS, Visit, browser, serve, visits
 
 
 def book_pages() -> list[str]:
@@ -25,6 +36,8 @@ def book_pages() -> list[str]:
 
 
 PAGES = book_pages()
+SHOTS = Path(__file__).resolve().parents[1] / "_build" / "screenshots"
+LAYOUT = "layout"  # looked[LAYOUT]: what the contrast and clipping tests read, over every page
 
 _PAGE_AUDIT = """() => ({
   brokenImages: Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src),
@@ -42,19 +55,6 @@ def site(built_book):
         yield base, b
 
 
-def _open(b, url):
-    page = b.new_page(viewport={"width": 1280, "height": 900})
-    outside, errors = [], []
-    page.on("request", lambda r: outside.append(r.url)
-            if urlparse(r.url).scheme not in ("data", "blob", "about") and urlparse(r.url).hostname != "127.0.0.1"
-            else None)
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(url)
-    page.wait_for_load_state("networkidle")
-    return page, outside, errors
-
-
 @pytest.mark.parametrize("path", PAGES)
 def test_page_is_offline_error_free_and_complete(looked, path):
     seen = looked[path]
@@ -66,14 +66,12 @@ def test_page_is_offline_error_free_and_complete(looked, path):
     assert audit["emptyOutputs"] == [], f"{path}: empty output areas: {audit['emptyOutputs']}"
 
 
-def _first_page_with(site, selector):
+def _first_page_with(site, looked, kind):
+    """The first page with a quiz of ``kind`` (known from ``looked``), opened afresh."""
     base, b = site
-    for path in PAGES:
-        page, _, _ = _open(b, base + path)
-        if page.locator(selector).count():
-            return page
-        page.close()
-    raise AssertionError(f"no page of the book has a {selector}")
+    path = next((p for p in PAGES if any(q["kind"] == kind for q in looked[p].get("quizzes", ()))), None)
+    assert path, f"no page of the book has a {kind} quiz"
+    return Visit(b, base + path).ready()
 
 
 def _verdict(box):
@@ -81,8 +79,8 @@ def _verdict(box):
     return fb.get_attribute("data-correct") == "true", fb.inner_text()
 
 
-def test_choice_quiz_in_the_book_answers_wrong_then_right_like_python(site):
-    page = _first_page_with(site, ".wtc-quiz[data-kind=single]")
+def test_choice_quiz_in_the_book_answers_wrong_then_right_like_python(site, looked):
+    page = _first_page_with(site, looked, "single")
     box = page.locator(".wtc-quiz[data-kind=single]").first
     # The verdicts Python computed for every choice when the page was built.
     data = json.loads(box.locator("script[type='application/json']").text_content())
@@ -99,8 +97,8 @@ def test_choice_quiz_in_the_book_answers_wrong_then_right_like_python(site):
     page.close()
 
 
-def test_numeric_quiz_in_the_book_answers_wrong_then_right_like_python(site):
-    page = _first_page_with(site, ".wtc-quiz[data-kind=numeric]")
+def test_numeric_quiz_in_the_book_answers_wrong_then_right_like_python(site, looked):
+    page = _first_page_with(site, looked, "numeric")
     box = page.locator(".wtc-quiz[data-kind=numeric]").first
     data = json.loads(box.locator("script[type='application/json']").text_content())
     # Rebuild the Python quiz from what the page embeds and compare verdicts.
@@ -171,31 +169,168 @@ def test_environment_line_is_not_cut_off(looked, path):
 
 @pytest.fixture(scope="module")
 def looked(site):
-    """Every page of the book, loaded once, as a reader first sees it (nothing clicked).
+    """Every page of the book, loaded twice: at 1280 px, then at 390 px.
 
-    Page loads are most of this phase's time, so each page is opened once and
-    everything the per-page tests read is taken from that one load: the
-    requests and console errors from the start, the audit of figures and
-    outputs, and on chapter pages the quiz secrets, the visible text, the
-    accessibility tree, the code/prose count and the environment line.
+    Page loads are most of this phase's time, so everything the tests read is
+    taken from these two loads. At 1280 px, first as a reader sees the page
+    (nothing clicked): the requests and console errors from the start, the
+    audit of figures and outputs, and on chapter pages the quiz secrets, the
+    visible text, the accessibility tree, the code/prose count and the
+    environment line. Then clipping as loaded; then every quiz answered and
+    every reveal opened, and contrast read in light mode, then again after
+    switching to dark. At 390 px: clipping as loaded.
+
+    Returns ``{path: {...}}`` and, under ``LAYOUT``, ``{"contrast": {mode:
+    [(path, rows)]}, "clipped": {width: [(path, found)]}}``; a screenshot of
+    the first quiz in each mode goes to ``_build/screenshots``.
     """
     base, b = site
-    out = {}
-    for path in PAGES:
-        page, outside, errors = _open(b, base + path)
-        seen = {"audit": page.evaluate(_PAGE_AUDIT)}
-        if path.startswith("chapters/"):
-            seen["quizzes"] = page.evaluate(_QUIZ_SECRETS)
-            seen["visible"] = page.locator("body").inner_text()
-            seen["tree"] = page.locator("body").aria_snapshot()
-            seen["predictions"] = page.evaluate(
-                "() => Array.from(document.querySelectorAll('.wtc-prediction .wtc-explanation'))"
-                ".map(e => e.textContent.trim().slice(0, 60))")
-        if path in LESSONS:
-            seen["code_prose"] = page.evaluate(CODE_PROSE_JS)
-            first = page.locator(".cell_output pre").first
-            seen["env_line"] = (first.inner_text(), first.evaluate("e => e.scrollWidth <= e.clientWidth"))
-        page.close()
-        seen["outside"], seen["errors"] = list(outside), list(errors)  # everything up to the close
-        out[path] = seen
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    out = {LAYOUT: {"contrast": {"light": [], "dark": []}, "clipped": {1280: [], 390: []}}}
+    shot = {"light": False, "dark": False}
+    for path, width, visit in visits(b, base, PAGES, widths=(1280, 390)):
+        page = visit.page
+        if width == 1280:
+            out[path] = _first_look(page, path)
+        out[LAYOUT]["clipped"][width].append((path, page.evaluate(_CLIPPED)))
+        if width == 1280:
+            page.evaluate(_PREPARE)
+            for mode in ("light", "dark"):
+                if mode == "dark":
+                    _to_dark(page)
+                rows = page.evaluate(_CONTRAST)
+                out[LAYOUT]["contrast"][mode].append((path, rows))
+                if rows and not shot[mode]:
+                    page.locator(".wtc-quiz").first.scroll_into_view_if_needed()
+                    page.screenshot(path=str(SHOTS / f"book-quiz-{mode}.png"))
+                    shot[mode] = True
+            # requests and errors while the page was read and its quizzes answered (lists complete at close)
+            out[path]["outside"], out[path]["errors"] = visit.outside, visit.errors
     return out
+
+
+def _first_look(page, path):
+    seen = {"audit": page.evaluate(_PAGE_AUDIT)}
+    if path.startswith("chapters/"):
+        seen["quizzes"] = page.evaluate(_QUIZ_SECRETS)
+        seen["visible"] = page.locator("body").inner_text()
+        seen["tree"] = page.locator("body").aria_snapshot()
+        seen["predictions"] = page.evaluate(
+            "() => Array.from(document.querySelectorAll('.wtc-prediction .wtc-explanation'))"
+            ".map(e => e.textContent.trim().slice(0, 60))")
+    if path in LESSONS:
+        seen["code_prose"] = page.evaluate(CODE_PROSE_JS)
+        first = page.locator(".cell_output pre").first
+        seen["env_line"] = (first.inner_text(), first.evaluate("e => e.scrollWidth <= e.clientWidth"))
+    return seen
+
+
+# ---------------------------------------------------------------------------
+# readable: contrast and clipping
+# ---------------------------------------------------------------------------
+
+_PREPARE = """() => {
+  document.querySelectorAll('.wtc-box details').forEach(d => d.open = true);
+  document.querySelectorAll('.wtc-quiz').forEach((q, i) => {
+    const inputs = q.querySelectorAll('input[type=radio],input[type=checkbox]');
+    if (inputs.length) inputs[i % inputs.length].checked = true;
+    const t = q.querySelector('input[type=text]'); if (t) t.value = '1';
+    q.querySelector('button.wtc-check').click();
+  });
+}"""
+
+_CONTRAST = """() => {
+  function rgba(s) { const m = s.match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
+    const p = m[1].split(/[ ,/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; }
+  function lum(c) { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); }
+  function behind(el) { const layers = [];
+    for (let e = el; e; e = e.parentElement) { const c = rgba(getComputedStyle(e).backgroundColor);
+      if (c && c[3] > 0) { layers.push(c); if (c[3] >= 1) break; } }
+    let out = [255, 255, 255];
+    for (const c of layers.reverse()) out = out.map((v, i) => v * (1 - c[3]) + c[i] * c[3]);
+    return out; }
+  function ratio(a, b) { const x = lum(a), y = lum(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); }
+  const rows = [];
+  for (const box of document.querySelectorAll('.wtc-box')) {
+    for (const el of [box, ...box.querySelectorAll('*')]) {
+      const st = getComputedStyle(el);
+      if (st.display === 'none' || st.visibility === 'hidden' || el.closest('[hidden]')) continue;
+      const tag = el.tagName.toLowerCase();
+      if (['script', 'style'].includes(tag)) continue;
+      const ownText = [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+      const control = ['button', 'select', 'input', 'summary', 'output'].includes(tag);
+      if (!ownText && !control) continue;
+      let fg = rgba(st.color);
+      const type = (el.getAttribute('type') || '').toLowerCase();
+      const accented = ['radio', 'checkbox', 'range'].includes(type);
+      if (accented) {  // the control's colour is its accent-color; 'auto' (the browser's own) is not ours to vouch for
+        if (!rgba(st.accentColor)) { rows.push({what: tag + '[' + type + '] accent-color not set', text: '', ratio: 0}); continue; }
+        fg = rgba(st.accentColor); }
+      const bg = behind(accented ? el.parentElement : el);
+      const blended = fg.slice(0, 3).map((v, i) => v * fg[3] + bg[i] * (1 - fg[3]));
+      rows.push({what: tag + (type ? '[' + type + ']' : '') + (el.className ? '.' + String(el.className).split(' ')[0] : ''),
+                 text: (el.innerText || el.value || '').trim().slice(0, 40), ratio: ratio(blended, bg)});
+    }
+  }
+  return rows;
+}"""
+
+_CLIPPED = """() => {
+  const article = document.querySelector('article.bd-article') || document.querySelector('main');
+  const right = article.getBoundingClientRect().right;
+  const scrolls = e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
+  const out = [];
+  for (const el of article.querySelectorAll('*')) {
+    const st = getComputedStyle(el);
+    if (st.display === 'none' || st.visibility === 'hidden' || st.position === 'fixed') continue;
+    if (['script', 'style', 'mjx-assistive-mml'].includes(el.tagName.toLowerCase())) continue;
+    let scroller = false; for (let a = el.parentElement; a && a !== article; a = a.parentElement) if (scrolls(a)) { scroller = true; break; }
+    if (scroller) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width > 0 && r.right > right + 1) out.push('sticks out by ' + Math.round(r.right - right) + ' px: ' + el.outerHTML.slice(0, 120));
+    else if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0 && !scrolls(el) && st.overflowX !== 'visible')
+      out.push('cut off inside: ' + el.outerHTML.slice(0, 120));
+  }
+  const figures = [];
+  for (const img of article.querySelectorAll('.cell_output img')) {
+    const r = img.getBoundingClientRect();
+    if (r.right > right + 1) out.push('figure wider than the page: ' + img.alt.slice(0, 60));
+    if (img.parentElement.tagName.toLowerCase() === 'picture' && img.naturalWidth)
+      figures.push({alt: img.alt.slice(0, 50), phone: img.currentSrc !== img.src,
+                    scale: r.width / img.naturalWidth});
+  }
+  return {clipped: out, figures};
+}"""
+
+
+def _to_dark(page):
+    """Switch a loaded page to dark mode as a reader's setting would, with no colour transitions left running."""
+    page.add_style_tag(content="*,*::before,*::after{transition:none!important}")
+    page.emulate_media(color_scheme="dark")
+    page.evaluate("() => document.documentElement.setAttribute('data-theme', 'dark')")
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_quiz_and_calculator_contrast(looked, mode):
+    bad, counted = [], 0
+    for path, rows in looked[LAYOUT]["contrast"][mode]:
+        counted += len(rows)
+        bad += [f"{path}: {r['what']} {r['text']!r} {r['ratio']:.2f}:1" for r in rows if r["ratio"] < 4.5]
+    print(f"{mode}: {counted} quiz/calculator texts and controls checked, {len(bad)} below 4.5:1")
+    assert counted > 100, "too few quiz and calculator elements found: is the book built?"
+    assert not bad, "contrast below 4.5:1:\n" + "\n".join(bad[:40])
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_nothing_clipped(looked, width):
+    problems, pictures = [], 0
+    for path, found in looked[LAYOUT]["clipped"][width]:
+        problems += [f"{path}: {c}" for c in found["clipped"]]
+        for f in found["figures"]:
+            pictures += 1
+            if width <= 700 and (not f["phone"] or f["scale"] < 0.5):
+                problems.append(f"{path}: multi-panel figure not readable on a phone ({f['scale']:.2f} of its pixels, "
+                                f"phone version: {f['phone']}): {f['alt']}")
+    print(f"{width} px: {len(PAGES)} pages, {pictures} multi-panel figures, {len(problems)} problems")
+    assert not problems, f"at {width} px:\n" + "\n".join(problems[:40])
