@@ -343,6 +343,20 @@ def _examples():
     return int(os.environ.get("LESSONLIB_FUZZ_EXAMPLES", "12"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """torch on one thread while fuzzing. The limit is CPU time, and on a busy two-core machine
+    (the test run keeps both cores busy) a second intra-op thread spin-waits for the first,
+    which counts as CPU time without doing work: a call that takes 1.7 s of CPU on an idle machine
+    went over 5 s that way."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="module")
 def good():
     return _good()
