@@ -8,7 +8,13 @@ then the book build (``book``), then the built pages in Chromium
 (``environments``, marked in their files). Everything but the unit tests is
 also marked ``slow``, and so are the few unit tests that start processes
 (marked in their files): ``pytest -m "not slow"`` is the inner loop. The run
-ends with a table of seconds by phase.
+ends with a table of seconds by phase (with two workers the phases overlap, so
+the table adds up to more than the run's wall time).
+
+With ``-n 2`` (pytest-xdist, as ``scripts/test.sh`` runs it), tests/lanes.py
+schedules the workers: one runs the notebooks, the book and the browser tests
+in that order, in one process; the other takes everything else, and both share
+what is left.
 
 Each notebook runs once. nbval is the notebook test; this file keeps the
 outputs of every notebook whose cells all passed under nbval in this run, and
@@ -23,12 +29,14 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tests"))  # tests/lanes.py: the scheduler for `pytest -n 2`
 
 # phase -> (order, markers added)
 PHASES = {
@@ -73,6 +81,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(name)
     # Stable: keeps each notebook's cells, and each module's tests, in order.
     items.sort(key=lambda it: PHASES[phase_of(it)][0])
+    phases_file = getattr(config, "workerinput", {}).get("lessonlib_phases_file")
+    if phases_file:  # an xdist worker: tell the controller's scheduler (tests/lanes.py) each test's phase
+        from lanes import unit_of, write_phases
+
+        long_units = sorted({unit_of(it.nodeid) for it in items
+                             if phase_of(it) in ("exercises", "environments")
+                             or (phase_of(it) == "unit" and it.get_closest_marker("slow"))})
+        write_phases(phases_file, config._phase_of, long_units)
+
+
+# ---------------------------------------------------------------------------
+# two workers (pytest -n 2, as scripts/test.sh runs it): see tests/lanes.py
+# ---------------------------------------------------------------------------
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["lessonlib_phases_file"] = str(node.config._lanes_dir / "phases.json")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "load":
+        return None  # an explicit --dist other than the default keeps xdist's own
+    from lanes import LaneScheduling
+
+    return LaneScheduling(config, log, phases_file=str(config._lanes_dir / "phases.json"))
 
 
 def pytest_runtest_logreport(report):
@@ -111,6 +145,7 @@ def pytest_configure(config):
     config._executed_notebooks = {}  # repository-relative path -> executed .ipynb path
     config._nb_runs = {}             # notebook path -> {"outputs": {cell_num: outputs}, "ok": bool}
     config._executed_dir = Path(tempfile.mkdtemp(prefix="lessonlib-executed-"))
+    config._lanes_dir = config._executed_dir  # the controller's: where workers write the phases
 
 
 @pytest.hookimpl(hookwrapper=True)

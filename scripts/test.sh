@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Run every test: lessonlib unit tests, every notebook under nbval, the
-# exercises through the grader, the book build with warnings as errors (from
-# the notebooks nbval just executed), and the built pages in headless Chromium.
-# pytest prints a table of seconds by phase at the end; this script adds the
-# set-up and the total.
+# Run every test: lessonlib unit tests, every notebook under nbval, the exercises
+# through the grader, the book build with warnings as errors (from the notebooks
+# nbval just executed), the built pages in headless Chromium; then the tests that
+# build extra environments (Colab-like venvs, JupyterLab, nbgrader), timed on
+# their own. Two pytest workers share the two cores: tests/lanes.py says how.
+# Each pytest run prints a table of seconds by phase; this script adds the
+# set-up and the totals.
 # Usage: bash scripts/test.sh [extra pytest arguments]
-#   the inner loop:  bash scripts/test.sh -m "not slow"
+#   with arguments, one pytest run with them; the inner loop:  bash scripts/test.sh -m "not slow"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -15,7 +17,30 @@ setup=$((SECONDS - start))
 # Steadier timings for the optimizer step: keep glibc from handing memory back
 # to the OS after every step (see DESIGN.md).
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296
+# Two workers on two cores: torch (and the processes it starts) on one thread each, since a
+# second thread would spin-wait for the core the other worker holds. The notebooks measure
+# ratios within one run, so their checks hold on one thread as on two.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
+WORKERS=${WORKERS:-2}
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+
+if [ $# -gt 0 ]; then
+  rc=0
+  python -m pytest -n "$WORKERS" "$@" || rc=$?
+  echo "set-up ${setup} s, pytest $((SECONDS - start - setup)) s, total $((SECONDS - start)) s (exit ${rc}; load: $(load))"
+  exit $rc
+fi
+
 rc=0
-python -m pytest "$@" || rc=$?
-echo "set-up ${setup} s, pytest $((SECONDS - start - setup)) s, total $((SECONDS - start)) s (exit ${rc}; load: $(cut -d' ' -f1-3 /proc/loadavg))"
-exit $rc
+t=$SECONDS
+python -m pytest -n "$WORKERS" -m "not environments" || rc=$?
+suite=$((SECONDS - t))
+echo "the course's suite: set-up ${setup} s + pytest ${suite} s = $((setup + suite)) s (exit ${rc}; load: $(load))"
+rc_env=0
+t=$SECONDS
+python -m pytest -n "$WORKERS" -m environments || rc_env=$?
+envs=$((SECONDS - t))
+echo "set-up ${setup} s, the course's suite ${suite} s, environments ${envs} s, total $((SECONDS - start)) s" \
+     "(exit ${rc}, ${rc_env}; load: $(load))"
+[ "$rc" = 0 ] && exit "$rc_env"
+exit "$rc"
