@@ -315,8 +315,9 @@ def test_a_failing_rank_does_not_hang_its_peer():
 def test_timeout_kills_the_children():
     import multiprocessing
 
+    # 8 s: ample for the workers to start (0.5 s from a running fork server, 2 s when it starts too)
     with pytest.raises(TimeoutError):
-        launch(_sleeper, 2, args=(60.0,), timeout=15)
+        launch(_sleeper, 2, args=(60.0,), timeout=8)
     assert multiprocessing.active_children() == []
 
 
