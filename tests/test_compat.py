@@ -24,6 +24,23 @@ def test_every_feature_exists_on_the_pinned_torch():
     assert all(compat.feature(n) is not None for n in compat.FEATURES)
 
 
+def test_the_report_checks_features_without_importing_them():
+    """The first cell of every page prints the report; importing the private mem_tracker to look
+    would cost it about a second."""
+    import subprocess
+
+    code = ("import sys; from lessonlib.measure.device import environment_report; environment_report(); "
+            "print(sorted(m for m in sys.modules if m.startswith('torch.distributed._tools')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_feature_whose_file_is_absent_is_missing(monkeypatch):
+    monkeypatch.setitem(compat.FEATURES, "mem_tracker", ("torch.distributed._tools.gone", "MemTracker", "the peak"))
+    monkeypatch.setitem(compat.FEATURES, "flop_counter", ("nowhere_at_all.flops", "FlopCounterMode", "FLOPs"))
+    assert compat.missing() == {"mem_tracker": "the peak", "flop_counter": "FLOPs"}
+
+
 def test_declared_minimum_matches_compat():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert f"torch>={compat.MIN_TORCH}" in deps

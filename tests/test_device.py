@@ -43,7 +43,10 @@ def test_environment_report_says_what_measures_in_short_lines():
     report = device.environment_report("cpu")
     first, second, third = report.split("\n")
     assert first.startswith("measures on: cpu, CPU")
-    assert second == f"timing: wall clock, {torch.get_num_threads()} torch threads"
+    n = torch.get_num_threads()
+    assert second == f"timing: wall clock, {n} torch thread{'s' if n != 1 else ''}"
+    with device.threads(1):
+        assert device.environment_report("cpu").split("\n")[1] == "timing: wall clock, 1 torch thread"
     assert third.startswith(f"torch {torch.__version__} | Python ")
     # Short lines, so the book's output box never has to cut them off (a test of the built pages checks too).
     assert all(len(line) <= 80 for line in report.split("\n")), report

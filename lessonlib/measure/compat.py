@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
+import sys
+from pathlib import Path
 
 #: The oldest torch whose public API lessonlib needs (pyproject.toml says the same).
 MIN_TORCH = "2.1"
@@ -65,8 +68,42 @@ def require(name: str):
 
 
 def missing() -> dict[str, str]:
-    """``{name: what cannot be measured}`` for every feature this torch lacks."""
-    return {name: what for name, (_, _, what) in FEATURES.items() if feature(name) is None}
+    """``{name: what cannot be measured}`` for every feature this torch lacks.
+
+    A feature whose module is not imported yet is judged by whether its source
+    file is there, without importing it: every page's first cell calls this,
+    and importing ``torch.distributed._tools`` only to look costs about a
+    second. A module that is there but broken still shows as None from
+    :func:`feature` when a measurement asks for it.
+    """
+    return {name: what for name, (module, _, what) in FEATURES.items()
+            if not (_source_found(module) if module not in sys.modules else feature(name) is not None)}
+
+
+def _source_found(module: str) -> bool:
+    """Whether ``module``'s file exists, looked up from its deepest imported package; imports nothing."""
+    parts = module.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        package = sys.modules.get(".".join(parts[:i]))
+        if package is not None:
+            break
+    else:
+        return importlib.util.find_spec(parts[0]) is not None and _source_found_from(parts[0], parts[1:])
+    return _source_found_from(".".join(parts[:i]), parts[i:])
+
+
+def _source_found_from(package: str, rest: list[str]) -> bool:
+    mod = sys.modules.get(package)
+    paths = list(getattr(mod, "__path__", None) or importlib.util.find_spec(package).submodule_search_locations or ())
+    for n, part in enumerate(rest):
+        last = n == len(rest) - 1
+        inside = [Path(p, part) for p in paths if Path(p, part, "__init__.py").is_file()]
+        if last:
+            return bool(inside) or any(Path(p, part + ".py").is_file() for p in paths)
+        if not inside:
+            return False
+        paths = [str(p) for p in inside]
+    return True
 
 
 def checkpoint_early_stop(enable: bool):

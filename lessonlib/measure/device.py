@@ -154,7 +154,8 @@ def environment_report(device: torch.device | str | None = None) -> str:
     if device.type == "cuda":
         how = "timing: CUDA events | memory: torch.cuda stats"
     else:
-        how = f"timing: wall clock, {torch.get_num_threads()} torch threads"
+        n = torch.get_num_threads()
+        how = f"timing: wall clock, {n} torch thread{'s' if n != 1 else ''}"
     report = (f"measures on: {device.type}, {device_name(device)}\n{how}\n"
               f"torch {torch.__version__} | Python {platform.python_version()}")
     lacking = missing()
