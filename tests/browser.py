@@ -82,23 +82,23 @@ class Visit:
         return self.page
 
 
-def visits(b, base: str, paths, widths=(1280,), ahead: int = 2):
-    """Every page at every width, in order, each loaded: yields ``(path, width, visit)``.
+def visits(b, base: str, paths, ahead: int = 2):
+    """Every page at 1280 px, in order, each loaded: yields ``(path, visit)``.
 
     A load is mostly waiting (for the quiet half-second that "networkidle"
     means), so the next ``ahead`` pages start loading while one is read. Each
     page is closed once the caller is done with it.
     """
-    todo = deque((path, width) for path in paths for width in widths)
+    todo = deque(paths)
     loading = deque()
     while todo or loading:
         while todo and len(loading) <= ahead:
-            path, width = todo.popleft()
-            loading.append((path, width, Visit(b, base + path, width)))
-        path, width, visit = loading.popleft()
+            path = todo.popleft()
+            loading.append((path, Visit(b, base + path)))
+        path, visit = loading.popleft()
         visit.ready()
         try:
-            yield path, width, visit
+            yield path, visit
         finally:
             visit.page.close()
 

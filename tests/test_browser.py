@@ -188,7 +188,7 @@ def looked(site):
     SHOTS.mkdir(parents=True, exist_ok=True)
     out = {LAYOUT: {"contrast": {"light": [], "dark": []}, "clipped": {1280: [], 390: []}}}
     shot = {"light": False, "dark": False}
-    for path, _, visit in visits(b, base, PAGES):
+    for path, visit in visits(b, base, PAGES):
         page = visit.page
         out[path] = _first_look(page, path)
         out[LAYOUT]["clipped"][1280].append((path, page.evaluate(_CLIPPED)))

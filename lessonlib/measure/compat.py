@@ -81,29 +81,16 @@ def missing() -> dict[str, str]:
 
 
 def _source_found(module: str) -> bool:
-    """Whether ``module``'s file exists, looked up from its deepest imported package; imports nothing."""
-    parts = module.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        package = sys.modules.get(".".join(parts[:i]))
-        if package is not None:
-            break
-    else:
-        return importlib.util.find_spec(parts[0]) is not None and _source_found_from(parts[0], parts[1:])
-    return _source_found_from(".".join(parts[:i]), parts[i:])
-
-
-def _source_found_from(package: str, rest: list[str]) -> bool:
-    mod = sys.modules.get(package)
-    paths = list(getattr(mod, "__path__", None) or importlib.util.find_spec(package).submodule_search_locations or ())
-    for n, part in enumerate(rest):
-        last = n == len(rest) - 1
-        inside = [Path(p, part) for p in paths if Path(p, part, "__init__.py").is_file()]
-        if last:
-            return bool(inside) or any(Path(p, part + ".py").is_file() for p in paths)
-        if not inside:
-            return False
-        paths = [str(p) for p in inside]
-    return True
+    """Whether ``module``'s file exists, found by walking its package's folders; imports nothing
+    (``find_spec`` of a top-level package only reads the already imported one, or finds its folder)."""
+    top, *rest = module.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not rest:
+        return spec is not None
+    folders = [Path(p) for p in spec.submodule_search_locations or ()]
+    for part in rest[:-1]:
+        folders = [f / part for f in folders if (f / part / "__init__.py").is_file()]
+    return any((f / rest[-1] / "__init__.py").is_file() or (f / f"{rest[-1]}.py").is_file() for f in folders)
 
 
 def checkpoint_early_stop(enable: bool):
