@@ -21,13 +21,40 @@ if [ ! -x "$VENV/bin/python" ]; then
   fi
 fi
 
+# uv installs the same versions as pip in well under half the time (it unpacks the
+# wheels on both cores and compiles their bytecode in parallel). It reads none of
+# pip's configuration, so the machine's pip settings (the wheels on disk, the local
+# index, the caps on torch) are handed to it; pip resolves across all its indexes,
+# and so does uv with unsafe-best-match. Where uv cannot be had, pip installs.
+pip_setting() {  # $1: a pip option; its value from pip's configuration, the environment first
+  local list
+  list=$("$VENV/bin/python" -m pip config list 2>/dev/null) || return 0
+  { sed -n "s/^:env:\.$1='\(.*\)'\$/\1/p" <<<"$list"; sed -n "s/^global\.$1='\(.*\)'\$/\1/p" <<<"$list"; } | head -1
+}
+install_with_uv() {
+  "$VENV/bin/python" -m pip install -q uv >/dev/null 2>&1 || return 1
+  local args=() v
+  for v in $(pip_setting index-url); do args+=(--index-url "$v"); done
+  for v in $(pip_setting extra-index-url); do
+    [[ $v == file://* && ! -d ${v#file://} ]] || args+=(--extra-index-url "$v")  # pip skips a missing folder too
+  done
+  for v in $(pip_setting find-links); do args+=(--find-links "$v"); done
+  for v in $(pip_setting constraint); do args+=(-c "$v"); done
+  v=$(pip_setting cert); [ -z "$v" ] || export SSL_CERT_FILE="$v"
+  "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --compile-bytecode --index-strategy unsafe-best-match \
+    "${args[@]}" -c constraints.txt -e ".[book,test,grading]"
+}
+
 # Reinstall only when the package's requirements changed.
 stamp="$VENV/.lessonlib-installed"
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "==> installing lessonlib with the book, test and grading extras (torch pinned by constraints.txt)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[book,test,grading]"
+  if ! install_with_uv; then
+    echo "==> (uv was not available or failed: installing with pip)"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[book,test,grading]"
+  fi
   echo "$want" > "$stamp"
 fi
 

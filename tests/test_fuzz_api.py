@@ -31,11 +31,13 @@ import dataclasses
 import importlib
 import inspect
 import math
+import numbers
 import os
 import pkgutil
 import signal
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -303,10 +305,13 @@ def _run_one(qualname, fn, params, good, data, tmp_path):
         kwargs[spoil] = str(tmp_path / value)  # never write into the working directory
     cwd = os.getcwd()
     os.chdir(tmp_path)
+    CLOCK.asked = 0.0
     try:
         how, out = _call_with_limit(fn, kwargs)
     finally:
         os.chdir(cwd)
+    if CLOCK.asked > WALL_LIMIT_S:  # pauses asked for and not waited out (_AskedClock) count as waiting
+        how, out = "timeout", None
     STATS["calls"] += 1
     shown = {k: (v if not hasattr(v, "shape") else f"<{type(v).__name__}>") for k, v in kwargs.items()}
     problem = None
@@ -355,6 +360,45 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+class _AskedClock:
+    """Stands in for the ``time`` module of the modules whose functions pause on purpose (a slow
+    save's ``slow_write_seconds``, a demonstration delay of up to a minute): a pause is added up,
+    not waited out. The fuzz is about what a function does with its arguments; waiting out the
+    pauses it draws left a core idle for 18 s of each run. A call's pauses count against
+    ``WALL_LIMIT_S`` (see ``_run_one``), so a call that would hang by sleeping still fails."""
+
+    def __init__(self):
+        self.asked = 0.0
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def sleep(self, seconds):
+        if isinstance(seconds, numbers.Real) and not isinstance(seconds, bool) and seconds > 0:
+            self.asked += float(seconds)  # an infinite pause too: counted, and over the limit
+        else:
+            time.sleep(seconds)  # zero, or what the real call refuses (negative, NaN, not a number)
+
+
+CLOCK = _AskedClock()
+PAUSING = ("lessonlib.measure.checkpoint",)  # modules that call time.sleep in a callable fuzzed here
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pauses_are_counted_not_waited():
+    with pytest.MonkeyPatch.context() as mp:
+        for name in PAUSING:
+            mp.setattr(importlib.import_module(name), "time", CLOCK)
+        yield
+
+
+def test_every_fuzzed_callable_that_pauses_is_counted_not_waited():
+    """A fuzzed callable that sleeps would make the fuzz wait: its module must be in PAUSING."""
+    sleeping = {q.rpartition(".")[0] for q in COVERED if "sleep(" in inspect.getsource(_resolve(q))}
+    assert sleeping, "atomic_save pauses on purpose: the check below must see it"
+    assert sleeping <= set(PAUSING), f"callables that sleep in modules not in PAUSING: {sleeping - set(PAUSING)}"
 
 
 @pytest.fixture(scope="module")
