@@ -321,6 +321,28 @@ def test_timeout_kills_the_children():
     assert multiprocessing.active_children() == []
 
 
+def _loaded(rank, world_size, device, progress):
+    return sorted(m for m in sys.modules if m.startswith("lessonlib.measure.distributed."))
+
+
+@pytest.mark.slow  # starts processes: seconds each
+def test_workers_start_with_the_worker_modules_imported():
+    """The fork server imports torch and every library module whose functions workers run, once; a worker
+    forked from it has them already (about 1 s of CPU each for the FSDP, DTensor and checkpoint ones)."""
+    from pathlib import Path
+
+    from lessonlib.measure.distributed import launch as L
+
+    here = Path(L.__file__).parent
+    launching = {p.stem for p in here.glob("*.py") if p.stem != "launch" and "launch(" in p.read_text()}
+    assert launching == set(L.WORKER_MODULES), "a module that launches workers is missing from WORKER_MODULES"
+    if L._start_method() != "forkserver":
+        pytest.skip("no fork server here: each worker imports what it needs")
+    wanted = {f"lessonlib.measure.distributed.{m}" for m in L.WORKER_MODULES}
+    for loaded in launch(_loaded, 2, timeout=120):
+        assert wanted <= set(loaded), sorted(wanted - set(loaded))
+
+
 def _sleeper(rank, world_size, device, progress, seconds):
     import time
 
