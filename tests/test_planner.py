@@ -232,3 +232,5 @@ def test_layout_bad_input():
         layout(**shape, devices=2, zero_stage=4)
     with pytest.raises(ValueError, match="recompute"):
         propose(**shape, recompute="some")
+    with pytest.raises(ValueError, match="recompute"):  # unhashable: once a raw TypeError (the deep fuzz)
+        propose(**shape, recompute=[])

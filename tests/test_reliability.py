@@ -150,6 +150,9 @@ def test_chapter_2_interval_calculator_shows_the_exact_loss():
         interval_report(0, 1)
     with pytest.raises(ValueError, match="mtbf_hours"):
         interval_report(5, -1)
+    # an MTBF so long that the intervals overflow: once an error that named only an inner argument
+    with pytest.raises(ValueError, match=r"save_minutes \(5\) and mtbf_hours \(4.5e\+302\) give no answer"):
+        interval_report(5, 4.5e302)
 
 
 def test_chapter_2_no_longer_credits_young_s_formula_to_daly():

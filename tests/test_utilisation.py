@@ -17,3 +17,13 @@ def test_bad_input():
         measure_matmul_flops(0)
     with pytest.raises(ValueError, match="repeats"):
         measure_matmul_flops(8, repeats=0)
+
+
+def test_a_cpu_call_answers_in_about_a_second():
+    # a 3856 side was accepted and took over 20 s of CPU (found by the deep fuzz): now refused
+    # before any work, naming what to change; the defaults and the page's 1024 stay well inside
+    with pytest.raises(ValueError, match=r"size 3856 with warmup 2 and repeats 10 .* smaller size or fewer repeats"):
+        measure_matmul_flops(3856)
+    with pytest.raises(ValueError, match="repeats 50"):
+        measure_matmul_flops(1024, repeats=50)
+    assert measure_matmul_flops(2048, repeats=3, warmup=1) > 0  # 5 products of 2048: at the limit

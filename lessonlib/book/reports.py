@@ -359,11 +359,14 @@ def interval_report(save_minutes, mtbf_hours) -> str:
     if c > 100 * m:
         raise ValueError(f"save_minutes ({c / 60:g}) is more than 100 times mtbf_hours ({m / 3600:g} h): "
                          "a job that fails far more often than it saves never finishes (are the two swapped?)")
-    rows = [("Young: √(2CM)", young_interval(c, m)), ("Daly (2006)", daly_interval(c, m)),
-            ("exact optimum", optimal_interval(c, m))]
-    body = "".join(f"<tr><td>{name}</td><td align=right>{t / 60:,.1f} min</td>"
-                   f"<td align=right>{expected_overhead(t, c, m):.1%}</td></tr>" for name, t in rows)
-    first = first_order_overhead(rows[0][1], c, m)
+    try:
+        rows = [("Young: √(2CM)", young_interval(c, m)), ("Daly (2006)", daly_interval(c, m)),
+                ("exact optimum", optimal_interval(c, m))]
+        body = "".join(f"<tr><td>{name}</td><td align=right>{t / 60:,.1f} min</td>"
+                       f"<td align=right>{expected_overhead(t, c, m):.1%}</td></tr>" for name, t in rows)
+        first = first_order_overhead(rows[0][1], c, m)
+    except ValueError as err:  # the formulas name their own arguments: say which of the caller's gave them
+        raise ValueError(f"save_minutes ({c / 60:g}) and mtbf_hours ({m / 3600:g}) give no answer: {err}") from None
     return (f"<table><tr><th>interval</th><th>save every</th><th>extra time (exact)</th></tr>{body}</table>"
             f"<p>At Young's interval the first-order formula C/τ + τ/(2M) would say {first:.1%}. Extra time is a "
             f"share of the useful work time, for exponential failures with no restart time.</p>")

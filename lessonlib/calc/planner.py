@@ -311,6 +311,7 @@ def propose(n_params, optimizer: str = "adam", precision: str = "mixed", batch_p
     devices = check_count("devices", devices)
     zero_stage = check_stage("zero_stage", zero_stage)
     tensor_parallel = check_count("tensor_parallel", tensor_parallel)
+    recompute = check_choice("recompute", recompute, RECOMPUTE_CHOICES)  # a dict key below: checked first
     common = (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads)
     rest = (device_bytes, train_tokens, device_flops_per_s, max_days)
     ones = {}  # the one-device plan for each recompute setting (its time depends on it)
