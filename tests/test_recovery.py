@@ -83,7 +83,8 @@ def test_weights_only_load_refuses_code(tmp_path):
     (dict(steps=float("nan")), "steps"), (dict(save_every=float("nan")), "save_every"),
     (dict(save_every=True), "save_every"), (dict(seed=-1), "seed"), (dict(resume="yes"), "resume"),
     (dict(step_seconds=float("inf")), "step_seconds"), (dict(slow_save_seconds=-1), "slow_save_seconds"),
-    (dict(keep=0), "keep"), (dict(stop_after=2.5), "stop_after"), (dict(run_dir=None), "run_dir")])
+    (dict(keep=0), "keep"), (dict(stop_after=2.5), "stop_after"), (dict(run_dir=None), "run_dir"),
+    (dict(slow_save_from=-1), "slow_save_from"), (dict(slow_save_from="5"), "slow_save_from")])
 def test_train_refuses_bad_arguments_before_any_work(tmp_path, kwargs, name):
     """In process and in a child: the same check, before a step runs or a process starts."""
     args = dict(run_dir=tmp_path / "run", steps=2)
@@ -95,6 +96,14 @@ def test_train_refuses_bad_arguments_before_any_work(tmp_path, kwargs, name):
     with pytest.raises((ValueError, TypeError), match=name):
         recovery.run_training(**args)
     assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_only_the_saves_from_slow_save_from_on_are_slowed(tmp_path):
+    out = io.StringIO()
+    recovery.train(tmp_path / "run", steps=10, save_every=5, slow_save_seconds=0.2, slow_save_from=10, out=out)
+    lines = out.getvalue().splitlines()
+    assert not any(l.startswith("writing 5 ") for l in lines)  # the save of step 5: at full speed
+    assert [l for l in lines if l.startswith("writing 10 ")] == [f"writing 10 {k}/20" for k in range(1, 21)]
 
 
 def test_train_states_its_maximum():
@@ -130,7 +139,8 @@ def test_kill_during_save_always_leaves_the_last_complete_checkpoint(tmp_path):
     time the last complete checkpoint loads and holds the last step reported
     saved. Then resume to the end: the losses equal an uninterrupted run's.
 
-    The kill is timed by the child, not by a clock: a slowed save reports each
+    The kill is timed by the child, not by a clock: the save aimed at (the only
+    one slowed: ``slow_save_from``) reports each
     twentieth of the file it has flushed to the temporary file (``writing N
     k/20``), and the kill follows chunk k, chosen at random from 1 to 8. The
     rest of the save still takes 12 or more chunks of 0.1 s, so the kill lands
@@ -143,10 +153,10 @@ def test_kill_during_save_always_leaves_the_last_complete_checkpoint(tmp_path):
     next_save = every
     kills = 0
     for attempt in range(3):
+        target = next_save + every * chooser.randint(0, 1)
+        chunk = chooser.randint(1, 8)
         with recovery.TrainingProcess(run, steps=steps, save_every=every, resume=attempt > 0,
-                                      slow_save_seconds=2.0) as job:
-            target = next_save + every * chooser.randint(0, 1)
-            chunk = chooser.randint(1, 8)
+                                      slow_save_seconds=2.0, slow_save_from=target) as job:
             assert job.wait_for(f"writing {target} {chunk}/20"), job.lines
             job.kill()
             assert job.killed_by_sigkill

@@ -74,7 +74,8 @@ def crash_twice(crash_dir, copies=(), seed: int = 7, steps: int = 60, save_every
             out["save_step"] = out["resumed_from"] + save_every * chooser.randint(2, 4)
             out["second"] = run_training(crash_dir, kill_at=f"saving {out['save_step']}",
                                          kill_delay=chooser.uniform(0.2, 0.6), resume=True, steps=steps,
-                                         save_every=save_every, slow_save_seconds=1.5)
+                                         save_every=save_every, slow_save_seconds=1.5,
+                                         slow_save_from=out["save_step"])  # only that save is slowed
             if not out["second"]["killed"]:
                 raise RuntimeError("the second kill did not land: the save finished first")
     leftovers = sorted(p.name for p in crash_dir.glob("*.tmp"))

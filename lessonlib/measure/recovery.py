@@ -44,7 +44,7 @@ BATCH_SIZE = 32
 
 
 def _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
-                   step_seconds, keep) -> dict:
+                   step_seconds, keep, slow_save_from=0) -> dict:
     """Check :func:`train`'s arguments (also before a child process is started); return them cleaned."""
     return dict(
         run_dir=check_path("run_dir", run_dir),
@@ -54,6 +54,7 @@ def _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save
         resume=flag("resume", resume),
         restore=choice("restore", restore, RESTORE_MODES),
         slow_save_seconds=amount("slow_save_seconds", slow_save_seconds, maximum=MAX_SLOW_SAVE_SECONDS),
+        slow_save_from=count("slow_save_from", slow_save_from, minimum=0, maximum=MAX_STEPS),
         stop_after=None if stop_after is None else count("stop_after", stop_after, maximum=MAX_STEPS),
         step_seconds=amount("step_seconds", step_seconds, maximum=MAX_STEP_SECONDS),
         keep=count("keep", keep, maximum=1000),
@@ -124,7 +125,7 @@ def _batch(features, targets, data: dict, seed: int, batch_size: int = BATCH_SIZ
 
 def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: bool = False,
           restore: str = "all", slow_save_seconds: float = 0.0, stop_after: int | None = None,
-          step_seconds: float = 0.0, out=None, keep: int = KEEP) -> list[float]:
+          step_seconds: float = 0.0, out=None, keep: int = KEEP, slow_save_from: int = 0) -> list[float]:
     """A small, fully seeded training job that saves resumable checkpoints.
 
     Every step draws from three RNGs (dropout: torch; input noise: numpy;
@@ -151,14 +152,16 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
     pads each step to about that many seconds, like a bigger model's step:
     the toy step takes about a millisecond, far less than it takes a parent
     process to react to a progress line. ``slow_save_seconds`` spreads each
-    save over that many seconds (so a kill can land inside it).
+    save over that many seconds (so a kill can land inside it); with
+    ``slow_save_from``, only the saves from that step on (the one a kill is
+    aimed at: the saves before it take no longer than usual).
     At most :data:`MAX_STEPS` steps. Returns the losses of the steps it ran.
 
     It seeds every RNG itself and uses one CPU thread (restored on return), so
     it gives the same numbers in a fresh process or called in-process.
     """
     a = _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
-                       step_seconds, keep)
+                       step_seconds, keep, slow_save_from)
     if out is not None and not callable(getattr(out, "write", None)):
         raise TypeError(f"out must be a text stream (with a write method) or None, got {out!r}")
     import numpy as np
@@ -211,10 +214,11 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
                     time.sleep(a["step_seconds"])
                 if step % save_every == 0:
                     print(f"saving {step}", file=out, flush=True)
+                    slow = a["slow_save_seconds"] if step >= a["slow_save_from"] else 0.0
 
                     def written(done, total, step=step, chunk=[0]):
                         chunk[0] += 1
-                        if a["slow_save_seconds"] > 0:
+                        if slow > 0:
                             print(f"writing {step} {chunk[0]}/20", file=out, flush=True)
 
                     save_checkpoint({
@@ -224,7 +228,7 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
                         "rng": capture_rng_state(),
                         "step": step,
                         "data": dict(data),
-                    }, run_dir, step, keep=a["keep"], slow_write_seconds=a["slow_save_seconds"],
+                    }, run_dir, step, keep=a["keep"], slow_write_seconds=slow,
                         on_progress=written)
                     print(f"saved {step}", file=out, flush=True)
     finally:
@@ -279,12 +283,14 @@ class TrainingProcess:
 
     def __init__(self, run_dir, steps: int = 60, save_every: int = 5, seed: int = 0,
                  resume: bool = False, restore: str = "all", slow_save_seconds: float = 0.0,
-                 step_seconds: float = 0.0, stop_after: int | None = None, keep: int = KEEP):
+                 step_seconds: float = 0.0, stop_after: int | None = None, keep: int = KEEP,
+                 slow_save_from: int = 0):
         a = _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
-                           step_seconds, keep)
+                           step_seconds, keep, slow_save_from)
         cmd = [sys.executable, "-m", "lessonlib.measure.recovery", str(a["run_dir"]), "--steps", str(a["steps"]),
                "--save-every", str(a["save_every"]), "--seed", str(a["seed"]), "--restore", a["restore"],
-               "--slow-save", repr(a["slow_save_seconds"]), "--step-seconds", repr(a["step_seconds"]),
+               "--slow-save", repr(a["slow_save_seconds"]), "--slow-save-from", str(a["slow_save_from"]),
+               "--step-seconds", repr(a["step_seconds"]),
                "--keep", str(a["keep"])]
         if a["stop_after"] is not None:
             cmd += ["--stop-after", str(a["stop_after"])]
@@ -395,6 +401,7 @@ def main(argv=None) -> None:
     parser.add_argument("--restore", choices=RESTORE_MODES, default="all")
     parser.add_argument("--slow-save", type=float, default=0.0,
                         help="spread each save over this many seconds (demonstrations)")
+    parser.add_argument("--slow-save-from", type=int, default=0, help="slow only the saves from this step on")
     parser.add_argument("--stop-after", type=int, default=None, help="end cleanly after this step")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="pad each step to this long")
     parser.add_argument("--keep", type=int, default=KEEP, help="complete checkpoints to keep")
@@ -402,7 +409,7 @@ def main(argv=None) -> None:
     try:
         train(a.run_dir, steps=a.steps, save_every=a.save_every, seed=a.seed, resume=a.resume,
               restore=a.restore, slow_save_seconds=a.slow_save, stop_after=a.stop_after,
-              step_seconds=a.step_seconds, keep=a.keep)
+              step_seconds=a.step_seconds, keep=a.keep, slow_save_from=a.slow_save_from)
     except CheckpointError as err:  # every checkpoint damaged: say so plainly, no traceback
         sys.exit(f"cannot resume: {err}")
 
