@@ -85,9 +85,11 @@ def pytest_collection_modifyitems(config, items):
     if phases_file:  # an xdist worker: tell the controller's scheduler (tests/lanes.py) each test's phase
         from lanes import unit_of, write_phases
 
-        long_units = sorted({unit_of(it.nodeid) for it in items
-                             if phase_of(it) in ("exercises", "environments")
-                             or (phase_of(it) == "unit" and it.get_closest_marker("slow"))})
+        long_units: dict[str, int] = {}
+        for it in items:
+            if phase_of(it) in ("exercises", "environments") or (phase_of(it) == "unit"
+                                                                 and it.get_closest_marker("slow")):
+                long_units[unit_of(it.nodeid)] = long_units.get(unit_of(it.nodeid), 0) + 1
         write_phases(phases_file, config._phase_of, long_units)
 
 

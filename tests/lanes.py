@@ -12,9 +12,9 @@ leaves a core idle, so ``scripts/test.sh`` runs pytest with two workers
 * **the pool** is everything else, in units that keep a shared fixture on one
   worker (a test module; one Colab-like runtime of test_colab_like.py). Every
   other worker takes units as it frees up, and the first worker joins in once
-  its lane is done. The units likely to be long go out first (those holding a
-  test marked ``slow``: it starts processes, grades or builds something), so
-  that no long one is left to run alone at the end.
+  its lane is done. The units likely to be long go out first, those with the
+  most tests marked ``slow`` (each starts processes, grades or builds
+  something) first of all, so that no long one is left to run alone at the end.
 
 The controller never collects, so the workers write each test's phase to a
 file it reads (``phases_file``). Without xdist nothing here is used.
@@ -42,7 +42,8 @@ def unit_of(nodeid: str) -> str:
     return module
 
 
-def write_phases(path: str, phases: dict[str, str], long_units: list[str]) -> None:
+def write_phases(path: str, phases: dict[str, str], long_units: dict[str, int]) -> None:
+    """``long_units``: the units likely to be long, each with its number of slow tests."""
     tmp = f"{path}.{os.getpid()}"
     Path(tmp).write_text(json.dumps({"phases": phases, "long": long_units}))
     os.replace(tmp, path)
@@ -69,7 +70,7 @@ class LaneScheduling(LoadScheduling):
         if not self.collection:
             return
         found = json.loads(Path(self.phases_file).read_text())
-        phases, long_units = found["phases"], set(found["long"])
+        phases, long_units = found["phases"], found["long"]
         self.config._phase_of = phases  # the controller's table of seconds by phase
         lane, grouped = [], {}
         for i, nodeid in enumerate(self.collection):
@@ -77,8 +78,8 @@ class LaneScheduling(LoadScheduling):
                 lane.append(i)
             else:
                 grouped.setdefault(unit_of(nodeid), []).append(i)
-        # likely long first (stable), then the rest in collection order
-        order = sorted(grouped, key=lambda u: u not in long_units)
+        # the most slow tests first (stable), then the rest in collection order
+        order = sorted(grouped, key=lambda u: -long_units.get(u, 0))
         self.units = deque(grouped[u] for u in order)
         self.pending[:] = [i for unit in self.units for i in unit]
         first, *others = self.nodes

@@ -45,8 +45,8 @@ PHASES = {n: "unit" for n in COLLECTION} | {
 }
 
 
-def _start(tmp_path, workers=2, long_units=("tests/test_slow.py",)):
-    write_phases(str(tmp_path / "phases.json"), PHASES, list(long_units))
+def _start(tmp_path, workers=2, long_units=None):
+    write_phases(str(tmp_path / "phases.json"), PHASES, long_units or {"tests/test_slow.py": 1})
     sched = LaneScheduling(Config(workers), phases_file=str(tmp_path / "phases.json"))
     nodes = [Worker(f"gw{i}") for i in range(workers)]
     for node in nodes:
@@ -73,6 +73,13 @@ def test_the_lane_goes_whole_and_in_order_to_one_worker_and_the_pool_by_units(tm
     _finish(sched, first)
     assert first.shutting_down and sched.tests_finished
     assert sorted(i for n in (first, second) for chunk in n.sent for i in chunk) == list(range(len(COLLECTION)))
+
+
+def test_the_unit_with_the_most_slow_tests_goes_first(tmp_path):
+    sched, (first, second) = _start(tmp_path, long_units={"tests/test_slow.py": 1, "tests/test_a.py": 2})
+    assert second.sent == [[0, 1]]  # two slow tests before one, though collected after
+    _finish(sched, second)
+    assert second.sent[1:] == [[4], [5], [6, 7]]  # then the other long one, then the rest in order
 
 
 def test_the_lane_worker_joins_the_pool_when_its_lane_is_done(tmp_path):
