@@ -61,6 +61,23 @@ def browser():
             b.close()
 
 
+#: Run before every page's own scripts: no page inherits a setting an earlier page stored
+#: (the theme keeps its light/dark mode in local storage).
+_FORGET = "try { localStorage.clear(); sessionStorage.clear(); } catch (e) {}"
+
+
+@contextmanager
+def shared_context(b, width: int = 1280):
+    """One browser context for many pages, light mode, ``width`` px: the pages share the HTTP cache
+    and compiled scripts (a tenth less work a load than a context each), not their storage."""
+    ctx = b.new_context(viewport={"width": width, "height": 900}, color_scheme="light")
+    ctx.add_init_script(_FORGET)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
 class Visit:
     """A page of the book opened at ``width`` px and loading; ``ready()`` waits until it is loaded.
 
@@ -69,7 +86,9 @@ class Visit:
     """
 
     def __init__(self, b, url: str, width: int = 1280):
-        self.page = b.new_page(viewport={"width": width, "height": 900}, color_scheme="light")
+        # b: a browser (a context of its own for this page) or a shared_context (its settings)
+        self.page = (b.new_page(viewport={"width": width, "height": 900}, color_scheme="light")
+                     if hasattr(b, "new_context") else b.new_page())
         self.outside, self.errors = [], []
         self.page.on("request", lambda r: self.outside.append(r.url) if urlparse(r.url).scheme not in
                      ("data", "blob", "about") and urlparse(r.url).hostname != "127.0.0.1" else None)

@@ -25,7 +25,7 @@ import pytest
 from conftest import ROOT
 from lessonlib.book.quiz import Numeric
 
-from browser import CODE_PROSE_JS, Visit, browser, serve, visits
+from browser import CODE_PROSE_JS, Visit, browser, serve, shared_context, visits
 
 
 def book_pages() -> list[str]:
@@ -51,8 +51,8 @@ _PAGE_AUDIT = """() => ({
 
 @pytest.fixture(scope="module")
 def site(built_book):
-    with serve(built_book) as base, browser() as b:
-        yield base, b
+    with serve(built_book) as base, browser() as b, shared_context(b) as ctx:
+        yield base, ctx
 
 
 @pytest.mark.parametrize("path", PAGES)
