@@ -80,16 +80,15 @@ def shared_context(b, width: int = 1280):
 
 
 class Visit:
-    """A page of the book opened at ``width`` px and loading; ``ready()`` waits until it is loaded.
+    """A page of the book opened in ``context`` (a :func:`shared_context`: its width, light mode) and
+    loading; ``ready()`` waits until it is loaded.
 
     ``outside`` collects every request that leaves localhost and ``errors``
     every console error and uncaught exception, from the first request on.
     """
 
-    def __init__(self, b, url: str, width: int = 1280):
-        # b: a browser (a context of its own for this page) or a shared_context (its settings)
-        self.page = (b.new_page(viewport={"width": width, "height": 900}, color_scheme="light")
-                     if hasattr(b, "new_context") else b.new_page())
+    def __init__(self, context, url: str):
+        self.page = context.new_page()
         self.outside, self.errors = [], []
         self.page.on("request", lambda r: self.outside.append(r.url) if urlparse(r.url).scheme not in
                      ("data", "blob", "about") and urlparse(r.url).hostname != "127.0.0.1" else None)
@@ -102,8 +101,8 @@ class Visit:
         return self.page
 
 
-def visits(b, base: str, paths, ahead: int = 2):
-    """Every page at 1280 px, in order, each loaded: yields ``(path, visit)``.
+def visits(context, base: str, paths, ahead: int = 2):
+    """Every page in ``context``, in order, each loaded: yields ``(path, visit)``.
 
     A load is mostly waiting (for the quiet half-second that "networkidle"
     means), so the next ``ahead`` pages start loading while one is read. Each
@@ -114,7 +113,7 @@ def visits(b, base: str, paths, ahead: int = 2):
     while todo or loading:
         while todo and len(loading) <= ahead:
             path = todo.popleft()
-            loading.append((path, Visit(b, base + path)))
+            loading.append((path, Visit(context, base + path)))
         path, visit = loading.popleft()
         visit.ready()
         try:

@@ -68,10 +68,10 @@ def test_page_is_offline_error_free_and_complete(looked, path):
 
 def _first_page_with(site, looked, kind):
     """The first page with a quiz of ``kind`` (known from ``looked``), opened afresh."""
-    base, b = site
+    base, context = site
     path = next((p for p in PAGES if any(q["kind"] == kind for q in looked[p].get("quizzes", ()))), None)
     assert path, f"no page of the book has a {kind} quiz"
-    return Visit(b, base + path).ready()
+    return Visit(context, base + path).ready()
 
 
 def _verdict(box):
@@ -184,11 +184,11 @@ def looked(site):
     [(path, rows)]}, "clipped": {width: [(path, found)]}}``; a screenshot of
     the first quiz in each mode goes to ``_build/screenshots``.
     """
-    base, b = site
+    base, context = site
     SHOTS.mkdir(parents=True, exist_ok=True)
     out = {LAYOUT: {"contrast": {"light": [], "dark": []}, "clipped": {1280: [], 390: []}}}
     shot = {"light": False, "dark": False}
-    for path, visit in visits(b, base, PAGES):
+    for path, visit in visits(context, base, PAGES):
         page = visit.page
         out[path] = _first_look(page, path)
         out[LAYOUT]["clipped"][1280].append((path, page.evaluate(_CLIPPED)))
