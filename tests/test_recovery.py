@@ -140,9 +140,9 @@ def test_kill_during_save_always_leaves_the_last_complete_checkpoint(tmp_path):
     saved. Then resume to the end: the losses equal an uninterrupted run's.
 
     The kill is timed by the child, not by a clock: the save aimed at (the only
-    one slowed: ``slow_save_from``) reports each
-    twentieth of the file it has flushed to the temporary file (``writing N
-    k/20``), and the kill follows chunk k, chosen at random from 1 to 8. The
+    one slowed: ``slow_save_from``) reports each twentieth of the file it has
+    flushed to the temporary file (``writing N k/20``), and the kill follows
+    chunk k, chosen at random from 1 to 8. The
     rest of the save still takes 12 or more chunks of 0.1 s, so the kill lands
     inside it unless this process is over a second late to react."""
     steps, every = 40, 5
