@@ -4,6 +4,8 @@ No kernels here (the hostile suite and test_exercises.py run those).
 """
 from __future__ import annotations
 
+import csv
+import hashlib
 import json
 import math
 import subprocess
@@ -262,12 +264,12 @@ def test_score_table_rows_add_up_and_duplicates_are_not_counted():
 
 def test_results_are_written_atomically_with_a_manifest_and_verified(tmp_path):
     results = [_result("ada", "1a", [2, 2]), _result("bob", "1a", [2, 0])]
-    manifest = autograde.write_results(results, tmp_path / "g.csv")
+    manifest = autograde.write_results(results, tmp_path / "g.csv", key=b"k" * 32)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g-details.csv", "g-manifest.json", "g.csv"]
     assert manifest["files"]["g.csv"] == json.loads((tmp_path / "g-manifest.json").read_text())["files"]["g.csv"]
-    assert autograde.verify(tmp_path / "g.csv") == []
+    assert autograde.verify(tmp_path / "g.csv", key=b"k" * 32) == []
     (tmp_path / "g.csv").write_text((tmp_path / "g.csv").read_text().replace("bob,2,0,2", "bob,2,2,4"))
-    assert any("changed after grading" in p for p in autograde.verify(tmp_path / "g.csv"))
+    assert any("changed after grading" in p for p in autograde.verify(tmp_path / "g.csv", key=b"k" * 32))
 
 
 def test_score_table_prints_one_block_per_exercise_when_wide():
@@ -316,3 +318,127 @@ def test_an_instructor_notebook_whose_checks_need_a_solution_stops_the_run(tmp_p
     submit(tmp_path / "sub", "ada/toy.ipynb", honest())
     with pytest.raises(autograde.ReferenceFailed, match="NameError: name 'speedup' is not defined"):
         autograde.grade_folder(tmp_path / "sub", src, sandbox=None, progress=None)
+
+
+# ----- one student cannot spoil the class's files (issue 26) --------------------------
+
+def _flagged(student, text):
+    r = _result(student, "1a", [2])
+    r.questions.append(QuestionResult("1a-q2", 0.0, 2.0, "flagged", "to read", answer_text=text))
+    return r
+
+
+HOSTILE_NAMES = [b"zo\xeb".decode("utf-8", "surrogateescape"), "lone\ud800", "=HYPERLINK(\"http://x\",\"y\")",
+                 "+SUM(1;2)", "-2+3", "@SUM(1)", "\tTAB", " =pad"]
+
+
+def test_names_that_are_not_utf8_and_lone_surrogates_reach_every_file_safely(tmp_path):
+    results = [_result(n, "1a", [2, 2], path=f"{n}/1a.ipynb") for n in HOSTILE_NAMES]
+    results += [_flagged("ada", "\ud800 what I think"), _flagged("bea", "=1+1 is my answer")]
+    manifest = autograde.write_results(results, tmp_path / "g.csv", key=b"k" * 32)
+    table = autograde.format_table(results)
+    table.encode("utf-8")  # printable
+    text = (tmp_path / "g.csv").read_text(encoding="utf-8")
+    details = (tmp_path / "g-details.csv").read_text(encoding="utf-8")
+    assert "zo\\xeb" in text and "lone\\ud800" in text  # the raw name is still identifiable
+    assert "zo\\xeb" in table and "zo\\xeb/1a.ipynb" in manifest["submissions"]
+    assert "\\ud800 what I think" in details
+    assert autograde.verify(tmp_path / "g.csv", key=b"k" * 32) == []
+
+
+def test_formulas_never_reach_a_spreadsheet_and_numbers_stay_numbers(tmp_path):
+    results = [_result(n, "1a", [2, 0], path=f"{n}/1a.ipynb") for n in HOSTILE_NAMES]
+    results += [_flagged("bea", "=1+1 is my answer"), _result("cy", "1a", [1.5, 0])]
+    autograde.write_results(results, tmp_path / "g.csv", key=b"k" * 32)
+    for name in ("g.csv", "g-details.csv"):
+        rows = list(csv.reader((tmp_path / name).open(encoding="utf-8")))
+        for row in rows:
+            for cell in row:
+                assert not cell.lstrip(" ").startswith(("=", "+", "-", "@", "\t", "\r")), (name, cell)
+    rows = {r["student"]: r for r in csv.DictReader((tmp_path / "g.csv").open(encoding="utf-8"))}
+    assert "'-2+3" in rows and "'=HYPERLINK(\"http://x\",\"y\")" in rows and "'@SUM(1)" in rows
+    assert rows["cy"]["1a-q1"] == "1.5" and rows["cy"]["total"] == "1.5" and rows["'-2+3"]["1a-q1"] == "2"
+    details = list(csv.DictReader((tmp_path / "g-details.csv").open(encoding="utf-8")))
+    assert "'=1+1 is my answer" in {d["answer_to_read"] for d in details}
+    assert results_csv_cell_cases() == ["'=x", "'+x", "'-x", "'@x", "'\tx", "'\rx", "x", "3", "-2", "2.5"]
+
+
+def results_csv_cell_cases():
+    from lessonlib.grading.results import csv_cell
+
+    return [csv_cell(v) for v in ("=x", "+x", "-x", "@x", "\tx", "\rx", "x", 3.0, -2, 2.5)]
+
+
+@pytest.mark.parametrize("a,b", [("kim\nnewline", "kim newline"), ("Zo\u00eb", "Zoe\u0308"), ("x" * 70 + "1", "x" * 70 + "2"),
+                                 ("ada", "ADA"), ("ada\u200b", "ada")])
+def test_names_that_look_alike_are_flagged_in_both_rows(a, b):
+    header, rows = autograde.score_table([_result(a, "1a", [2]), _result(b, "1a", [0]), _result("zed", "1a", [2])])
+    notes = {r[0]: r[-1] for r in rows}
+    assert "looks like another row" in notes[a] and "looks like another row" in notes[b], notes
+    assert "looks like" not in notes["zed"]
+    assert len(rows) == 3  # flagged, never merged
+
+
+def test_the_table_shows_control_characters_as_escapes():
+    text = autograde.format_table([_result("kim\nnewline", "1a", [2]), _result("kim newline", "1a", [0])])
+    assert "kim\\nnewline" in text and "kim newline" in text
+
+
+# ----- verify: what it guarantees ---------------------------------------------------
+
+def _graded_folder(tmp_path):
+    sub = tmp_path / "sub"
+    results = []
+    for who in ("ada", "bob"):
+        p = submit(sub, f"{who}/1a.ipynb", honest())
+        r = _result(who, "1a", [2, 2 if who == "ada" else 0])
+        r.sha256 = hashlib.sha256(p.read_bytes()).hexdigest()
+        results.append(r)
+    return sub, results
+
+
+def test_verify_needs_the_key_a_rehashed_edit_does_not_pass(tmp_path):
+    key = b"s" * 32
+    out = tmp_path / "out" / "g.csv"
+    _, results = _graded_folder(tmp_path)
+    autograde.write_results(results, out, key=key)
+    assert autograde.verify(out, key=key) == []
+    # edit a row and recompute every hash in the manifest: without the key the signature fails
+    out.write_text(out.read_text().replace("bob,2,0,2", "bob,2,2,4"))
+    m = json.loads(autograde.manifest_path(out).read_text())
+    m["files"]["g.csv"] = hashlib.sha256(out.read_bytes()).hexdigest()
+    autograde.manifest_path(out).write_text(json.dumps(m))
+    assert any("signature does not match" in p for p in autograde.verify(out, key=key))
+    assert any("another key" in p for p in autograde.verify(out, key=b"t" * 32))
+
+
+def test_verify_checks_the_submissions_it_stored(tmp_path):
+    key = b"s" * 32
+    sub, results = _graded_folder(tmp_path)
+    out = tmp_path / "out" / "g.csv"
+    autograde.write_results(results, out, key=key)
+    assert autograde.verify(out, key=key, submissions=sub) == []
+    (sub / "bob" / "1a.ipynb").write_text((sub / "bob" / "1a.ipynb").read_text().replace("16 * 1000", "16000"))
+    submit(sub, "eve/1a.ipynb", honest())
+    problems = autograde.verify(out, key=key, submissions=sub)
+    assert any("bob/1a.ipynb changed after grading" in p for p in problems), problems
+    assert any("eve/1a.ipynb was not graded" in p for p in problems), problems
+    (sub / "ada" / "1a.ipynb").unlink()
+    assert any("ada/1a.ipynb is missing" in p for p in autograde.verify(out, key=key, submissions=sub))
+
+
+def test_the_key_is_made_once_outside_the_results_and_refused_inside(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("LESSONLIB_GRADING_KEY", raising=False)
+    path = autograde.default_key_path()
+    assert path == tmp_path / "config" / "lessonlib" / "grading.key"
+    _, results = _graded_folder(tmp_path)
+    autograde.write_results(results, tmp_path / "out" / "g.csv")
+    key = autograde.load_key()
+    assert path.stat().st_mode & 0o077 == 0  # readable by its owner only
+    assert autograde.verify(tmp_path / "out" / "g.csv") == []
+    assert autograde.load_key() == key  # made once
+    with pytest.raises(ValueError, match="key_path .* results folder"):
+        autograde.write_results(results, tmp_path / "out" / "g.csv", key_path=tmp_path / "out" / "k.key")
+    with pytest.raises(FileNotFoundError, match="no grading key"):
+        autograde.load_key(tmp_path / "nowhere.key")

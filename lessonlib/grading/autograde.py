@@ -44,16 +44,16 @@ from typing import Mapping
 
 from .handout import META_KEY, _meta, _source, check_cells, exercise_notebooks, student_notebook, visible_part
 from .reference import Reference, ReferenceFailed
-from .results import (STATUSES, NotebookResult, QuestionResult, details_rows, format_table, manifest_path,
-                      score_table, verify, write_results)
+from .manifest import default_key_path, load_key, manifest_path, verify, write_results
+from .results import STATUSES, NotebookResult, QuestionResult, details_rows, format_table, score_table
 from .results import clean as _clean
 from .runner import Runner, error_line as _error_line
 from .submission import (Cell, NotANotebook, Step, Submission, find_submissions, plan_cells, read_cells)
 
 __all__ = ["Cell", "Exercise", "NotANotebook", "NotebookResult", "QuestionResult", "Reference", "ReferenceFailed",
-           "Runner", "STATUSES", "Step", "Submission", "details_rows", "find_submissions", "format_table",
-           "grade_folder", "grade_notebook", "identify", "manifest_path", "plan_cells", "read_cells",
-           "score_table", "verify", "write_results"]
+           "Runner", "STATUSES", "Step", "Submission", "default_key_path", "details_rows", "find_submissions",
+           "format_table", "grade_folder", "grade_notebook", "identify", "load_key", "manifest_path", "plan_cells",
+           "read_cells", "score_table", "verify", "write_results"]
 
 MAX_HANDIN_FILES_BYTES = 64 * 1024 ** 2
 
@@ -279,7 +279,7 @@ def grade_folder(submissions: Path | str, source_dir: Path | str, *, exercise: s
                                               "exercise, or pass --exercise)")
             if progress:
                 with lock:
-                    progress(f"grading {item.rel} as {stem} ...")
+                    progress(f"grading {_clean(item.rel, 500)} as {stem} ...")
             try:
                 return grade_notebook(item.path, exercises[stem], student=item.student, rel=item.rel,
                                       sandbox=box, cell_timeout=cell_timeout, budget=budget, workdir=run_dir)

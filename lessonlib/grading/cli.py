@@ -2,8 +2,9 @@
 
     student OUT [--colab PATH]        student copies of every exercise
     grade SUBMISSIONS [--csv grades.csv] [--jobs N] [--exercise STEM]
-                      [--cell-timeout S] [--budget S] [--memory SIZE] [--no-sandbox]
-    verify grades.csv                 do the CSV files still match their manifest?
+                      [--cell-timeout S] [--budget S] [--memory SIZE] [--no-sandbox] [--key FILE]
+    verify grades.csv [--submissions SUBMISSIONS] [--key FILE]
+                                      were the results (and the submissions) changed since grading?
     check                             lint the instructor notebooks
     mark NOTEBOOK...                  set nbgrader metadata from "# Check ID (N points)" lines
 
@@ -65,6 +66,8 @@ def _size(text):
 
 
 def build_parser(default_source: Path) -> argparse.ArgumentParser:
+    from .manifest import default_key_path
+
     p = _Parser(prog=PROG, description="Student copies of the exercises, and grading of what students hand in.")
     p.add_argument("--source", type=Path, default=default_source,
                    help="folder of instructor notebooks (default: %(default)s)")
@@ -89,8 +92,16 @@ def build_parser(default_source: Path) -> argparse.ArgumentParser:
                    help="memory cap per process of a submission (default: %(default)s)")
     g.add_argument("--no-sandbox", action="store_true",
                    help="run submissions without isolation (only inside a container you throw away)")
-    v = sub.add_parser("verify", help="check that grades.csv and its details match their manifest")
+    key_help = ("the key that signs the manifest, outside the results folder (default: %(default)s; "
+                "grading makes it if it is missing)")
+    g.add_argument("--key", type=Path, default=default_key_path(), help=key_help)
+    v = sub.add_parser("verify", help="check the signed manifest: the CSV files (and, with --submissions, every "
+                                      "graded notebook) are byte for byte what the grader wrote and graded; "
+                                      "says nothing about whether the grades are right")
     v.add_argument("csv", type=Path)
+    v.add_argument("--submissions", type=Path,
+                   help="the folder that was graded: check each notebook against the SHA-256 in the manifest")
+    v.add_argument("--key", type=Path, default=default_key_path(), help="the key used for grading (default: %(default)s)")
     sub.add_parser("check", help="lint the instructor notebooks' grading metadata")
     mk = sub.add_parser("mark", help="set nbgrader metadata from '# Check ID (N points)' lines "
                                      "and solution markers (for authors)")
@@ -139,10 +150,13 @@ def main(argv: Iterable[str] | None = None, default_source: Path | str | None = 
         print("\n".join(problems) or "no problems")
         return 1 if problems else 0
     if a.command == "verify":
-        from .autograde import verify
+        from .manifest import verify
 
-        problems = verify(a.csv)
-        print("\n".join(problems) or f"{a.csv} matches its manifest")
+        if a.submissions is not None and not a.submissions.is_dir():
+            p.error(f"--submissions {a.submissions} is not a folder")
+        problems = verify(a.csv, key_path=a.key, submissions=a.submissions)
+        what = " and the submissions in " + str(a.submissions) if a.submissions is not None else ""
+        print("\n".join(problems) or f"{a.csv}, its details{what} match the manifest signed with {a.key}")
         return 1 if problems else 0
 
     # grade
@@ -157,6 +171,14 @@ def main(argv: Iterable[str] | None = None, default_source: Path | str | None = 
         p.error(f"--exercise must be one of {', '.join(stems)}; got {a.exercise!r}")
     if a.csv.resolve().is_relative_to(a.submissions.resolve()):
         p.error("--csv must not lie inside the submissions folder")
+    if a.key.resolve().is_relative_to(a.csv.resolve().parent):
+        p.error("--key must not lie in the results folder: whoever can edit the results could sign them")
+    try:
+        from .manifest import load_key
+
+        key = load_key(a.key, create=True)  # before grading: a bad key stops the run, not its end
+    except (OSError, ValueError) as exc:
+        p.error(f"--key: {exc}")
     if a.no_sandbox:
         box = None
         print("warning: grading WITHOUT isolation (--no-sandbox)", file=sys.stderr)
@@ -177,11 +199,12 @@ def main(argv: Iterable[str] | None = None, default_source: Path | str | None = 
         print(f"no *.ipynb files under {a.submissions}", file=sys.stderr)
         return 1
     # every kernel has stopped: write the files once, then print the same rows
-    manifest = autograde.write_results(results, a.csv)
+    manifest = autograde.write_results(results, a.csv, key=key)
     print(autograde.format_table(results))
     details = a.csv.with_name(a.csv.stem + "-details.csv")
     print(f"\nwrote {a.csv} (sha256 {manifest['files'][a.csv.name][:16]}…), {details.name} and "
-          f"{autograde.manifest_path(a.csv).name}; check them later with: {PROG} verify {a.csv}")
+          f"{autograde.manifest_path(a.csv).name} (signed with {a.key}); check them later with: "
+          f"{PROG} verify {a.csv} --submissions {a.submissions}")
     return 0
 
 

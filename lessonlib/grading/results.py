@@ -1,20 +1,25 @@
 """Grading results: per question, per notebook; the score table, its CSV files and manifest.
 
 The table and the CSV files come from the same rows (:func:`score_table`);
-:func:`write_results` writes each file atomically, with a manifest of their
-SHA-256 that :func:`verify` checks later.
+:func:`~lessonlib.grading.manifest.write_results` writes each file atomically, with a manifest of their
+SHA-256 and of every graded submission, signed with a key kept outside the
+results folder (:mod:`lessonlib.grading.manifest`, whose ``verify`` checks
+them later and says what it guarantees).
+
+One student cannot spoil the class's files: every text that reaches a file
+or the printed table goes through :func:`safe_text` (a name that is not
+UTF-8, a lone surrogate, shown as visible escapes) and every CSV cell through
+:func:`csv_cell` (a text that a spreadsheet would run as a formula gets a
+leading ``'``). Names that print alike (a control character, NFC against NFD,
+the 60-character cut of the table) are flagged in the notes of both rows.
 """
 from __future__ import annotations
 
 import csv
-import datetime
-import hashlib
 import io
-import json
-import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 STATUSES = ("passed", "failed", "flagged", "error", "timeout", "not run")
@@ -51,10 +56,69 @@ class NotebookResult:
         return sum(q.max_points for q in self.questions)
 
 
+def safe_text(text) -> str:
+    """``text`` as a string that any UTF-8 file or terminal takes, the original still identifiable.
+
+    A file name that is not UTF-8 (``b"zo\\xeb"``, which Python reads as
+    ``"zo\\udceb"``) becomes ``zo\\xeb``; any other lone surrogate becomes
+    ``\\ud800``. Other text is unchanged.
+    """
+    text = str(text)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:  # surrogate escapes of a file name: the raw bytes, shown as \xNN
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # other lone surrogates: \udNNN
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def clean(text: str, limit: int = 300) -> str:
-    """One line of at most ``limit`` characters, without control characters."""
-    text = re.sub(r"[\x00-\x1f\x7f]+", " ", str(text)).strip()
+    """One line of at most ``limit`` characters, without control characters, always valid UTF-8."""
+    text = re.sub(r"[\x00-\x1f\x7f]+", " ", safe_text(text)).strip()
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+#: First characters that make a spreadsheet read a cell as a formula (OWASP, "CSV injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value) -> str:
+    """One CSV cell: numbers as numbers, text made safe and never read as a formula.
+
+    A text that starts with ``= + - @``, a tab or a carriage return (after any
+    leading spaces) gets a leading ``'``, which spreadsheets show as text.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    text = safe_text(value)
+    if text.startswith(FORMULA_START) or text.lstrip(" ").startswith(FORMULA_START):
+        return "'" + text
+    return text
+
+
+def display_name(name: str, limit: int = 60) -> str:
+    """A student's name as the printed table shows it: one line, control characters as escapes."""
+    text = re.sub(r"[\x00-\x1f\x7f]", lambda m: m.group(0).encode("unicode_escape").decode(), safe_text(name))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def look(name: str, limit: int = 60) -> str:
+    """What a name looks like to a reader: NFKC, control characters and runs of space as one space,
+    case folded, cut at ``limit`` (two names with the same look are easy to mistake)."""
+    text = unicodedata.normalize("NFKC", safe_text(name))
+    text = re.sub(r"[\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u2060\ufeff]+", " ", text).strip().casefold()
+    return text[: limit - 1]
+
+
+def lookalikes(names) -> dict[str, list[str]]:
+    """For each name that looks like another (see :func:`look`), the other names."""
+    groups: dict[str, list[str]] = {}
+    for name in dict.fromkeys(names):
+        groups.setdefault(look(name), []).append(name)
+    return {n: [m for m in g if m != n] for g in groups.values() if len(g) > 1 for n in g}
 
 
 _clean = clean
@@ -78,6 +142,7 @@ def score_table(results: Sequence[NotebookResult]) -> tuple[list[str], list[list
     qids = sorted({q.grade_id for r in results for q in r.questions}, key=_natural)
     header = ["student"] + qids + ["total", "max", "notes"]
     rows = []
+    alike = lookalikes(sorted({r.student for r in results}))
     for student in sorted({r.student for r in results}):
         mine = [r for r in results if r.student == student]
         pts = {q.grade_id: q.points for r in mine if not r.duplicate for q in r.questions}
@@ -85,6 +150,9 @@ def score_table(results: Sequence[NotebookResult]) -> tuple[list[str], list[list
         notes = [f"{r.path or r.exercise}: {r.problem}" for r in mine if r.problem]
         notes += [f"{q.grade_id} {q.status}: read it" for r in mine if not r.duplicate
                   for q in r.questions if q.status == "flagged"]
+        if student in alike:  # the rows stay apart; a reader could take one for the other
+            notes.insert(0, "name looks like another row's (" + ", ".join(repr(safe_text(o)) for o in alike[student])
+                         + "): check the folder names; the CSV keeps each exact name")
         cols = [pts.get(g, "") for g in qids]
         total = sum(v for v in cols if v != "")
         rows.append([student] + cols + [total, sum(maxima.values()), _clean(" | ".join(notes), 2000)])
@@ -94,14 +162,14 @@ def score_table(results: Sequence[NotebookResult]) -> tuple[list[str], list[list
 def _fmt(v) -> str:
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
-    return str(v)
+    return safe_text(v)
 
 
 def _csv_bytes(header, rows) -> bytes:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(header)
-    w.writerows([[_fmt(v) for v in row] for row in rows])
+    w.writerow([csv_cell(h) for h in header])
+    w.writerows([[csv_cell(v) for v in row] for row in rows])
     return buf.getvalue().encode("utf-8")
 
 
@@ -116,65 +184,6 @@ def details_rows(results: Sequence[NotebookResult]) -> tuple[list[str], list[lis
             rows.append([r.student, r.exercise or "", r.path, q.grade_id, q.points, q.max_points, q.status,
                          q.message, "no" if r.duplicate else "yes", q.answer_text])
     return header, rows
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def manifest_path(csv_path: Path | str) -> Path:
-    csv_path = Path(csv_path)
-    return csv_path.with_name(csv_path.stem + "-manifest.json")
-
-
-def write_results(results: Sequence[NotebookResult], csv_path: Path | str) -> dict:
-    """Write the score table, its details and a manifest, each atomically; return the manifest.
-
-    ``grades.csv`` (one row per student), ``grades-details.csv`` (one row per
-    file and question) and ``grades-manifest.json`` (the SHA-256 of both CSV
-    files and of every graded submission). :func:`verify` checks them later.
-    """
-    import lessonlib
-
-    csv_path = Path(csv_path)
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
-    details = csv_path.with_name(csv_path.stem + "-details.csv")
-    table = _csv_bytes(*score_table(results))
-    detail = _csv_bytes(*details_rows(results))
-    manifest = {
-        "files": {csv_path.name: hashlib.sha256(table).hexdigest(),
-                  details.name: hashlib.sha256(detail).hexdigest()},
-        "submissions": {r.path: r.sha256 for r in results if r.path},
-        "students": len({r.student for r in results}),
-        "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "lessonlib": lessonlib.__version__,
-    }
-    _atomic_write(csv_path, table)
-    _atomic_write(details, detail)
-    _atomic_write(manifest_path(csv_path), (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
-    return manifest
-
-
-def verify(csv_path: Path | str) -> list[str]:
-    """Differences between the CSV files and their manifest (empty list: they match)."""
-    csv_path = Path(csv_path)
-    try:
-        manifest = json.loads(manifest_path(csv_path).read_text())
-    except (OSError, ValueError) as exc:
-        return [f"no readable manifest beside {csv_path.name}: {exc}"]
-    problems = []
-    for name, digest in manifest.get("files", {}).items():
-        p = csv_path.with_name(name)
-        if not p.exists():
-            problems.append(f"{name} is missing")
-        elif hashlib.sha256(p.read_bytes()).hexdigest() != digest:
-            problems.append(f"{name} was changed after grading (SHA-256 differs from the manifest)")
-    return problems
 
 
 def _aligned(cols: list[str], body: list[list[str]]) -> list[str]:
@@ -194,7 +203,7 @@ def format_table(results: Sequence[NotebookResult], max_columns: int = 12) -> st
     qids = header[1:-3]
     show = lambda v: _clean(_fmt(v), 60)  # noqa: E731 - odd file names stay on one line
     if len(qids) <= max_columns:
-        lines = _aligned(header[:-1], [[show(v) for v in row[:-1]] for row in rows])
+        lines = _aligned(header[:-1], [[display_name(row[0])] + [show(v) for v in row[1:-1]] for row in rows])
     else:
         exercise_of = {q.grade_id: r.exercise or "?" for r in results for q in r.questions}
         exercises = list(dict.fromkeys(exercise_of[q] for q in qids))
@@ -202,18 +211,18 @@ def format_table(results: Sequence[NotebookResult], max_columns: int = 12) -> st
         for ex in exercises:
             cols = [q for q in qids if exercise_of[q] == ex]
             idx = [header.index(q) for q in cols]
-            body = [[show(row[0])] + [show(row[j]) for j in idx]
+            body = [[display_name(row[0])] + [show(row[j]) for j in idx]
                     + [show(float(sum(row[j] for j in idx if row[j] != "")))] for row in rows]
             lines += [ex] + _aligned(["student"] + cols + ["total"], body) + [""]
         totals = []
         for row in rows:
             per = [sum(row[header.index(q)] for q in qids if exercise_of[q] == ex and row[header.index(q)] != "")
                    for ex in exercises]
-            totals.append([show(row[0])] + [show(float(v)) for v in per] + [show(row[-3]), show(row[-2])])
+            totals.append([display_name(row[0])] + [show(float(v)) for v in per] + [show(row[-3]), show(row[-2])])
         lines += ["totals"] + _aligned(["student"] + exercises + ["total", "max"], totals)
     notes = [(row[0], row[-1]) for row in rows if row[-1]]
     if notes:
         lines.append("")
-        lines += [f"{_clean(s, 80)}: {n}" for s, n in notes]
+        lines += [f"{display_name(s, 80)}: {n}" for s, n in notes]
     return "\n".join(lines)
 
