@@ -11,6 +11,7 @@ import pytest
 
 from grading_toy import honest, make_course, submit
 from lessonlib.grading import cli, handout, sandbox
+from lessonlib.grading import manifest as cli_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "exercises" / "instructor.py"
@@ -77,8 +78,10 @@ def test_a_bad_option_from_the_shell_gives_no_traceback(course):
 def test_grade_end_to_end_writes_checked_files_once(course, tmp_path):
     src, sub = course
     out = tmp_path / "out" / "grades.csv"
+    key = tmp_path / "config" / "grading.key"  # outside the results folder; made by the first run
     run = subprocess.run([sys.executable, str(SCRIPT), "--source", str(src), "grade", str(sub), "--csv", str(out),
-                          "--cell-timeout", "20", "--jobs", "2"], capture_output=True, text=True, timeout=180)
+                          "--cell-timeout", "20", "--jobs", "2", "--key", str(key)],
+                         capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr
     rows = {r["student"]: r for r in csv.DictReader(out.open())}
     assert float(rows["ada"]["total"]) == 7 and float(rows["bob"]["total"]) == 0
@@ -86,8 +89,11 @@ def test_grade_end_to_end_writes_checked_files_once(course, tmp_path):
     details = list(csv.DictReader(out.with_name("grades-details.csv").open()))
     assert {(d["file"], d["question"], d["status"]) for d in details if d["student"] == "bob"} == {
         ("bob/toy.ipynb", q, "failed") for q in ("toy-q1", "toy-q2", "toy-q3")}
-    verify = [sys.executable, str(SCRIPT), "--source", str(src), "verify", str(out)]
-    assert subprocess.run(verify, capture_output=True, timeout=60).returncode == 0
+    assert key.is_file() and "signed with" in run.stdout
+    verify = [sys.executable, str(SCRIPT), "--source", str(src), "verify", str(out), "--key", str(key),
+              "--submissions", str(sub)]
+    good = subprocess.run(verify, capture_output=True, text=True, timeout=60)
+    assert good.returncode == 0, good.stdout + good.stderr
     out.write_text(out.read_text().replace("bob,0", "bob,7"))
     bad = subprocess.run(verify, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "changed after grading" in bad.stdout
@@ -107,3 +113,50 @@ def test_student_and_check_commands_on_the_real_exercises(tmp_path):
         text = path.read_text()
         assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text and "@grader" not in text, path.name
     assert "colab.research.google.com/github/org/repo/blob/main/handout/" in (out / "index.md").read_text()
+
+
+def _written(tmp_path):
+    from lessonlib.grading.results import NotebookResult, QuestionResult
+
+    sub = tmp_path / "sub"
+    p = submit(sub, "ada/toy.ipynb", honest())
+    r = NotebookResult("ada", "toy", "ada/toy.ipynb", sha256=__import__("hashlib").sha256(p.read_bytes()).hexdigest())
+    r.questions = [QuestionResult("toy-q1", 2.0, 2.0, "passed")]
+    key = tmp_path / "config" / "grading.key"
+    cli_manifest.write_results([r], tmp_path / "out" / "grades.csv", key_path=key)
+    return sub, tmp_path / "out" / "grades.csv", key
+
+
+def test_verify_says_what_it_checked_and_fails_on_a_rehashed_edit(tmp_path, capsys):
+    import hashlib
+    import json
+
+    sub, out, key = _written(tmp_path)
+    argv = ["verify", str(out), "--key", str(key), "--submissions", str(sub)]
+    assert cli.main(argv) == 0
+    assert "match the manifest signed with" in capsys.readouterr().out
+    out.write_text(out.read_text().replace("ada,2", "ada,9"))
+    m = json.loads(cli_manifest.manifest_path(out).read_text())
+    m["files"]["grades.csv"] = hashlib.sha256(out.read_bytes()).hexdigest()  # rehashed without the key
+    cli_manifest.manifest_path(out).write_text(json.dumps(m))
+    assert cli.main(argv) == 1
+    assert "signature does not match" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["verify", str(out), "--submissions", str(tmp_path / "nowhere")])
+    assert "--submissions" in capsys.readouterr().err
+
+
+def test_grade_refuses_a_key_in_the_results_folder(course, tmp_path, capsys):
+    src, sub = course
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--source", str(src), "grade", str(sub), "--csv", str(tmp_path / "out" / "g.csv"),
+                  "--key", str(tmp_path / "out" / "grading.key"), "--no-sandbox"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--key must not lie in the results folder" in err, err
+
+
+def test_verify_help_says_what_it_guarantees(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["verify", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "byte for byte" in out and "whether the grades are right" in out and "--submissions" in out

@@ -95,9 +95,10 @@ def build_parser(default_source: Path) -> argparse.ArgumentParser:
     key_help = ("the key that signs the manifest, outside the results folder (default: %(default)s; "
                 "grading makes it if it is missing)")
     g.add_argument("--key", type=Path, default=default_key_path(), help=key_help)
-    v = sub.add_parser("verify", help="check the signed manifest: the CSV files (and, with --submissions, every "
-                                      "graded notebook) are byte for byte what the grader wrote and graded; "
-                                      "says nothing about whether the grades are right")
+    verify_says = ("check the signed manifest: that it was written with your key, that the CSV files (and, with "
+                   "--submissions, every graded notebook, and no other) are byte for byte what the grader wrote and "
+                   "graded; it says nothing about whether the grades are right")
+    v = sub.add_parser("verify", help=verify_says, description=verify_says[0].upper() + verify_says[1:] + ".")
     v.add_argument("csv", type=Path)
     v.add_argument("--submissions", type=Path,
                    help="the folder that was graded: check each notebook against the SHA-256 in the manifest")
