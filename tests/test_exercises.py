@@ -189,10 +189,31 @@ FLAGGED_ANSWERS = {  # not failed: a person reads them (the screen names what it
     "Yes, it is reasonable here, but every step will take more time because of the recomputation.": "memory",
     "No. It would reduce memory, but the extra compute makes each step take longer, so it is not worth it.":
         "verdict",
-    "Memory less, memory less. Time more, time more. Yes yes.": "malformed or repeated",
+    "Memory less, memory less. Time more, time more. Yes yes.": "did not find",  # no actor: not a claim
+    "Yes yes. Checkpointing memory less, checkpointing memory less. Recomputing time more, recomputing time more.":
+        "malformed or repeated",
     "Yes, it saves memory and costs extra compute time, a sensible trade.": "share sentences",
 }
 FAILED_ANSWERS = {"": "empty", "Yes.": "words", None: "empty"}
+# Issue 23 (item 6) and issue 26: answers that use the key words without making the claims. The old
+# screen gave each full marks; a screen that cannot tell a claim from its negation must flag them.
+FORGED_ANSWERS = {
+    # the misconception itself: a recovery checkpoint confused with an activation checkpoint
+    "Saving the model to disk frees memory on the device. Writing the file takes extra time.": "misconception",
+    "Yes, it is sensible. Writing a checkpoint file to disk frees the device memory we need. "
+    "The recomputation adds extra compute, so each step takes more time.": "misconception",
+    # negated claims
+    "Yes, it is a sensible move. Checkpointing does not reduce the memory the activations need. "
+    "The recomputation adds extra compute, so each step takes more time.": "negated",
+    "Yes, it is worth it. Checkpointing keeps fewer activations, so memory goes down. "
+    "The recomputation never adds compute, and each step takes no more time.": "negated",
+    # the opposite claims
+    "Yes, it is sensible. Checkpointing keeps fewer activations, so memory goes down. "
+    "Recomputation makes every step faster than before.": "misconception",
+    # off-topic sentences that use the key words
+    "Yes, I would turn it on. Memory prices are lower this year than last. "
+    "My commute takes more time every morning now.": "did not find",
+}
 
 
 def _run(check, text):
@@ -208,6 +229,12 @@ def test_free_text_with_each_key_point_in_its_own_sentence_passes(check_2b_q2, t
 
 @pytest.mark.parametrize("text,why", FLAGGED_ANSWERS.items())
 def test_free_text_otherwise_is_flagged_for_the_instructor(check_2b_q2, text, why):
+    with pytest.raises(Flag, match=why):
+        _run(check_2b_q2, text)
+
+
+@pytest.mark.parametrize("text,why", FORGED_ANSWERS.items())
+def test_free_text_that_negates_or_misstates_a_key_point_is_flagged_not_passed(check_2b_q2, text, why):
     with pytest.raises(Flag, match=why):
         _run(check_2b_q2, text)
 

@@ -202,15 +202,38 @@ def _distinct_assignment(options: list[list[int]]) -> bool:
     return all(place(p, set()) for p in range(len(options)))
 
 
-def check_key_points(name: str, text, key_points: Mapping[str, Sequence[Sequence[str]]],
-                     *, min_words: int = 8) -> None:
-    """Pass a free-text answer that makes every key point in its own well-formed sentence.
+#: Words that turn a claim around or hedge it. A screen of words cannot tell "it reduces memory"
+#: from "it does not reduce memory", so a key point made in a sentence with one of them is read by a person.
+NEGATION = re.compile(r"\b(?:not|no|never|neither|nor|none|nothing|without|hardly|barely|scarcely|cannot|"
+                      r"unlikely|fails? to)\b|n[\'\u2019]t\b", re.I)
 
-    Fails (``AssertionError``) an empty or too short answer. Otherwise, when a
-    key point is missing, made only in a malformed or repeated sentence, or
-    shares its only sentence with another point, raises :class:`Flag`: a
-    keyword screen can be fooled and can miss a good answer, so a person reads
-    those. The message names what the screen did not find.
+
+def negated(sentence: str) -> bool:
+    """Whether ``sentence`` holds a word that negates or hedges a claim (``not``, ``n't``, ``never``...)."""
+    return bool(NEGATION.search(sentence))
+
+
+def check_key_points(name: str, text, key_points: Mapping[str, Sequence[Sequence[str]]],
+                     *, min_words: int = 8,
+                     misconceptions: Mapping[str, Sequence[Sequence[str]]] | None = None) -> None:
+    """Pass a free-text answer that makes every key point in its own well-formed, plain sentence.
+
+    Fails (``AssertionError``) an empty or too short answer. Otherwise raises
+    :class:`Flag`, for a person to read, when the screen is in doubt:
+
+    * a key point is missing, or made only in a malformed or repeated sentence,
+      or shares its only sentence with another point;
+    * a sentence that makes a key point also negates or hedges (:func:`negated`):
+      words alone cannot tell a claim from its negation;
+    * a sentence says one of ``misconceptions`` (same form as ``key_points``:
+      a known wrong claim, e.g. that saving the model to disk frees device
+      memory), whatever else the answer says.
+
+    Key points should carry the structure of the claim, not only its words:
+    a group for what acts (checkpointing, recomputation), one for what
+    changes (memory) and one for the direction (down), so that an off-topic
+    sentence that happens to use the words is not enough. The message names
+    what the screen did not find or what made it doubt.
     """
     if not isinstance(text, str) or not text.strip():
         raise AssertionError(f"{name} is empty: write your answer as a string.")
@@ -218,6 +241,9 @@ def check_key_points(name: str, text, key_points: Mapping[str, Sequence[Sequence
     if words < min_words:
         raise AssertionError(f"{name} has {words} words; explain in at least {min_words}.")
     ss = sentences(text)
+    wrong = [m for m, groups in (misconceptions or {}).items() if any(_matches(s, groups) for s in ss)]
+    if wrong:
+        raise Flag(f"{name}: to read; it seems to claim a known misconception: " + "; ".join(wrong) + ".")
     normal = [" ".join(re.findall(r"[a-z0-9']+", s.lower())) for s in ss]
     good = [i for i, s in enumerate(ss) if well_formed(s) and normal.index(normal[i]) == i]
     points = list(key_points)
@@ -225,6 +251,10 @@ def check_key_points(name: str, text, key_points: Mapping[str, Sequence[Sequence
     missing = [p for p in points if not anywhere[p]]
     if missing:
         raise Flag(f"{name}: to read; the screen did not find: " + "; ".join(missing) + ".")
+    turned = [p for p in points if any(_matches(s, key_points[p]) and negated(s) for s in ss)]
+    if turned:
+        raise Flag(f"{name}: to read; negated or hedged where it makes: " + "; ".join(turned)
+                   + " (a screen of words cannot tell a claim from its negation).")
     options = [[i for i in good if _matches(ss[i], key_points[p])] for p in points]
     weak = [p for p, o in zip(points, options) if not o]
     if weak:
