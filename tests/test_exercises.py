@@ -313,3 +313,26 @@ def test_redefining_the_helper_an_old_hidden_test_used_earns_nothing(graded_real
     by, _ = graded_real
     redefined = by[("redefined", "3c-bubbles-and-paid-capacity")]
     assert redefined.questions[0].points == 0, redefined.questions
+
+
+# --------------------------------------------------------------------------
+# answers that must agree (2a), and options the data can decide (1c)
+# --------------------------------------------------------------------------
+
+def _plan_answers(keep_q3, keep_q2, extra):
+    from lessonlib.grading.checks import decode_answers
+
+    answers = {"keep": {"$set": keep_q3}, "extra_forward_calls": extra}
+    if keep_q2 is not None:
+        answers["@2a-q2"] = {"$dict": [["keep", {"$set": keep_q2}]]}
+    return decode_answers(answers)
+
+
+def test_2a_counts_the_recomputation_of_question_2s_plan_only():
+    """Issue 26: q3's plan was never compared with q2's; keep everything in q3 and 0 extra calls passed."""
+    check = reference.load(EXERCISES / "2a-place-the-checkpoints.ipynb", questions=["2a-q3"])["2a-q3"]
+    check(_plan_answers([2, 4], [2, 4], 4))
+    with pytest.raises(AssertionError, match="your plan from question 2"):
+        check(_plan_answers([1, 2, 3, 4, 5, 6], [2, 4], 0))
+    with pytest.raises(AssertionError, match="nothing was handed in to 2a-q2"):
+        check(_plan_answers([1, 2, 3, 4, 5, 6], None, 0))

@@ -442,3 +442,45 @@ def test_the_key_is_made_once_outside_the_results_and_refused_inside(tmp_path, m
         autograde.write_results(results, tmp_path / "out" / "g.csv", key_path=tmp_path / "out" / "k.key")
     with pytest.raises(FileNotFoundError, match="no grading key"):
         autograde.load_key(tmp_path / "nowhere.key")
+
+
+# ----- answers that must agree; claims, not words (issue 26) -------------------------
+
+def test_a_check_sees_what_the_notebook_handed_in_to_its_other_questions(capsys):
+    got = checks.decode_answers({"plan": {"$set": [2, 4]}, "@t-q1": {"$dict": [["plan", {"$set": [2, 4]}]]}})
+    assert dict(got) == {"plan": {2, 4}} and got.answers_to("t-q1")["plan"] == {2, 4}
+    with pytest.raises(AssertionError, match="nothing was handed in to t-q9"):
+        got.answers_to("t-q9")
+    with pytest.raises(ValueError, match="malformed"):
+        checks.decode_answers({"@t-q1": 3})
+    hand_in("t-q4", plan={1, 2})
+    hand_in("t-q5", plan={1, 3})
+    with pytest.raises(AssertionError, match="agree"):
+        @grader("t-q5")
+        def _(got):
+            assert got["plan"] == got.answers_to("t-q4")["plan"], "the plans should agree"
+
+
+def test_autograde_passes_other_answers_and_drops_a_students_own(tmp_path):
+    handed = autograde._handed_by_question({3: "t-q1", 5: "t-q2"}, {
+        3: [{"question": "t-q1", "answers": {"plan": [1], "@t-q2": "forged"}}],
+        5: [{"question": "t-q2", "answers": {"n": 1}}]})
+    assert handed == {"t-q1": {"plan": [1]}, "t-q2": {"n": 1}}
+    sent = autograde._with_others({"n": 1}, handed, "t-q2")
+    got = checks.decode_answers(sent)
+    assert dict(got) == {"n": 1} and set(got.others) == {"t-q1"} and got.answers_to("t-q1") == {"plan": [1]}
+
+
+def test_free_text_negated_or_misconceived_is_flagged_not_passed():
+    good = "Yes, it is the right call here. The memory needed goes down a lot. Each step takes more time than before."
+    check_key_points("a", good, KEYS)
+    with pytest.raises(Flag, match="negated or hedged where it makes: memory down"):
+        check_key_points("a", "Yes, it is the right call here. The memory needed does not go down at all. "
+                              "Each step takes more time than before.", KEYS)
+    with pytest.raises(Flag, match="negated"):
+        check_key_points("a", good.replace("takes more time", "never takes more time"), KEYS)
+    wrong = {"saving to disk frees memory": [["disk"], ["memory"], ["free", "less", "down"]]}
+    with pytest.raises(Flag, match="misconception: saving to disk frees memory"):
+        check_key_points("a", good + " Saving it to disk frees memory too.", KEYS, misconceptions=wrong)
+    check_key_points("a", good, KEYS, misconceptions=wrong)
+    assert checks.negated("It doesn\u2019t help.") and not checks.negated("Another note on memory.")

@@ -42,13 +42,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from . import provenance
+from .checks import OTHER
 from .handout import META_KEY, _meta, _source, check_cells, exercise_notebooks, student_notebook, visible_part
 from .reference import Reference, ReferenceFailed
 from .manifest import default_key_path, load_key, manifest_path, verify, write_results
 from .results import STATUSES, NotebookResult, QuestionResult, details_rows, format_table, score_table
 from .results import clean as _clean
 from .runner import Runner, error_line as _error_line
-from .submission import (Cell, NotANotebook, Step, Submission, find_submissions, plan_cells, read_cells)
+from .submission import (Cell, NotANotebook, Step, Submission, _norm, find_submissions, plan_cells, read_cells)
 
 __all__ = ["Cell", "Exercise", "NotANotebook", "NotebookResult", "QuestionResult", "Reference", "ReferenceFailed",
            "Runner", "STATUSES", "Step", "Submission", "default_key_path", "details_rows", "find_submissions",
@@ -56,6 +58,8 @@ __all__ = ["Cell", "Exercise", "NotANotebook", "NotebookResult", "QuestionResult
            "read_cells", "score_table", "verify", "write_results"]
 
 MAX_HANDIN_FILES_BYTES = 64 * 1024 ** 2
+#: What other questions' answers may add to one check's request (the reference reads at most 1 MiB).
+MAX_OTHERS_BYTES = 512 * 1024
 
 @dataclass
 class Exercise:
@@ -67,6 +71,7 @@ class Exercise:
     checks: dict[int, tuple[str, str]] = field(default_factory=dict)  # copy index -> (grade id, visible source)
     points: dict[str, float] = field(default_factory=dict)
     reference: Reference | None = None
+    measured: dict[str, list] = field(default_factory=dict)  # grade id -> its measuring cells (provenance)
 
     @classmethod
     def load(cls, path: Path | str) -> "Exercise":
@@ -86,6 +91,7 @@ class Exercise:
             gid = _meta(c).get("grade_id")
             if gid in ex.points and _meta(c).get("grade"):
                 ex.checks[i] = (gid, visible_part(_source(c)))
+        ex.measured = provenance.declared(copy.cells)
         return ex
 
     @property
@@ -142,7 +148,11 @@ def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", r
     restored = [s.grade_id for s in steps if s.restored]
     if restored:
         notes.append("check cells missing or edited, restored: " + ", ".join(restored))
-    nb = new_notebook(cells=[new_code_cell(s.source) for s in steps])
+    # each measuring cell found unmodified hands in what it measured, with the grader's own request
+    snap_at = provenance.place(steps, exercise.measured, _norm)
+    nb = new_notebook(cells=[new_code_cell(s.source + "".join(provenance.snapshot_code(g, e)
+                                                              for g, e in snap_at.get(i, [])))
+                             for i, s in enumerate(steps)])
     check_at = {i: s.grade_id for i, s in enumerate(steps) if s.grade_id}
     outcome: dict[str, QuestionResult] = {}
     with tempfile.TemporaryDirectory(prefix="grade-", dir=workdir) as work:
@@ -150,7 +160,7 @@ def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", r
         scratch, conn = work / "scratch", work / "conn"
         (scratch / "handin").mkdir(parents=True)
         conn.mkdir()
-        runner = Runner(nb, set(check_at), scratch, conn, sandbox, cell_timeout, budget)
+        runner = Runner(nb, set(check_at) | set(snap_at), scratch, conn, sandbox, cell_timeout, budget)
         cell_status: dict[int, tuple[str, str]] = {}
         try:
             try:
@@ -168,6 +178,8 @@ def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", r
         finally:
             runner.stop()  # the sandbox and every process in it are gone after this
         # only now, with nothing of the submission running, read what it handed in
+        handed = _handed_by_question(check_at, runner.handed)
+        snapshots = [p for i in snap_at for p in runner.handed.get(i, [])]
         for i, gid in check_at.items():
             pts = exercise.points[gid]
             if gid in outcome:
@@ -183,15 +195,18 @@ def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", r
                 st = {"ok": "failed", "error": "failed", "timeout": "timeout", "dead": "error"}.get(status, status)
                 outcome[gid] = QuestionResult(gid, 0.0, pts, st, _clean(msg or "no answer handed in"))
                 continue
-            answers = payloads[0].get("answers")
+            answers = {k: v for k, v in payloads[0]["answers"].items() if not k.startswith(OTHER)}
             folder, why = _copy_handin(scratch / "handin" / gid, work / "trusted" / gid)
             if why:
                 outcome[gid] = QuestionResult(gid, 0.0, pts, "failed", why)
                 continue
-            try:
-                st, message = exercise.reference.check(gid, answers, folder)
+            try:  # with what the notebook handed in to its other questions: answers that must agree
+                st, message = exercise.reference.check(gid, _with_others(answers, handed, gid), folder)
             except ReferenceFailed as exc:
                 st, message = "error", _clean(f"the grader could not check this answer: {exc}")
+            doubt = provenance.doubt(gid, exercise.measured.get(gid, []), answers, snapshots)
+            if doubt and st == "passed":  # right from its numbers, but were they measured?
+                st, message = "flagged", doubt
             q = QuestionResult(gid, pts if st == "passed" else 0.0, pts, st, _clean(message, 500))
             if st == "flagged":
                 texts = [v for v in (answers or {}).values() if isinstance(v, str)]
@@ -203,6 +218,29 @@ def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", r
     result.problem = "; ".join(_clean(n, 200) for n in notes)
     result.seconds = time.monotonic() - t0
     return result
+
+
+def _handed_by_question(check_at: Mapping[int, str], handed: Mapping[int, list]) -> dict[str, dict]:
+    """What each check cell handed in to its own question (its first place, one hand-in only)."""
+    found: dict[str, dict] = {}
+    for i, gid in check_at.items():
+        payloads = [p for p in handed.get(i, []) if isinstance(p, dict) and p.get("question") == gid
+                    and isinstance(p.get("answers"), dict)]
+        if gid not in found and len(payloads) == 1:
+            found[gid] = {k: v for k, v in payloads[0]["answers"].items() if not k.startswith(OTHER)}
+    return found
+
+
+def _with_others(answers: dict, handed: Mapping[str, dict], gid: str) -> dict:
+    """``answers`` with the other questions' answers as ``@grade_id`` entries (see ``checks.Answers``)."""
+    out = dict(answers)
+    room = MAX_OTHERS_BYTES
+    for other, theirs in handed.items():
+        size = len(json.dumps(theirs))
+        if other != gid and size <= room:
+            out[OTHER + other] = {"$dict": [[k, v] for k, v in theirs.items()]}
+            room -= size
+    return out
 
 
 # --------------------------------------------------------------------------

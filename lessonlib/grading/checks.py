@@ -49,13 +49,31 @@ class Flag(Exception):
     """Not a wrong answer but one a person should read (the grade waits for them)."""
 
 
+#: Prefix of the entries the grader adds to a question's answers: the answers that the same
+#: notebook handed in to its other questions (``"@2a-q2"``). A student's own ``@`` names are dropped.
+OTHER = "@"
+
+
 class Answers(dict):
-    """The handed-in answers of one question; ``folder`` is its hand-in folder, if any."""
+    """The handed-in answers of one question; ``folder`` is its hand-in folder, if any.
+
+    ``others`` holds what the same notebook handed in to its other questions,
+    by grade id (see :meth:`answers_to`): a check may require that two
+    answers agree.
+    """
 
     folder: Path | None = None
+    others: dict
 
     def __missing__(self, key):
         raise AssertionError(f"{key} was not handed in")
+
+    def answers_to(self, grade_id: str) -> "Answers":
+        """What this notebook handed in to question ``grade_id`` (``AssertionError`` if nothing)."""
+        found = getattr(self, "others", {}).get(grade_id)
+        if found is None:
+            raise AssertionError(f"nothing was handed in to {grade_id}, which this answer must agree with")
+        return found
 
 
 def decode(value):
@@ -90,7 +108,15 @@ def decode_answers(answers) -> Answers:
     """The ``answers`` object of a hand-in (names to plain data) as :class:`Answers`."""
     if not isinstance(answers, dict) or not all(isinstance(k, str) for k in answers):
         raise ValueError("answers must map names to values")
-    return Answers({k: decode(v) for k, v in answers.items()})
+    got = Answers({k: decode(v) for k, v in answers.items() if not k.startswith(OTHER)})
+    got.others = {}
+    for k, v in answers.items():
+        if k.startswith(OTHER):
+            other = decode(v)
+            if not isinstance(other, dict) or not all(isinstance(n, str) for n in other):
+                raise ValueError(f"malformed answers of {k[1:]} in a hand-in")
+            got.others[k[1:]] = Answers(other)
+    return got
 
 
 # --------------------------------------------------------------------------
@@ -273,6 +299,7 @@ def answers_for(grade_id: str) -> Answers:
         raise AssertionError(f"no answers were handed in for {grade_id}: call hand_in first")
     got = decode_answers(_answers.handed[grade_id]["answers"])
     got.folder = _answers.folders.get(grade_id)
+    got.others = {g: decode_answers(p["answers"]) for g, p in _answers.handed.items() if g != grade_id}
     return got
 
 
