@@ -336,3 +336,50 @@ def test_2a_counts_the_recomputation_of_question_2s_plan_only():
         check(_plan_answers([1, 2, 3, 4, 5, 6], [2, 4], 0))
     with pytest.raises(AssertionError, match="nothing was handed in to 2a-q2"):
         check(_plan_answers([1, 2, 3, 4, 5, 6], None, 0))
+
+
+# --------------------------------------------------------------------------
+# measurements taken on trust (3a): the times must hold together as measured times do
+# --------------------------------------------------------------------------
+
+def _timing_answers(seconds=None, rounds=None):
+    import random
+    import statistics
+
+    from lessonlib.grading.checks import decode_answers
+
+    rng = random.Random(0)
+    if rounds is None:
+        rounds = {k: [rng.uniform(1e-4, 1e-3) for _ in range(20)] for k in ("forward", "loss", "backward", "optimizer")}
+        rounds["step"] = [sum(rounds[k][r] for k in ("forward", "loss", "backward", "optimizer")) for r in range(20)]
+    if seconds is None:
+        seconds = {k: statistics.median(v) for k, v in rounds.items()}
+    share = seconds["optimizer"] / sum(seconds[k] for k in ("forward", "loss", "backward", "optimizer"))
+    answers = {"measured": {"$dict": [[k, v] for k, v in seconds.items()]}, "serial_share": share,
+               "predicted_speedup_4": 1 / (share + (1 - share) / 4)}
+    if rounds is not False:
+        answers["rounds"] = {"$dict": [[k, v] for k, v in rounds.items()]}
+    return decode_answers(answers)
+
+
+def test_3a_typed_in_times_are_flagged_measured_ones_pass():
+    """Issue 26: deleting the measuring cell and typing plausible times in got full marks."""
+    check = reference.load(EXERCISES / "3a-amdahl-for-the-retailer.ipynb", questions=["3a-q4"], given=False)["3a-q4"]
+    check(_timing_answers())
+    typed = {"forward": 0.004, "loss": 0.0005, "backward": 0.008, "optimizer": 0.002}
+    with pytest.raises(Flag, match="rounds is missing"):
+        check(_timing_answers(seconds=typed, rounds=False))
+    with pytest.raises(Flag, match="not the median of its rounds"):
+        check(_timing_answers(seconds=dict(typed, step=sum(typed.values()))))
+    good = _timing_answers()
+    bad_step = {k: list(v) for k, v in good["rounds"].items()}
+    bad_step["step"][3] *= 1.5
+    with pytest.raises(Flag, match="sum of its phases"):
+        check(_timing_answers(rounds=bad_step))
+
+
+def test_the_measuring_cells_of_3a_and_3b_are_declared_for_the_grader():
+    for stem, questions in (("3a-amdahl-for-the-retailer", {"3a-q4"}), ("3b-predict-the-two-process-step",
+                                                                        {"3b-q2", "3b-q3"})):
+        ex = autograde.Exercise.load(EXERCISES / f"{stem}.ipynb")
+        assert set(ex.measured) == questions, ex.measured
