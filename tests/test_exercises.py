@@ -383,3 +383,35 @@ def test_the_measuring_cells_of_3a_and_3b_are_declared_for_the_grader():
                                                                         {"3b-q2", "3b-q3"})):
         ex = autograde.Exercise.load(EXERCISES / f"{stem}.ipynb")
         assert set(ex.measured) == questions, ex.measured
+
+
+def _given_names(nb) -> dict:
+    """What the given cell that states the job (it defines n_params) defines, run."""
+    ns: dict = {}
+    job = next(c for c in nb.cells if c.cell_type == "code" and "n_params =" in c.source
+               and not handout.is_solution_cell(c) and not handout.is_check_cell(c))
+    exec(compile(job.source, "given", "exec"), ns)
+    return ns
+
+
+def test_1c_offers_time_only_with_the_data_to_decide_it():
+    """Issue 23, item 6: 1c offered "time" as an answer without any compute data."""
+    from lessonlib.calc import planner
+
+    nb = nbformat.read(EXERCISES / "1c-will-it-fit.ipynb", as_version=4)
+    check = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "1c-q2")
+    offered = ast.literal_eval(next(line for line in check.source.splitlines()
+                                    if line.startswith("check_one_of(\"failure\"")).split(", ", 2)[2].rstrip(")"))
+    assert "time" in offered
+    given = _given_names(nb)
+    for name in ("train_tokens", "device_flops_per_s", "max_days"):
+        assert name in given, f"1c offers 'time' but gives no {name}"
+    kwargs = dict(seq_len=given["seq_len"], layers=given["layers"], hidden=given["hidden"], heads=given["heads"],
+                  device_bytes=int(given["device_bytes"]), train_tokens=given["train_tokens"],
+                  device_flops_per_s=given["device_flops_per_s"], max_days=given["max_days"])
+    # each option is one the data can lead to: at this micro-batch the activations fail first; at one
+    # sequence per device everything fits and only the time is too long
+    assert planner.plan(given["n_params"], batch_per_device=given["micro_batch"], **kwargs).failure == "activations"
+    assert planner.plan(given["n_params"], batch_per_device=1, **kwargs).failure == "time"
+    question = next(c.source for c in nb.cells if c.cell_type == "markdown" and "name the failure" in c.source)
+    assert "`max_days`" in question and "`train_tokens`" in question and "`device_flops_per_s`" in question
