@@ -415,3 +415,41 @@ def test_1c_offers_time_only_with_the_data_to_decide_it():
     assert planner.plan(given["n_params"], batch_per_device=1, **kwargs).failure == "time"
     question = next(c.source for c in nb.cells if c.cell_type == "markdown" and "name the failure" in c.source)
     assert "`max_days`" in question and "`train_tokens`" in question and "`device_flops_per_s`" in question
+
+
+# --------------------------------------------------------------------------
+# 2c: a save that is durable, and a run that leaves nothing behind
+# --------------------------------------------------------------------------
+
+def test_2c_checks_the_folder_fsync_after_the_rename():
+    """Issue 23, item 6: 2c's atomic save left out the folder fsync that chapter 2.3 requires."""
+    nb = nbformat.read(EXERCISES / "2c-how-often-to-save.ipynb", as_version=4)
+    check = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "2c-q1")
+    hidden = handout.hidden_part(check.source)
+    assert '"fsync folder" in events[last + 1:]' in hidden and '"fsync file" in events[:last]' in hidden
+    solution = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "2c-a1").source
+    assert "os.O_DIRECTORY" in solution and solution.index("os.replace") < solution.index("os.fsync(folder)")
+    question = next(c.source for c in nb.cells if c.cell_type == "markdown" and "a crash cannot corrupt" in c.source)
+    assert "O_DIRECTORY" in question and "chapter 2.3" in question
+
+
+@pytest.mark.slow  # runs the notebook: about half a minute
+def test_running_2c_leaves_no_files_in_the_temp_folder(tmp_path):
+    """Issue 26: seven exercise-2c-* folders were left by nbclient runs (a killed kernel runs no finaliser)."""
+    import os
+    import subprocess
+    import sys
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    code = ("import nbformat, nbclient, sys\n"
+            "nb = nbformat.read(sys.argv[1], as_version=4)\n"
+            "nbclient.NotebookClient(nb, timeout=120, kernel_name='python3', shutdown_kernel='immediate',\n"
+            "                        resources={'metadata': {'path': sys.argv[2]}}).execute()\n")
+    # torch keeps its compile cache in the temp folder on purpose (it persists between runs): elsewhere here
+    env = dict(os.environ, TMPDIR=str(tmp), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+               OMP_NUM_THREADS="1", MPLBACKEND="agg")
+    run = subprocess.run([sys.executable, "-c", code, str(EXERCISES / "2c-how-often-to-save.ipynb"), str(EXERCISES)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(p.name for p in tmp.iterdir()) == []

@@ -190,7 +190,7 @@ def hand_in_folder(grade_id: str) -> Path:
     """
     if not isinstance(grade_id, str) or not _GRADE_ID.match(grade_id):
         raise ValueError(f"grade_id must be a short id such as '2c-q1', got {grade_id!r}")
-    root = os.environ.get(HANDIN_ENV) or os.path.join(tempfile.gettempdir(), f"lessonlib-handin-{os.getpid()}")
+    root = os.environ.get(HANDIN_ENV) or _own_root()
     folder = Path(root) / grade_id
     if folder.is_symlink() or folder.is_file():
         folder.unlink()
@@ -199,3 +199,21 @@ def hand_in_folder(grade_id: str) -> Path:
     folder.mkdir(parents=True)
     folders[grade_id] = folder
     return folder
+
+
+def _own_root() -> str:
+    return os.path.join(tempfile.gettempdir(), f"lessonlib-handin-{os.getpid()}")
+
+
+def remove_handin_folders() -> None:
+    """Remove the hand-in folders this process made outside the autograder (a notebook's last cell calls it).
+
+    Under the autograder (``LESSONLIB_HANDIN`` set) it does nothing: the
+    grader reads those folders after the notebook has run, and removes them.
+    A kernel that is killed runs no exit handler, so a notebook cleans up
+    explicitly.
+    """
+    if os.environ.get(HANDIN_ENV):
+        return
+    shutil.rmtree(_own_root(), ignore_errors=True)
+    folders.clear()
