@@ -36,10 +36,15 @@ import lessonlib
 from grading_toy import GOOD_TEXT, POINTS, honest, make_course, scores, student, submit
 from procs import processes_with
 from lessonlib.grading import autograde, sandbox
+from lessonlib.grading.results import display_name
 
 FULL = {"toy-q1": 2, "toy-q2": 3, "toy-q3": 2}
 LIBRARY = Path(lessonlib.__file__).resolve().parent  # the installed package, on the grader's side
 MARKER = "lessonlib-hostile-detached-7f3a"  # in the command line of the detached process
+KEY = b"hostile-class-key-" * 2  # the instructor's key, outside the results folder
+NOT_UTF8 = b"zo\xeb".decode("utf-8", "surrogateescape")  # "zoë" unzipped as Latin-1
+FORMULAS = ['=HYPERLINK("evil.example","x")', "+SUM(1;2)", "-2+3", "@SUM(1)"]
+LOOKALIKES = ["kim\nnewline", "kim newline", "Zo\u00eb", "Zoe\u0308"]
 
 pytestmark = [pytest.mark.slow,  # starts kernels: about a minute for the whole class
               pytest.mark.skipif(bool(sandbox.probe()), reason=f"no sandbox here: {sandbox.probe()}")]
@@ -212,6 +217,12 @@ def _attacks(course: Path) -> dict[str, object]:
     subs["lost.ipynb"] = b"{}"
     subs["o'dd; name\n(1)/Copy of toy (1).ipynb"] = honest()
     subs["ünï cödé/-toy.ipynb"] = honest()
+
+    # --- one student against the class's files (issue 26) --------------------------
+    for name in NOT_UTF8, *FORMULAS, *LOOKALIKES:
+        subs[f"{name}/toy.ipynb"] = honest()
+    subs["surrogate/toy.ipynb"] = honest(a3='answer = "\\ud800 memory less, memory less. time more, time more."')
+    subs["formula-text/toy.ipynb"] = honest(a3="answer = '=HYPERLINK(\"http://evil\",\"x\") memory less, memory less, time more, time more, yes yes.'")
     return subs
 
 
@@ -242,7 +253,7 @@ def graded(tmp_path_factory):
                                      memory_bytes=1024 ** 3, progress=None)
     seconds = time.monotonic() - t0
     rss_growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0
-    manifest = autograde.write_results(results, out / "grades.csv")
+    manifest = autograde.write_results(results, out / "grades.csv", key=KEY)
     table = autograde.format_table(results)
     return {r.path: r for r in results}, dict(
         course=course, sub=sub, out=out, results=results, manifest=manifest, table=table, seconds=seconds,
@@ -337,13 +348,15 @@ def test_no_process_outlives_grading_and_the_csv_stays_as_written(graded):
     assert processes_with(MARKER) == []
     time.sleep(3)  # the detached process would have written by now
     assert processes_with(MARKER) == []
-    assert autograde.verify(ctx["out"] / "grades.csv") == []
-    rows = {r["student"]: r for r in csv.DictReader((ctx["out"] / "grades.csv").open())}
+    assert autograde.verify(ctx["out"] / "grades.csv", key=KEY, submissions=ctx["sub"]) == []
+    rows = {r["student"]: r for r in csv.DictReader((ctx["out"] / "grades.csv").open(encoding="utf-8"))}
     assert "attacker" not in rows and float(rows["detached"]["total"]) == 5
     # the printed table and the CSV are the same rows
     for name, row in rows.items():
+        if name.startswith("'"):  # a formula, neutralised in the CSV only
+            name = name[1:]
         line = next(line for line in ctx["table"].splitlines() if line.split("  ")[0].strip() ==
-                    autograde._clean(name, 60))
+                    display_name(name))
         assert line.split()[-2:] == [row["total"], row["max"]], (line, row)
 
 
@@ -451,6 +464,168 @@ def test_the_grader_survives_loops_typos_crashes_floods_and_junk(graded):
             "cannot tell" in by[junk].problem, by[junk]
     assert scores(by["o'dd; name\n(1)/Copy of toy (1).ipynb"]) == FULL
     assert scores(by["ünï cödé/-toy.ipynb"]) == FULL
-    rows = list(csv.DictReader((ctx["out"] / "grades.csv").open()))
+    rows = list(csv.DictReader((ctx["out"] / "grades.csv").open(encoding="utf-8")))
     assert "o'dd; name\n(1)" in {r["student"] for r in rows}  # odd names survive the CSV round trip
     assert "\n(1)" not in ctx["table"]  # and stay on one line in the printed table
+
+
+
+# ----- one student against the class's files (issue 26) -------------------------------
+
+def test_a_name_that_is_not_utf8_and_a_lone_surrogate_spoil_nothing(graded):
+    by, ctx = graded
+    # the run wrote all three files (the fixture would have raised) and they are UTF-8 throughout
+    for name in ("grades.csv", "grades-details.csv", "grades-manifest.json"):
+        (ctx["out"] / name).read_bytes().decode("utf-8")
+    rows = {r["student"]: r for r in csv.DictReader((ctx["out"] / "grades.csv").open(encoding="utf-8"))}
+    assert float(rows["zo\\xeb"]["total"]) == 7  # the raw name, identifiable: the byte shown as \\xeb
+    assert scores(by[f"{NOT_UTF8}/toy.ipynb"]) == FULL
+    assert "zo\\xeb" in ctx["table"] and "zo\\xeb/toy.ipynb" in ctx["manifest"]["submissions"]
+    q3 = by["surrogate/toy.ipynb"].questions[2]
+    assert q3.status == "flagged" and q3.points == 0
+    details = list(csv.DictReader((ctx["out"] / "grades-details.csv").open(encoding="utf-8")))
+    read = {d["answer_to_read"] for d in details if d["student"] == "surrogate" and d["question"] == "toy-q3"}
+    assert read == {"\\ud800 memory less, memory less. time more, time more."}
+
+
+def test_no_cell_of_the_csv_files_is_a_formula(graded):
+    _, ctx = graded
+    for name in ("grades.csv", "grades-details.csv"):
+        for row in csv.reader((ctx["out"] / name).open(encoding="utf-8")):
+            for cell in row:
+                assert not cell.lstrip(" ").startswith(("=", "+", "-", "@", "\t", "\r")), (name, cell)
+    rows = {r["student"]: r for r in csv.DictReader((ctx["out"] / "grades.csv").open(encoding="utf-8"))}
+    for name in FORMULAS:
+        assert float(rows["'" + name]["total"]) == 7, name  # the name kept, shown as text; numbers stay numbers
+    details = list(csv.DictReader((ctx["out"] / "grades-details.csv").open(encoding="utf-8")))
+    assert any(d["answer_to_read"].startswith("'=HYPERLINK") for d in details if d["student"] == "formula-text")
+
+
+def test_names_that_print_alike_are_flagged_in_both_rows(graded):
+    _, ctx = graded
+    header, rows = autograde.score_table(ctx["results"])
+    notes = {r[0]: r[-1] for r in rows}
+    for a, b in (LOOKALIKES[:2], LOOKALIKES[2:]):
+        assert "looks like another row" in notes[a] and "looks like another row" in notes[b], (a, b)
+        assert _row(ctx, a)["total"] == _row(ctx, b)["total"] == 7  # two rows, never merged
+    assert "kim\\nnewline" in ctx["table"] and "looks like" not in notes["honest"]
+
+
+def test_verify_finds_an_edited_submission_and_a_rehashed_csv(graded, tmp_path):
+    import json
+    import shutil
+
+    _, ctx = graded
+    out, sub = tmp_path / "out", tmp_path / "sub"
+    shutil.copytree(ctx["out"], out)
+    shutil.copytree(ctx["sub"], sub, symlinks=True)
+    assert autograde.verify(out / "grades.csv", key=KEY, submissions=sub) == []
+    victim = sub / "honest" / "toy.ipynb"
+    victim.write_text(victim.read_text().replace("16 * 1000", "16000"))
+    assert any("honest/toy.ipynb changed after grading" in p
+               for p in autograde.verify(out / "grades.csv", key=KEY, submissions=sub))
+    (out / "grades.csv").write_text((out / "grades.csv").read_text(encoding="utf-8").replace("\nwrong,0", "\nwrong,2"),
+                                    encoding="utf-8")
+    m = json.loads((out / "grades-manifest.json").read_text())
+    m["files"]["grades.csv"] = hashlib.sha256((out / "grades.csv").read_bytes()).hexdigest()
+    (out / "grades-manifest.json").write_text(json.dumps(m))
+    assert any("signature does not match" in p for p in autograde.verify(out / "grades.csv", key=KEY))
+
+
+# ----- forged marks: measurements taken on trust, answers that must agree -------------------
+
+MEASURE = ("import time\n"
+           "pieces = {}\n"
+           "for name in ('a', 'b'):\n"
+           "    t0 = time.perf_counter()\n"
+           "    sum(range(20000))\n"
+           "    pieces[name] = time.perf_counter() - t0\n"
+           "print(pieces)")
+
+
+def meter_exercise():
+    """Two questions: a total from measured pieces (its measuring cell declared), and a plan that must be
+    the one an earlier question handed in."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    from grading_toy import check_cell, solution_cell
+    from lessonlib.grading import handout
+
+    nb = new_notebook(cells=[
+        new_markdown_cell("# Meter"),
+        new_code_cell(MEASURE, metadata={"grading": {"measures": {"meter-q1": {"pieces": "pieces"}}}}),
+        solution_cell("meter-a1", "total = pieces['a'] + pieces['b']"),
+        check_cell("meter-q1", 2, "from lessonlib.grading import hand_in\nhand_in('meter-q1', total=total, pieces=pieces)",
+                   "from lessonlib.grading import grader, check_close\n\n\n@grader('meter-q1')\ndef _(got):\n"
+                   "    p = got['pieces']\n"
+                   "    check_close('total', got['total'], p['a'] + p['b'], rel=1e-9, hint='add the pieces')"),
+        solution_cell("meter-a2", "plan = {2, 4}"),
+        check_cell("meter-q2", 1, "from lessonlib.grading import hand_in\nhand_in('meter-q2', plan=plan)",
+                   "from lessonlib.grading import grader\n\n\n@grader('meter-q2')\ndef _(got):\n"
+                   "    assert got['plan'] == {2, 4}, 'not the plan'"),
+        solution_cell("meter-a3", "count = 2 * len(plan)"),
+        check_cell("meter-q3", 1, "from lessonlib.grading import hand_in\nhand_in('meter-q3', plan=plan, count=count)",
+                   "from lessonlib.grading import grader\n\n\n@grader('meter-q3')\ndef _(got):\n"
+                   "    assert got['plan'] == got.answers_to('meter-q2')['plan'], 'the plan of question 2, please'\n"
+                   "    assert got['count'] == 2 * len(got['plan']), 'twice the plan'"),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata[handout.META_KEY] = {"id": "meter", "title": "Meter", "chapter": 3, "objective": 3, "minutes": 5}
+    return nb
+
+
+def _meter_submission(a1="total = pieces['a'] + pieces['b']", a2="plan = {2, 4}", a3="count = 2 * len(plan)",
+                      measure=MEASURE):
+    from lessonlib.grading import handout
+
+    nb = handout.student_notebook(meter_exercise())
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        cell.source = {"meter-a1": a1, "meter-a2": a2, "meter-a3": a3}.get(gid, cell.source)
+    nb.cells = [c for c in nb.cells if c.source != MEASURE or measure is not None]
+    for c in nb.cells:
+        if c.source == MEASURE and measure is not None:
+            c.source = measure
+    return nb
+
+
+TYPED = "pieces = {'a': 0.001, 'b': 0.002}\ntotal = 0.003"
+
+
+@pytest.fixture(scope="module")
+def graded_meter(tmp_path_factory):
+    import nbformat
+
+    course = tmp_path_factory.mktemp("meter")
+    (course / "source").mkdir()
+    nbformat.write(meter_exercise(), course / "source" / "meter.ipynb")
+    subs = {
+        "honest": _meter_submission(),
+        "typed-in": _meter_submission(a1=TYPED, measure=None),  # the measuring cell deleted
+        "overwritten": _meter_submission(a1=TYPED),  # measured, then replaced by typed-in times
+        "edited-meter": _meter_submission(measure="pieces = {'a': 0.001, 'b': 0.002}\nprint(pieces)"),
+        "wrong-total": _meter_submission(a1="total = pieces['a']"),
+        "swapped-plan": _meter_submission(a3="plan = set()\ncount = 0"),  # q3 answered for another plan
+    }
+    for who, nb in subs.items():
+        submit(course / "submitted", f"{who}/meter.ipynb", nb)
+    results = autograde.grade_folder(course / "submitted", course / "source", cell_timeout=20, budget=60, jobs=2,
+                                     progress=None)
+    return {r.student: r for r in results}
+
+
+def test_typed_in_measurements_are_flagged_measured_ones_pass(graded_meter):
+    by = graded_meter
+    assert scores(by["honest"]) == {"meter-q1": 2, "meter-q2": 1, "meter-q3": 1}, by["honest"].questions
+    for who, why in (("typed-in", "missing, edited or did not run"), ("overwritten", "not what the measuring cell"),
+                     ("edited-meter", "missing, edited or did not run")):
+        q1 = by[who].questions[0]
+        assert q1.status == "flagged" and q1.points == 0 and why in q1.message, (who, q1)
+    q1 = by["wrong-total"].questions[0]
+    assert q1.status == "failed" and "add the pieces" in q1.message  # a wrong answer stays wrong
+
+
+def test_an_answer_that_must_agree_with_an_earlier_one_is_compared(graded_meter):
+    r = graded_meter["swapped-plan"]
+    assert scores(r) == {"meter-q1": 2, "meter-q2": 1, "meter-q3": 0}, r.questions
+    assert "the plan of question 2" in r.questions[2].message
