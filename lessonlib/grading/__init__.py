@@ -11,7 +11,10 @@ What a student notebook uses (pure Python, nothing else from lessonlib):
 What the instructor uses (``python exercises/instructor.py``, i.e. :mod:`.cli`):
 :mod:`.handout` (student copies, lint), :mod:`.autograde` (grading a folder),
 :mod:`.sandbox` (bubblewrap isolation), :mod:`.reference` (the process that
-holds the expected values). Those import nbformat, nbclient and friends; this
+holds the expected values), :mod:`.provenance` (were the measurements an
+answer rests on measured in this run?), :mod:`.results` (the score table, made
+safe for files and spreadsheets) and :mod:`.manifest` (the signed manifest, and
+what ``verify`` guarantees). Those import nbformat, nbclient and friends; this
 package's ``__init__`` does not.
 """
 from .answers import check_one_of, hand_in, hand_in_folder, require_number
