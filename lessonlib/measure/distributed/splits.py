@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+from ...checks import reads as _reads
+
 import time
 
 from ...checks import amount as _check_amount, count as _check_count, mapping as _check_mapping, \
@@ -276,6 +278,7 @@ def run_stalled_job(steps: int = 60, stall_step: int = 30, stall_seconds: float 
                   timeout=timeout, progress_total=steps, desc="DDP steps")
 
 
+@_reads("per_rank")
 def expert_step_wait(per_rank: list) -> dict:
     """What an expert-parallel step waits for, from :func:`run_expert_parallel`'s per-rank dicts.
 
@@ -285,18 +288,28 @@ def expert_step_wait(per_rank: list) -> dict:
     process), ``seconds_per_process`` (each process's expert compute,
     seconds) and ``time_imbalance`` (slowest process / mean, measured).
     """
-    for i, r in enumerate(_check_sequence("per_rank", per_rank)):
+    per_rank = _check_sequence("per_rank", per_rank)
+    for i, r in enumerate(per_rank):
         _check_mapping(f"per_rank[{i}]", r)
         missing = {"rank", "tokens_per_expert", "tokens_processed", "expert_seconds"} - set(r)
         if missing:
             raise ValueError(f"per_rank[{i}] is not a run_splits expert result: it lacks {sorted(missing)}")
+        _check_count(f"per_rank[{i}]['rank']", r["rank"], minimum=0)
+        _check_amount(f"per_rank[{i}]['tokens_processed']", r["tokens_processed"])
+        _check_amount(f"per_rank[{i}]['expert_seconds']", r["expert_seconds"])
     from ...calc.experts import expert_load_imbalance, process_load_imbalance
 
-    if not per_rank:
-        raise ValueError("per_rank must not be empty")
-    per_expert = per_rank[0]["tokens_per_expert"]
+    ranks = sorted(r["rank"] for r in per_rank)
+    if ranks != list(range(len(per_rank))):
+        raise ValueError(f"per_rank must hold one result for each rank 0..{len(per_rank) - 1}, got ranks {ranks}")
+    per_expert = _check_sequence("per_rank[0]['tokens_per_expert']", per_rank[0]["tokens_per_expert"])
+    if len(per_expert) % len(per_rank):
+        raise ValueError(f"per_rank[0]['tokens_per_expert'] has {len(per_expert)} experts, which do not divide evenly "
+                         f"over the {len(per_rank)} ranks of per_rank")
     tokens = [r["tokens_processed"] for r in sorted(per_rank, key=lambda r: r["rank"])]
     seconds = [r["expert_seconds"] for r in sorted(per_rank, key=lambda r: r["rank"])]
+    if sum(seconds) <= 0:
+        raise ValueError("per_rank's expert_seconds are all zero: no expert time was measured to compare")
     k = len(per_expert) // len(per_rank)
     return {
         "tokens_per_process": tokens,
