@@ -297,6 +297,17 @@ _READ_ERRORS = {
 }
 
 
+def _names_an_argument(message: str, params, structures) -> bool:
+    """Whether ``message`` is a refusal that already names an argument: it starts with one (as every
+    message of this module does), or it names, as a word, an argument other than the structures."""
+    for p in params:
+        if re.match(rf"(unknown )?{re.escape(p)}\b", message):
+            return True
+        if p not in structures and re.search(rf"\b{re.escape(p)}\b", message):
+            return True
+    return False
+
+
 def reads(*names: str, signed=()):
     """Decorate a function that reads measured results passed as the arguments ``names``.
 
@@ -326,7 +337,7 @@ def reads(*names: str, signed=()):
             try:
                 out = fn(*args, **kwargs)
             except tuple(_READ_ERRORS) as err:
-                if isinstance(err, (TypeError, ValueError)) and any(p in str(err) for p in params):
+                if isinstance(err, (TypeError, ValueError)) and _names_an_argument(str(err), params, names):
                     raise
                 kind = next(k for k in _READ_ERRORS if isinstance(err, k))
                 text = _describe(err.args[0] if isinstance(err, KeyError) and err.args else str(err))

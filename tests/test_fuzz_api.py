@@ -551,6 +551,18 @@ def _out_of_range(qualname, result):
     return None
 
 
+def _names(message, params):
+    """Whether a refusal names an argument: it starts with one ("lr must be ...", "unknown model ..."), or
+    names one as the subject of a clause ("runs[0]['wall'] must ...", "mlp's hidden", "world_size=2 must").
+    A bare word is not enough: "not enough values to unpack (expected 3, got 2)" names no argument
+    called ``expected``."""
+    import re
+
+    return any(re.match(rf"(unknown )?{re.escape(p)}\b", message)
+               or re.search(rf"\b{re.escape(p)}(\[|'s\b|=| must| has| is| does| lacks| give| holds| \(|:)", message)
+               for p in params)
+
+
 def _classify(qualname, params, how, out, stats):
     """Count one outcome; return the problem (a string) or None."""
     stats["calls"] += 1
@@ -561,7 +573,7 @@ def _classify(qualname, params, how, out, stats):
         if not isinstance(out, (ValueError, TypeError)):
             stats["raw"].append(f"{qualname}: {type(out).__name__}: {str(out)[:120]}")
             return f"raw {type(out).__name__}: {out}"
-        if not any(p in str(out) for p in params):
+        if not _names(str(out), params):
             stats["unnamed"].append(f"{qualname}: {str(out)[:120]}")
             return f"{type(out).__name__} naming no argument: {out}"
         stats["refused"] += 1

@@ -189,8 +189,12 @@ def tp_collective_table(records, expected) -> str:
         check_count(f"expected[{key!r}]'s count", value[0], minimum=0)
         check_count(f"expected[{key!r}]'s bytes", value[1], minimum=0)
     got: dict = {}
-    for rec in check_sequence("records", records, allow_empty=True):
-        kind, phase, n = check_sequence("records", rec)
+    for i, rec in enumerate(check_sequence("records", records, allow_empty=True)):
+        rec = check_sequence(f"records[{i}]", rec)
+        if len(rec) != 3:
+            raise ValueError(f"records[{i}] must be (kind, phase, bytes), got {len(rec)} values: {rec!r}")
+        kind, phase, n = rec
+        check_count(f"records[{i}]'s bytes", n, minimum=0)
         d = got.setdefault((kind, phase), [0, 0])
         d[0] += 1
         d[1] += n
