@@ -840,7 +840,7 @@ def test_structures_mutated_field_by_field(qualname):
     assert how == "returned" and _out_of_range(qualname, out) is None, f"{qualname}: the valid sample fails: {out!r}"
     expected = _fingerprint(out)  # a spoiled field the function never reads leaves its answer as it was
     cases = [(arg, p, m) for arg in base for p, m in _mutations(base[arg], (arg,))]
-    limit = int(os.environ.get("LESSONLIB_FUZZ_MUTATIONS", "60"))
+    limit = int(os.environ.get("LESSONLIB_FUZZ_MUTATIONS", "40"))
     if len(cases) > limit:
         cases = random.Random(qualname).sample(cases, limit)
     problems = []
