@@ -327,3 +327,21 @@ def test_plot_functions_refuse_what_they_cannot_draw():
     runs = [{"rank": r, "wall": [1.0, 2.0, 5.0], "cpu": [0.5, 1.0, -1.0]} for r in (0, 1)]
     with pytest.raises(ValueError, match=r"runs\[0\]\['cpu'\]\[2\] must be zero or positive"):
         stall_figure(runs, 2, 3.0)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m: m.data_parallel.run_data_parallel(hidden=65536), "hidden=65,536 gives no model the workers can build"),
+    (lambda m: m.comm_timing.run_comm_timing(ddp_hidden=65536), "ddp_hidden=65,536 gives no model"),
+    (lambda m: m.splits.run_stalled_job(hidden=65536), "hidden=65,536 gives no model"),
+    (lambda m: m.splits.run_expert_parallel(tokens=65536, hidden=4096), "tokens, hidden and experts_per_rank"),
+    (lambda m: m.splits.run_splits(tp=dict(batch=65536, d_in=65536, d_out=2)), r"tp: batch × d_in"),
+    (lambda m: m.splits.run_splits(ep=[dict(tokens=256, hidden=4096, experts_per_rank=8, skew=0.0)]), r"ep\[0\]"),
+])
+def test_sizes_the_workers_cannot_hold_are_refused_in_the_parent(call, message, no_processes):
+    import importlib
+    from types import SimpleNamespace
+
+    mods = SimpleNamespace(**{n: importlib.import_module(f"lessonlib.measure.distributed.{n}")
+                              for n in ("data_parallel", "comm_timing", "splits")})
+    with pytest.raises(ValueError, match=message):
+        call(mods)

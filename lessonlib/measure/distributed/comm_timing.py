@@ -245,7 +245,9 @@ def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16
     ddp_batch = check_count("ddp_batch", ddp_batch, maximum=MAX_SIZE)
     if ddp_batch % world_size:
         raise ValueError(f"ddp_batch {ddp_batch} does not divide evenly by world_size={world_size}")
-    ddp_hidden = check_count("ddp_hidden", ddp_hidden, maximum=MAX_SIZE)
+    from .data_parallel import check_forecast_hidden
+
+    ddp_hidden = check_forecast_hidden("ddp_hidden", ddp_hidden)
     fsdp = _fsdp_config(fsdp)
     per_rank = launch(_comm_worker, world_size,
                       args=(sizes, checks, rounds, ddp_hidden, ddp_batch, fsdp),
