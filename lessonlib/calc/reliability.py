@@ -219,8 +219,8 @@ def simulate_losses(interval_seconds: float, checkpoint_seconds: float, mtbf_sec
                 " before it completes: check the order of the arguments (interval_seconds,"
                 " checkpoint_seconds, mtbf_seconds, work_seconds)." if exponent > 3 else
                 " Use fewer trials or less work_seconds per interval_seconds.")
-        raise ValueError(f"simulate_overhead would run about {events:.3g} simulated events, more than its "
-                         f"limit of {MAX_EVENTS:,}.{hint}")
+        raise ValueError(f"trials, work_seconds, interval_seconds, checkpoint_seconds and mtbf_seconds give about "
+                         f"{events:.3g} simulated events, more than the simulation's limit of {MAX_EVENTS:,}.{hint}")
     rng = random.Random(seed)
     rate = 1.0 / m
     losses = []
