@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, asdict
 
-from ..checks import amount as check_amount, choice as check_choice, count as check_count
+from ..checks import amount as check_amount, choice as check_choice, count as check_count, text as check_text
 
 
 #: Bytes per activation value the formula accepts: 16-bit (2, the paper's) and fp32 (4).
@@ -105,6 +105,8 @@ ACTIVATION_BYTES_PER_VALUE = {"mixed": 2, "fp32": 4}
 def check_heads(hidden, heads, hidden_name: str = "hidden", heads_name: str = "heads") -> None:
     """Refuse a layer shape that no attention layer has: ``heads`` must divide ``hidden``
     (each head takes hidden / heads of the width; ``TinyGPT`` refuses the same)."""
+    check_text("hidden_name", hidden_name)
+    check_text("heads_name", heads_name)
     h, a = check_count(hidden_name, hidden), check_count(heads_name, heads)
     if a > h or h % a:
         raise ValueError(f"{heads_name} ({a}) must divide {hidden_name} ({h}): each attention head takes "

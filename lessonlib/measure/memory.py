@@ -45,6 +45,8 @@ def check_optimizer_of(optimizer, model) -> None:
     """Refuse an ``optimizer`` that updates tensors other than ``model``'s parameters (one built
     for another model, or for a copy): its step would leave ``model`` unchanged and its state
     would not be the model's. An optimizer over some of the parameters (fine-tuning) is fine."""
+    instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
+    instance("model", model, torch.nn.Module, "a torch.nn.Module")
     own = {id(p) for p in model.parameters()}
     theirs = [p for group in optimizer.param_groups for p in group["params"]]
     if not theirs:
@@ -65,6 +67,9 @@ def check_targets_fit(output, targets, name: str = "targets") -> None:
     ``cross_entropy``'s (N, C, ...) layout). Tuples and non-tensors are left to
     the loss function.
     """
+    from ..checks import text
+
+    text("name", name)
     if not isinstance(output, torch.Tensor) or not isinstance(targets, torch.Tensor):
         return
     out, tgt = tuple(output.shape), tuple(targets.shape)

@@ -44,7 +44,9 @@ def check_forecast_hidden(name: str, hidden) -> int:
     caller's argument (``hidden``, ``ddp_hidden``)."""
     import torch
 
-    hidden = _check_count(name, hidden, maximum=MAX_SIZE)
+    from ...checks import text
+
+    hidden = _check_count(text("name", name), hidden, maximum=MAX_SIZE)
     try:
         with torch.device("meta"):
             forecast_model(hidden)
