@@ -86,3 +86,57 @@ def test_bool_nan_inf_and_overflow_are_refused_clearly(value, message):
     if not isinstance(value, str):
         with pytest.raises(ValueError, match="serial"):
             checks.amount("serial", value if value is not True else True)
+
+
+# --- issue 27: subnormal positives, results in range, measured structures ----------------------------
+
+def test_positive_refuses_subnormal_numbers_that_divide_into_infinity():
+    with pytest.raises(ValueError, match="bandwidth is too small to divide by, got 5e-324"):
+        checks.positive("bandwidth", 5e-324)
+    assert checks.positive("bandwidth", 2.3e-308) == 2.3e-308   # the smallest normal floats still pass
+    assert checks.amount("alpha", 5e-324) == 5e-324             # an amount that may be zero is never a divisor here
+
+
+def test_result_refuses_what_has_no_physical_meaning():
+    assert checks.result(0.5, "a and b", "a utilisation", high=1.0) == 0.5
+    with pytest.raises(ValueError, match="a and b give a utilisation of 6, above 1.*hint"):
+        checks.result(6.0, "a and b", "a utilisation", high=1.0, hint="hint")
+    with pytest.raises(ValueError, match="a and b give a time of inf"):
+        checks.result(float("inf"), "a and b", "a time")
+    with pytest.raises(ValueError, match="below 0"):
+        checks.result(-1.0, "a and b", "bytes")
+
+
+def test_measured_names_where_a_bad_number_sits():
+    ok = {"runs": [{"wall": [1.0, 2.0], "ok": True, "name": "x", "peak": None}]}
+    assert checks.measured("run", ok) is ok
+    with pytest.raises(ValueError, match=r"run\['runs'\]\[0\]\['wall'\]\[1\] must be finite, got nan"):
+        checks.measured("run", {"runs": [{"wall": [1.0, float("nan")]}]})
+    with pytest.raises(ValueError, match=r"run\['x'\] must be zero or positive"):
+        checks.measured("run", {"x": -1})
+    assert checks.measured("run", {"x": -1}, signed=True)
+    from lessonlib.measure.memory import MemoryLedger
+
+    with pytest.raises(ValueError, match=r"ledger\.weights must be a number, got 'x'"):
+        checks.measured("ledger", MemoryLedger(weights="x", gradients=1, optimizer_state=1, activations=1))
+
+
+def test_reads_turns_a_structure_of_the_wrong_shape_into_an_error_naming_it():
+    @checks.reads("run")
+    def first_ratio(run, scale=1.0):
+        """Reads run['steps'][0] / run['reference']."""
+        if scale > 10:
+            raise ValueError(f"scale must be at most 10, got {scale}")
+        return run["steps"][0] / run["reference"] * scale
+
+    assert first_ratio({"steps": [2.0], "reference": 4.0}) == 0.5
+    for bad, why in [({"steps": [2.0]}, "lacks the key 'reference'"),
+                     ({"steps": [], "reference": 1.0}, "shorter than it must be"),
+                     ({"steps": [2.0], "reference": 0.0}, "a zero where a measurement is divided by"),
+                     ({"steps": ["2"], "reference": 1.0}, "a value of the wrong kind"),
+                     ({"steps": [1e308], "reference": 1e-308}, "not finite")]:
+        with pytest.raises(ValueError, match=f"run .*{why}"):
+            first_ratio(bad)
+    with pytest.raises(ValueError, match="^scale must be at most 10"):  # an error naming an argument passes as it is
+        first_ratio({"steps": [2.0], "reference": 4.0}, scale=11)
+    assert first_ratio.__doc__.startswith("Reads") and first_ratio.__name__ == "first_ratio"

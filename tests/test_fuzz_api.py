@@ -483,3 +483,392 @@ def teardown_module(module):
             f"failures: {len(STATS['failures'])}\n")
         for f in STATS["failures"][:200]:
             sys.__stdout__.write(f"  FAIL {f[:300]}\n")
+
+
+# --- values valid one by one, drawn together (issue 27) ---------------------------------------------
+#
+# The fuzz above spoils one argument at a time. Here every numeric argument of a calculation (and of
+# the calculators the pages show) is drawn at once from values that are each valid somewhere: small
+# and large counts, fractions, the smallest and largest floats. Every outcome must be a refusal that
+# names an argument, or a result in its physical range: finite, not negative (bytes, seconds, FLOPs),
+# and a fraction or a utilisation within [0, 1].
+
+COMBO_POOL = [1, 2, 3, 4, 7, 8, 32, 4096, 10**6, 10**9, 0.5, 0.999, 5e-324, 1e-300, 1e300, 2**60]
+#: Results that may be negative by definition (a difference, or a time the inverse formula finds impossible).
+SIGNED = {"lessonlib.calc.pricing.restart_for_useful_fraction", "lessonlib.calc.comm.relative_errors",
+          "lessonlib.book.split_reports.comm_rows"}
+#: Fields (of a result dataclass or dict) and whole results that are fractions of a whole.
+FRACTION_FIELDS = ("useful_fraction", "cpu_share", "utilisation", "idle_share", "goodput", "share")
+FRACTION_RESULTS = {"lessonlib.calc.pricing.implied_utilisation", "lessonlib.measure.distributed.pipelining.idle_share"}
+COMBO_STATS = {"calls": 0, "ok": 0, "refused": 0, "raw": [], "unnamed": [], "nonsense": [], "timeout": []}
+STRUCT_STATS = {"calls": 0, "ok": 0, "refused": 0, "raw": [], "unnamed": [], "nonsense": [], "accepted": [],
+                "timeout": []}
+
+
+def _numbers_in(value, where="result", depth=0):
+    """(where, number) for every real number in a result: dataclass fields, dict values, list items."""
+    if depth > 6:
+        return
+    if isinstance(value, (bool, np.bool_)):
+        return
+    if isinstance(value, numbers.Real):
+        yield where, float(value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _numbers_in(getattr(value, f.name), f.name, depth + 1)
+        for prop in ("goodput", "total", "added", "fits"):  # computed properties pages read
+            if isinstance(getattr(type(value), prop, None), property):
+                try:
+                    yield from _numbers_in(getattr(value, prop), prop, depth + 1)
+                except (ValueError, TypeError, ZeroDivisionError) as err:  # a property that refuses is fine
+                    yield prop, err
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers_in(v, str(k), depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _numbers_in(v, where, depth + 1)
+    elif isinstance(value, str) and not hasattr(value, "savefig"):
+        import re
+
+        if re.search(r"(?<![\w.])(nan|-?inf)(?![\w])", value, re.I) or "nan %" in value:
+            yield where, math.nan
+
+
+def _out_of_range(qualname, result):
+    """Why ``result`` is not a result in its physical range, or None."""
+    for where, v in _numbers_in(result):
+        if isinstance(v, BaseException):
+            return f"{where} raised {type(v).__name__}: {v}"
+        if not math.isfinite(v):
+            return f"{where} = {v!r}"
+        if v < 0 and qualname not in SIGNED:
+            return f"{where} = {v!r} is negative"
+        fraction = qualname in FRACTION_RESULTS if where == "result" else \
+            any(where == f or where.endswith("_" + f) for f in FRACTION_FIELDS)
+        if fraction and v > 1 + 1e-9:
+            return f"{where} = {v!r} is a fraction above 1"
+    return None
+
+
+def _names(message, params):
+    """Whether a refusal names an argument: it starts with one ("lr must be ...", "unknown model ..."), or
+    names one as the subject of a clause ("runs[0]['wall'] must ...", "mlp's hidden", "world_size=2 must").
+    A bare word is not enough: "not enough values to unpack (expected 3, got 2)" names no argument
+    called ``expected``."""
+    import re
+
+    return any(re.match(rf"(unknown )?{re.escape(p)}\b", message)
+               or re.search(rf"\b{re.escape(p)}(\[|'s\b|=| must| has| is| does| lacks| give| holds| \(|:)", message)
+               for p in params)
+
+
+def _classify(qualname, params, how, out, stats):
+    """Count one outcome; return the problem (a string) or None."""
+    stats["calls"] += 1
+    if how == "timeout":
+        stats["timeout"].append(qualname)
+        return "timeout"
+    if how == "raised":
+        if not isinstance(out, (ValueError, TypeError)):
+            stats["raw"].append(f"{qualname}: {type(out).__name__}: {str(out)[:120]}")
+            return f"raw {type(out).__name__}: {out}"
+        if not _names(str(out), params):
+            stats["unnamed"].append(f"{qualname}: {str(out)[:120]}")
+            return f"{type(out).__name__} naming no argument: {out}"
+        stats["refused"] += 1
+        return None
+    bad = _out_of_range(qualname, out)
+    if bad:
+        stats["nonsense"].append(f"{qualname}: {bad}")
+        return f"returned out of range: {bad}"
+    stats["ok"] += 1
+    return None
+
+
+def _combo_targets():
+    out = []
+    for q in COVERED:
+        if not (q.startswith("lessonlib.calc.") or q.startswith("lessonlib.book.reports.")
+                or q.startswith("lessonlib.book.split_reports.")):
+            continue
+        fn = _resolve(q)
+        if inspect.isclass(fn):
+            continue
+        nums = [p.name for p in _params(fn) if _kind(p) == "number"
+                or isinstance(_GOOD_NUMBERS.get(p.name), (int, float))]
+        if len(nums) >= 2:
+            out.append(q)
+    return out
+
+
+#: Numeric arguments by name, where a function gives no default (the fuzz's GOOD, numbers only).
+_GOOD_NUMBERS = {k: v for k, v in {
+    "serial": 20, "parallel": 80, "devices": 4, "n_bytes": 1000, "device_mtbf_hours": 1000.0, "speedup": 3.0,
+    "checkpoint_seconds": 300.0, "n_params": 1000, "seq_len": 8, "batch": 2, "hidden": 16, "heads": 2, "layers": 2,
+    "stages": 4, "microbatches": 8, "tokens": 1000, "total_flops": 1e12, "device_flops_per_s": 1e12, "n_layers": 4,
+    "segments": 2, "interval_seconds": 3600.0, "mtbf_seconds": 86400.0, "work_seconds": 86400.0, "n": 1536,
+    "alpha_s": 1e-5, "beta_bytes_per_s": 1e9, "micro_batch": 1, "peak_flops_per_s": 1e15, "utilisation": 0.4,
+    "device_hours": 1000.0, "span_seconds": 86400.0, "failures": 3, "useful_fraction": 0.9,
+    "checkpoint_bytes": 1e9, "bandwidth_bytes_per_s": 1e9, "serial_share": 0.2, "interval": 3600.0,
+    "restart_seconds": 0.0, "batch_per_device": 1, "device_GB": 80, "save_minutes": 5.0, "mtbf_hours": 24.0,
+    "stage": 1, "experts_per_process": 1}.items()}
+
+COMBO_TARGETS = _combo_targets()
+
+
+def _combos(qualname, good, examples):
+    import random
+
+    fn = _resolve(qualname)
+    params = _params(fn)
+    rng = random.Random(qualname)
+    problems = []
+    for _ in range(examples):
+        kwargs = {}
+        for p in params:
+            if _kind(p) == "number" or isinstance(_GOOD_NUMBERS.get(p.name), (int, float)):
+                kwargs[p.name] = rng.choice(COMBO_POOL)
+            elif p.default is inspect.Parameter.empty:
+                v = good.get(f"{qualname.rpartition('.')[2]}.{p.name}", good.get(p.name))
+                if v is None:
+                    break
+                kwargs[p.name] = v
+        else:
+            how, out = _call_with_limit(fn, kwargs)
+            problem = _classify(qualname, [p.name for p in params], how, out, COMBO_STATS)
+            if problem:
+                problems.append(f"{qualname}({kwargs}): {problem}")
+    return problems
+
+
+@pytest.mark.parametrize("qualname", COMBO_TARGETS)
+def test_values_valid_alone_are_checked_together(qualname, good):
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("the per-call time limit needs SIGALRM in the main thread")
+    problems = _combos(qualname, good, int(os.environ.get("LESSONLIB_FUZZ_COMBOS", "20")))
+    assert not problems, "\n".join(problems[:10])
+
+
+# --- the structures pages pass between functions, mutated field by field ---------------------------
+#
+# Report rows, plans, run results: each is built valid (the shape a page passes), then one field at a
+# time is spoiled: set to 0, -1, NaN, inf, the smallest float, None or a string; a key dropped; a list
+# or tuple cut short or emptied. Every outcome must be a refusal naming an argument or a result in
+# range, and a spoiled number that is never valid (NaN, inf, a string) must not be accepted silently.
+
+NEVER_VALID_LEAVES = (math.nan, math.inf, "x")
+LEAF_MUTATIONS = (0, -1, math.nan, math.inf, 5e-324, None, "x")
+
+
+def _structure_samples():
+    """Valid structures as pages pass them, by the function that reads them (kwargs of one call)."""
+    from lessonlib.calc.comm import LINKS
+    from lessonlib.calc.planner import propose
+    from lessonlib.measure.memory import MemoryLedger
+    from lessonlib.measure.recompute import SweepPoint
+    from lessonlib.measure.timing import StepTiming
+    from lessonlib.measure.distributed.data_parallel import DataParallelRun
+
+    ledger = MemoryLedger(weights=4096, gradients=4096, optimizer_state=8192, activations=2048, peak=20000)
+    phases = ("prediction", "forward", "loss", "backward", "optimizer", "step")
+    secs = dict(zip(phases, (0.001, 0.002, 0.0005, 0.004, 0.001, 0.0075)))
+    timing = StepTiming(seconds=secs, ratios={k: v / 0.001 for k, v in secs.items()},
+                        shares={k: secs[k] / 0.0075 for k in phases[1:5]}, rounds={k: [v, v] for k, v in secs.items()})
+    dp = DataParallelRun(world_size=2, backend="gloo", device="cpu", n_params=1000, grad_bytes=4000,
+                         replica_grads_equal=True, replica_weights_equal=True, full_batch_grad_max_diff=0.0,
+                         full_batch_grad_max=1.0, rounds=3, rows=[_dp_row(8), _dp_row(32)])
+    spans = [[["F", 0, 0.0, 1.0], ["B", 0, 2.0, 4.0]], [["F", 0, 1.0, 2.0], ["B", 0, 2.0, 3.0]]]
+    pipe = {"world_size": 2, "backend": "gloo", "runs": [
+        {"schedule": "GPipe", "microbatches": 2, "steps": [{"spans": spans, "idle_share": 0.25,
+                                                             "peak_bytes": [200, 120], "left_bytes": [0, 0]}]},
+        {"schedule": "1F1B", "microbatches": 2, "steps": [{"spans": spans, "idle_share": 0.25,
+                                                            "peak_bytes": [200, 60], "left_bytes": [0, 0]}]}]}
+    shard_rank = lambda r: {"rank": r, "world_size": 2, "n_params": 1000,  # noqa: E731
+                            "zero3": {"weights": 2000, "gradients": 2000, "optimizer_state": 4000},
+                            "zero1": {"weights": 4000, "gradients": 4000, "optimizer_state": 4000},
+                            "losses": [5.0, 4.5], "reference_losses": [5.0, 4.5],
+                            "zero3_collectives": [["all_gather", "forward", 4000], ["reduce_scatter", "backward", 4000]],
+                            "keep_collectives": [["all_gather", "forward", 2000], ["reduce_scatter", "backward", 4000]]}
+    comm = {"world_size": 2, "all_reduce": [[4096, [0.003, 0.001]]], "all_gather": [[4096, [0.002]]],
+            "reduce_scatter": [[4096, [0.002]]],
+            "ddp": {"grad_bytes": 4096, "bucket_bytes": [4096], "bucket_times": [[0.002, 0.001]],
+                    "backward": [0.010, 0.012], "backward_no_sync": [0.008, 0.009]},
+            "fsdp": {"collectives": [["all_gather", 4096]], "replay_each": [[0.002, 0.001]], "step": [0.05]}}
+    runs = [{"rank": r, "wall": [1.0, 2.0, 5.0, 6.0], "cpu": [0.9, 1.8, 2.1, 3.0]} for r in (0, 1)]
+    experts = [{"rank": r, "tokens_per_expert": [30, 10, 10, 10], "tokens_processed": t, "expert_seconds": s}
+               for r, t, s in ((0, 40, 0.004), (1, 20, 0.002))]
+    sweeps = {"model": [SweepPoint(1, 4000, 3000, 0.0), SweepPoint(2, 3000, 2000, 0.5),
+                        SweepPoint("per-block", 2500, 1000, 1.0)]}
+    return {
+        "lessonlib.book.reports.data_parallel_table": dict(result=dp),
+        "lessonlib.book.reports.data_parallel_display_rows": dict(result=dp),
+        "lessonlib.book.speedup_plots.data_parallel_figure": dict(rows=list(dp.rows), world_size=2),
+        "lessonlib.book.reports.ledger_table": dict(ledgers={"a": ledger}, formula={"total": 18000}),
+        "lessonlib.book.plots.plot_ledger": dict(ledgers={"a": ledger}),
+        "lessonlib.book.reports.timing_table": dict(t=timing),
+        "lessonlib.book.plots.plot_timing": dict(timings={"a": timing}),
+        "lessonlib.book.reports.proposal_html": dict(layouts=propose(7.5e9, layers=32, hidden=4096, heads=32)),
+        "lessonlib.book.plots.plot_resume_comparison": dict(reference={1: 1.0, 2: 0.5}, resumed={"r": {2: 0.5}},
+                                                            resumed_from=1),
+        "lessonlib.book.plots.plot_segment_sweep": dict(sweeps=sweeps),
+        "lessonlib.book.memory_plots.plot_memory_multiplier": dict(ratios={"a": 3.0, "b": 12.0}),
+        "lessonlib.book.memory_plots.plot_activation_sweep": dict(
+            results={("batch", 1): (100, 100), ("batch", 2): (200, 200)}, sweeps={"batch": [1, 2]}),
+        "lessonlib.book.speedup_plots.plot_goodput_failures": dict(devices=[1, 2], rows={"m": _goodputs()},
+                                                                   no_failure=[1.0, 0.95]),
+        "lessonlib.book.speedup_plots.stall_figure": dict(runs=runs, stall_step=2, stall_s=2.0),
+        "lessonlib.calc.goodput.stall_account": dict(runs=runs, stall_step=2),
+        "lessonlib.measure.distributed.splits.expert_step_wait": dict(per_rank=experts),
+        "lessonlib.measure.distributed.pipelining.idle_share": dict(per_rank_spans=spans),
+        "lessonlib.book.split_plots.plot_pipeline_timelines": dict(run=pipe, microbatches=2),
+        "lessonlib.book.split_plots.plot_idle_shares": dict(run=pipe),
+        "lessonlib.book.split_reports.idle_rows": dict(run=pipe),
+        "lessonlib.book.split_reports.pipeline_memory_rows": dict(run=pipe),
+        "lessonlib.book.split_reports.pipeline_memory_table": dict(run=pipe),
+        "lessonlib.book.split_reports.sharded_state_table": dict(results={2: [shard_rank(0), shard_rank(1)]}),
+        "lessonlib.book.split_reports.zero1_table": dict(per_rank=[shard_rank(0), shard_rank(1)]),
+        "lessonlib.book.split_reports.loss_table": dict(per_rank=[shard_rank(0), shard_rank(1)]),
+        "lessonlib.book.split_reports.traffic_table": dict(per_rank=[shard_rank(0), shard_rank(1)]),
+        "lessonlib.book.split_reports.tp_collective_table": dict(
+            records=[["all_reduce", "forward", 4096]], expected={("all_reduce", "forward"): (1, 4096)}),
+        "lessonlib.book.split_reports.comm_rows": dict(result=comm, link=LINKS["nvlink"]),
+        "lessonlib.book.split_reports.comm_table": dict(rows=[{"what": "a", "bytes": 4096, "measured_s": 0.001,
+                                                               "predicted_s": 0.0012}]),
+        "lessonlib.calc.comm.fit_alpha_beta": dict(n_bytes=[1e3, 1e5, 1e7], seconds=[1e-4, 2e-4, 1e-2]),
+        "lessonlib.calc.experts.process_load_imbalance": dict(tokens_per_expert=[25, 5, 5, 5], experts_per_process=2),
+        "lessonlib.book.split_plots.plot_alpha_beta": dict(sizes=[1e3, 1e5], seconds=[1e-4, 2e-4], link=LINKS["nvlink"]),
+    }
+
+
+def _mutations(value, path=()):
+    """(path, mutated copy of ``value``) for one spoiled field at a time, depth first."""
+    import copy
+
+    if isinstance(value, (bool, np.bool_)) or value is None or callable(value) and not dataclasses.is_dataclass(value):
+        return
+    if isinstance(value, (numbers.Real, str)):
+        for m in LEAF_MUTATIONS:
+            if m is not value and not (isinstance(value, str) and isinstance(m, str)):
+                yield path + (f"={m!r}",), m
+        return
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            for p, m in _mutations(getattr(value, f.name), path + (f.name,)):
+                new = copy.copy(value)
+                object.__setattr__(new, f.name, m)
+                yield p, new
+        return
+    if isinstance(value, dict):
+        for k in list(value):
+            yield path + (f"drop {k!r}",), {kk: vv for kk, vv in value.items() if kk != k}
+            for p, m in _mutations(value[k], path + (repr(k),)):
+                yield p, {**value, k: m}
+        return
+    if isinstance(value, (list, tuple)):
+        kind = type(value)
+        if value:
+            yield path + ("cut short",), kind(value[:-1])
+        for i, v in enumerate(value):
+            for p, m in _mutations(v, path + (i,)):
+                yield p, kind(list(value[:i]) + [m] + list(value[i + 1:]))
+
+
+def _fingerprint(out):
+    """What a reader sees of a result: a value itself; of a figure its titles, texts, lines and bars."""
+    if hasattr(out, "alt") and hasattr(out, "png"):
+        return out.alt
+    if callable(getattr(out, "savefig", None)):
+        seen = [out._suptitle.get_text() if getattr(out, "_suptitle", None) else ""]
+        for ax in out.axes:
+            seen.append((ax.get_title(), ax.get_xlabel(), ax.get_ylabel(),
+                         [t.get_text() for t in ax.texts],
+                         [np.asarray(line.get_xydata(), dtype=object).tolist() for line in ax.lines],
+                         [(round(float(p.get_x()), 12), round(float(p.get_height()), 12)) for p in ax.patches
+                          if hasattr(p, "get_height")],
+                         [tuple(map(str, c.get_offsets().tolist())) if hasattr(c, "get_offsets") else ()
+                          for c in ax.collections]))
+        return repr(seen)
+    return repr(out)
+
+
+def _never_valid_leaf(path):
+    last = path[-1] if path else ""
+    return isinstance(last, str) and last.startswith("=") and last[1:] in ("nan", "inf", "'x'")
+
+
+STRUCTURES = None
+
+
+def _structures():
+    global STRUCTURES
+    if STRUCTURES is None:
+        STRUCTURES = _structure_samples()
+    return STRUCTURES
+
+
+STRUCTURE_TARGETS = [
+    "lessonlib.book.reports.data_parallel_table", "lessonlib.book.reports.data_parallel_display_rows",
+    "lessonlib.book.speedup_plots.data_parallel_figure", "lessonlib.book.reports.ledger_table",
+    "lessonlib.book.plots.plot_ledger", "lessonlib.book.reports.timing_table", "lessonlib.book.plots.plot_timing",
+    "lessonlib.book.reports.proposal_html", "lessonlib.book.plots.plot_resume_comparison",
+    "lessonlib.book.plots.plot_segment_sweep", "lessonlib.book.memory_plots.plot_memory_multiplier",
+    "lessonlib.book.memory_plots.plot_activation_sweep", "lessonlib.book.speedup_plots.plot_goodput_failures",
+    "lessonlib.book.speedup_plots.stall_figure", "lessonlib.calc.goodput.stall_account",
+    "lessonlib.measure.distributed.splits.expert_step_wait", "lessonlib.measure.distributed.pipelining.idle_share",
+    "lessonlib.book.split_plots.plot_pipeline_timelines", "lessonlib.book.split_plots.plot_idle_shares",
+    "lessonlib.book.split_reports.idle_rows", "lessonlib.book.split_reports.pipeline_memory_rows",
+    "lessonlib.book.split_reports.pipeline_memory_table", "lessonlib.book.split_reports.sharded_state_table",
+    "lessonlib.book.split_reports.zero1_table", "lessonlib.book.split_reports.loss_table",
+    "lessonlib.book.split_reports.traffic_table", "lessonlib.book.split_reports.tp_collective_table",
+    "lessonlib.book.split_reports.comm_rows", "lessonlib.book.split_reports.comm_table",
+    "lessonlib.calc.comm.fit_alpha_beta", "lessonlib.calc.experts.process_load_imbalance",
+    "lessonlib.book.split_plots.plot_alpha_beta",
+]
+
+
+@pytest.mark.parametrize("qualname", STRUCTURE_TARGETS)
+def test_structures_mutated_field_by_field(qualname):
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("the per-call time limit needs SIGALRM in the main thread")
+    import random
+
+    fn = _resolve(qualname)
+    names = [p.name for p in _params(fn)]
+    base = _structures()[qualname]
+    how, out = _call_with_limit(fn, dict(base))
+    assert how == "returned" and _out_of_range(qualname, out) is None, f"{qualname}: the valid sample fails: {out!r}"
+    expected = _fingerprint(out)  # a spoiled field the function never reads leaves its answer as it was
+    cases = [(arg, p, m) for arg in base for p, m in _mutations(base[arg], (arg,))]
+    limit = int(os.environ.get("LESSONLIB_FUZZ_MUTATIONS", "40"))
+    if len(cases) > limit:
+        cases = random.Random(qualname).sample(cases, limit)
+    problems = []
+    for arg, path, mutated in cases:
+        how, out = _call_with_limit(fn, {**base, arg: mutated})
+        problem = _classify(qualname, names, how, out, STRUCT_STATS)
+        if problem is None and how == "returned" and _never_valid_leaf(path) and _fingerprint(out) != expected:
+            STRUCT_STATS["ok"] -= 1
+            STRUCT_STATS["accepted"].append(f"{qualname}: {path}")
+            problem = "accepted a value that is never valid there"
+        if problem:
+            problems.append(f"{qualname} with {' '.join(map(str, path))}: {problem}")
+    assert not problems, f"{len(problems)} of {len(cases)}:\n" + "\n".join(problems[:15])
+
+
+def _report(title, stats):
+    classes = ("raw", "unnamed", "nonsense", "accepted", "timeout")
+    counts = ", ".join(f"{k} {len(stats[k])}" for k in classes if k in stats)
+    sys.__stdout__.write(f"\n[fuzz {title}] calls {stats['calls']}: in range {stats['ok']}, "
+                         f"refused naming an argument {stats['refused']}; {counts}\n")
+    for k in classes:
+        for line in stats.get(k, [])[:int(os.environ.get("LESSONLIB_FUZZ_SHOW", "0"))]:
+            sys.__stdout__.write(f"  {k}: {line[:240]}\n")
+
+
+def teardown_module(module, _first=teardown_module):  # noqa: F811 - extends the report above
+    _first(module)
+    if COMBO_STATS["calls"]:
+        _report("combinations", COMBO_STATS)
+    if STRUCT_STATS["calls"]:
+        _report("structures", STRUCT_STATS)

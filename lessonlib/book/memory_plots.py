@@ -6,6 +6,8 @@ figure with computed alt text. Sizes are bytes (shown in MiB).
 """
 from __future__ import annotations
 
+from ..checks import reads as _reads
+
 import matplotlib.pyplot as plt
 
 from ..checks import count, mapping, positive, sequence
@@ -15,6 +17,7 @@ from .plots import MIB, show
 _SWEEP_NAMES = {"batch": "batch (sequences)", "seq_len": "sequence length (tokens)", "layers": "layers", "hidden": "width h"}
 
 
+@_reads("results", "sweeps")
 def activation_sweep_figure(results: dict, sweeps: dict):
     """One log-log panel per swept size: measured saved bytes (dots) on the formula's line (MiB),
     with a slope-1 guide (see :func:`plot_activation_sweep`).
@@ -36,6 +39,7 @@ def activation_sweep_figure(results: dict, sweeps: dict):
                 "with width).")
 
 
+@_reads("c")
 def crossover_figure(c, bytes_per_param: int):
     """Activations against batch beside the flat training-state and serving lines (MiB).
 
@@ -60,6 +64,7 @@ def crossover_figure(c, bytes_per_param: int):
 
 
 
+@_reads("ratios")
 def multiplier_figure(ratios: dict, slogan: float = 3.0):
     """Bars of training memory / weight memory for each case, each labelled with its value (see
     :func:`plot_memory_multiplier`), with the slogan's line."""
@@ -75,6 +80,7 @@ def multiplier_figure(ratios: dict, slogan: float = 3.0):
                 f"the dashed line of the slogan, {slogan:g} times the weights, matches none in particular.")
 
 
+@_reads("results", "sweeps")
 def plot_activation_sweep(results: dict, sweeps: dict, names: dict | None = None,
                           title: str = "Saved activations of the GPT's layers: measured against Korthikanti et al."):
     """Measured and formula activation bytes against each size, on log-log axes.
@@ -130,6 +136,7 @@ def _mib_label(v: float) -> str:
     return f"{v:g}" if v >= 1 else f"1/{1 / v:g}"
 
 
+@_reads("ratios")
 def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
                            title: str = "Training memory as a multiple of the weights: it depends on the choices"):
     """Bars of training memory / weight memory, one per configuration, each labelled with its value.

@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+from ..checks import reads as _reads
+
 import base64
 import html
 import io
@@ -156,6 +158,7 @@ def stacked_bars(data: dict, title: str, ylabel: str, scale: float = 1.0, ax=Non
     return fig
 
 
+@_reads("ledgers", "formula")
 def plot_ledger(ledgers: dict, title: str = "Memory held in one training step", unit: str = "MiB",
                 formula: dict | None = None):
     """Stacked bars of ``{case: MemoryLedger}`` in ``unit`` ("KiB", "MiB" or "GiB")."""
@@ -175,6 +178,7 @@ def plot_ledger(ledgers: dict, title: str = "Memory held in one training step", 
     return fig
 
 
+@_reads("timings")
 def plot_timing(timings: dict, title: str = "Time of a training step by phase", unit: str = "ms"):
     """Stacked bars of phase medians, ``{case: StepTiming}``, with prediction alongside."""
     from ..measure.timing import StepTiming
@@ -200,6 +204,7 @@ _MARKERS = {"produced": ("o", "#4C72B0"), "recomputed": ("o", "#DD8452"),
             "kept": ("s", "#55A868"), "read": ("v", "#8172B3"), "released": ("x", "#C44E52")}
 
 
+@_reads("recordings")
 def plot_activation_life(recordings: dict, title: str = "The life of each activation in one training step"):
     """Draw recordings from :func:`record_activation_life` as timelines.
 
@@ -256,6 +261,7 @@ def plot_activation_life(recordings: dict, title: str = "The life of each activa
     return fig
 
 
+@_reads("sweeps")
 def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"):
     """Plot :func:`lessonlib.measure.recompute.segment_sweep` results, one panel
     per model: peak step memory (MiB) against extra compute (extra forward
@@ -267,6 +273,8 @@ def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"
         for r in sequence(f"sweeps[{k!r}]", rows):
             if not all(hasattr(r, a) for a in ("strategy", "peak_bytes", "recomputed_forwards")):
                 raise TypeError(f"sweeps[{k!r}] must hold segment_sweep's rows (SweepPoint), got {r!r:.80}")
+            if r.strategy != "per-block":
+                count(f"sweeps[{k!r}]'s strategy (a segment count or 'per-block')", r.strategy)
     _check_title(title)
 
     fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 4.2), squeeze=False)
@@ -293,6 +301,7 @@ def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"
     return fig
 
 
+@_reads("reference", "resumed", signed=("reference", "resumed"))
 def plot_resume_comparison(reference: dict, resumed: dict, resumed_from: int | None = None,
                            title: str = "Resuming after a crash: what each restore gives"):
     """Loss per step of resumed runs against the uninterrupted ``reference``.

@@ -6,6 +6,8 @@ Each function formats results computed elsewhere (:mod:`lessonlib.calc`,
 """
 from __future__ import annotations
 
+from ..checks import reads as _reads
+
 import math
 
 from ..calc.amdahl import amdahl_time, speedup_from_share
@@ -70,6 +72,7 @@ def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
 DATA_PARALLEL_PIECES = ("half_compute", "optimizer", "allreduce")
 
 
+@_reads("result")
 def data_parallel_display_rows(result) -> list:
     """The numbers :func:`data_parallel_table` shows, one dict per batch size.
 
@@ -92,6 +95,7 @@ def data_parallel_display_rows(result) -> list:
     return out
 
 
+@_reads("result")
 def data_parallel_table(result) -> str:
     """An HTML table of :func:`run_data_parallel`'s rows (times in milliseconds).
 
@@ -219,6 +223,8 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     seq_len = _check_count("seq_len", seq_len)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
     device_GB = _check_positive("device_GB", device_GB, maximum=1e9)
+    if device_GB * 1e9 < 1:
+        raise ValueError(f"device_GB must be at least 1e-9 (one byte of device memory), got {device_GB!r}")
     tokens_per_param = _check_positive("tokens_per_param", tokens_per_param, maximum=1e9)
     device_flops_per_s = _check_positive("device_flops_per_s", device_flops_per_s)
     max_days = _check_positive("max_days", max_days)
@@ -264,6 +270,7 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
             + proposal_html(layouts))
 
 
+@_reads("layouts")
 def proposal_html(layouts) -> str:
     """The planner's proposal (:func:`lessonlib.calc.planner.propose`) as HTML: each change and its numbers."""
     from ..calc.planner import Layout
@@ -287,6 +294,7 @@ def proposal_html(layouts) -> str:
             + "".join(rows) + "</table>")
 
 
+@_reads("ledgers", "formula")
 def ledger_table(ledgers, formula: dict | None = None) -> str:
     """A plain-text table of one ledger or a ``{name: ledger}`` dict (sizes in binary units).
 
@@ -319,6 +327,7 @@ def ledger_table(ledgers, formula: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+@_reads("t")
 def timing_table(t: StepTiming) -> str:
     """Plain-text table: median ms per phase, x prediction, share of step."""
     _check_instance("t", t, StepTiming, "a StepTiming (from time_training_step)")

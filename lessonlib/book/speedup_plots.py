@@ -6,6 +6,8 @@ cell is one call. Inputs are the page's own results; nothing is measured here.
 """
 from __future__ import annotations
 
+from ..checks import reads as _reads
+
 import matplotlib.pyplot as plt
 
 from ..calc.amdahl import speedup_from_share
@@ -63,6 +65,7 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
                 "the speedup peak and then fall.")
 
 
+@_reads("rows")
 def data_parallel_figure(rows: list, world_size: int):
     """Predicted pieces against the measured two-process step (left) and speedup against batch (right).
 
@@ -135,6 +138,7 @@ def allreduce_volume_figure(grad_bytes: int, ns, name: str):
 MAX_GANTT_STAGES, MAX_GANTT_MICRO = 16, 32
 
 
+@_reads("tasks")
 def pipeline_schedule_figure(tasks: list, stages: int, micro: int, idle: float):
     """Gantt chart of a pipeline schedule (``lessonlib.calc.pipeline.pipeline_schedule``'s tasks).
 
@@ -190,6 +194,7 @@ def bubble_figure(ms=(1, 2, 4, 8, 16, 32, 64), ps=(2, 4, 8, 16)):
                 "need more micro-batches for the same bubble.")
 
 
+@_reads("runs")
 def stall_figure(runs: list, stall_step: int, stall_s: float, stalled_rank: int = 1):
     """Steps completed against wall-clock time for each process of a job with one stall."""
     check_runs(runs)
@@ -245,6 +250,7 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
                 "curve falls further below it as devices are added.")
 
 
+@_reads("rows", "no_failure")
 def plot_goodput_failures(devices: list, rows: dict, no_failure: list, title: str = ""):
     """Two panels on what failures cost a synchronous job as it grows.
 

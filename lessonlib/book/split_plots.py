@@ -5,6 +5,8 @@ pages display it with :func:`lessonlib.book.plots.show` and alt text.
 """
 from __future__ import annotations
 
+from ..checks import reads as _reads
+
 import statistics
 
 import matplotlib.pyplot as plt
@@ -57,6 +59,7 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
     return fig
 
 
+@_reads("run")
 def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
     """Busy spans of each stage as recorded in one real step, GPipe above 1F1B (ms from the step's start)."""
     _record("run", run, ("world_size", "runs"), "a result of run_pipelines")
@@ -90,6 +93,7 @@ def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
     return fig
 
 
+@_reads("run")
 def plot_idle_shares(run: dict):
     """Median measured idle share against m for each schedule, with (p-1)/(m+p-1)."""
     p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
@@ -110,6 +114,7 @@ def plot_idle_shares(run: dict):
     return fig
 
 
+@_reads("sizes", "seconds")
 def plot_alpha_beta(sizes, seconds, link: Link, devices: int = 2, collective: str = "all_reduce"):
     """Measured collective times (one per size, seconds) against message size, and the fitted alpha-beta line (log-log)."""
     sizes = [check_positive("sizes", x) for x in check_sequence("sizes", sizes)]

@@ -7,6 +7,8 @@ numbers it checks. None computes physics of its own.
 """
 from __future__ import annotations
 
+from ..checks import reads as _reads
+
 import statistics
 
 from ..calc.comm import Link
@@ -59,6 +61,7 @@ def _sharding_results(value) -> dict:
     return out
 
 
+@_reads("results")
 def sharded_state_rows(results: dict) -> list:
     """Per rank and part: measured bytes against the formula over N.
 
@@ -77,6 +80,7 @@ def sharded_state_rows(results: dict) -> list:
     return rows
 
 
+@_reads("results")
 def sharded_state_table(results: dict) -> str:
     """Markdown: what each rank holds under fully_shard, against 16 Ψ / N split by part."""
     parts = ("weights", "gradients", "optimizer_state")
@@ -90,6 +94,7 @@ def sharded_state_table(results: dict) -> str:
     return md_table(["N", "held by", "weights", "gradients", "Adam state", "equal to formula / N"], rows)
 
 
+@_reads("per_rank")
 def zero1_table(per_rank: list) -> str:
     """Markdown: ZeroRedundancyOptimizer's optimizer state per rank against 8 Ψ / N."""
     per_rank = _records("per_rank", per_rank, ("rank", "n_params", "zero1"))
@@ -104,6 +109,7 @@ def zero1_table(per_rank: list) -> str:
                      "difference"], rows)
 
 
+@_reads("per_rank")
 def loss_table(per_rank: list) -> tuple:
     """Markdown of the loss per step, sharded against unsharded, and the largest relative difference."""
     r0 = _records("per_rank", per_rank, ("losses", "reference_losses"))[0]
@@ -116,6 +122,7 @@ def loss_table(per_rank: list) -> tuple:
                      "relative difference"], rows), worst
 
 
+@_reads("records")
 def traffic_summary(records) -> dict:
     """``{kind: {"count", "bytes"}}`` from ``(kind, phase, bytes)`` or ``(kind, bytes)`` records."""
     out: dict = {}
@@ -128,6 +135,7 @@ def traffic_summary(records) -> dict:
     return out
 
 
+@_reads("per_rank")
 def traffic_table(per_rank: list, value_bytes: int = 4) -> tuple:
     """Markdown: collectives of one fully_shard forward+backward, logged, against :func:`zero_step_traffic`.
 
@@ -169,13 +177,24 @@ def zero_report(model: str, devices: int, stage: int) -> str:
 
 # --------------------------------------------------------------------------- tensor parallelism
 
+@_reads("records", "expected")
 def tp_collective_table(records, expected) -> str:
     """Markdown: the collectives logged in forward and backward, against ``expected``
     (``{(kind, phase): (count, bytes)}``)."""
     check_mapping("expected", expected, allow_empty=True)
+    for key, value in expected.items():
+        value = check_sequence(f"expected[{key!r}]", value)
+        if len(value) != 2:
+            raise ValueError(f"expected[{key!r}] must be (count, bytes), got {value!r}")
+        check_count(f"expected[{key!r}]'s count", value[0], minimum=0)
+        check_count(f"expected[{key!r}]'s bytes", value[1], minimum=0)
     got: dict = {}
-    for rec in check_sequence("records", records, allow_empty=True):
-        kind, phase, n = check_sequence("records", rec)
+    for i, rec in enumerate(check_sequence("records", records, allow_empty=True)):
+        rec = check_sequence(f"records[{i}]", rec)
+        if len(rec) != 3:
+            raise ValueError(f"records[{i}] must be (kind, phase, bytes), got {len(rec)} values: {rec!r}")
+        kind, phase, n = rec
+        check_count(f"records[{i}]'s bytes", n, minimum=0)
         d = got.setdefault((kind, phase), [0, 0])
         d[0] += 1
         d[1] += n
@@ -187,6 +206,7 @@ def tp_collective_table(records, expected) -> str:
     return md_table(["pass", "collective", "count", "expected", "bytes logged", "expected bytes"], rows)
 
 
+@_reads("items")
 def layernorm_stat_bytes(items) -> int:
     """Bytes of the small per-row tensors LayerNorm keeps (last dimension 1) among saved ``items``."""
     total = 0
@@ -202,11 +222,13 @@ def layernorm_stat_bytes(items) -> int:
 
 # --------------------------------------------------------------------------- pipelines
 
+@_reads("xs")
 def median(xs) -> float:
     """The median of a non-empty list of numbers."""
     return statistics.median([check_amount("xs", x) for x in check_sequence("xs", xs)])
 
 
+@_reads("run")
 def idle_rows(run: dict) -> list:
     """``(schedule, m, median idle share, formula)`` for each pipeline result of :func:`run_pipelines`."""
     p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
@@ -214,6 +236,7 @@ def idle_rows(run: dict) -> list:
              (p - 1) / (r["microbatches"] + p - 1)) for r in run["runs"]]
 
 
+@_reads("run")
 def pipeline_memory_rows(run: dict) -> list:
     """Per schedule, m and stage: measured peak activation bytes, the bytes of one micro-batch
     on that stage (GPipe's peak at the smallest m, divided by m) and the count the schedule
@@ -236,6 +259,7 @@ def pipeline_memory_rows(run: dict) -> list:
     return rows
 
 
+@_reads("run")
 def pipeline_memory_table(run: dict) -> str:
     """Markdown of :func:`pipeline_memory_rows`."""
     rows = [[r["schedule"], r["m"], r["stage"], format_bytes(r["peak"]), r["expected_microbatches"],
@@ -247,6 +271,7 @@ def pipeline_memory_table(run: dict) -> str:
 
 # --------------------------------------------------------------------------- bytes into time
 
+@_reads("times")
 def fastest(times) -> float:
     """The fastest of the rounds (seconds). On a shared machine other programs can only add time to a
     collective (a process paused by the operating system keeps every other process waiting), so the
@@ -254,6 +279,7 @@ def fastest(times) -> float:
     return min(check_amount("times", t) for t in check_sequence("times", times))
 
 
+@_reads("result")
 def comm_rows(result: dict, link: Link, stat=fastest) -> list:
     """Predicted against measured for every timed collective of :func:`run_comm_timing`.
 
@@ -282,6 +308,7 @@ def comm_rows(result: dict, link: Link, stat=fastest) -> list:
     return rows
 
 
+@_reads("rows", signed=("rows",))
 def comm_table(rows: list) -> str:
     """Markdown of :func:`comm_rows` (times in microseconds)."""
     rows = _records("rows", rows, ("what", "bytes", "measured_s", "predicted_s"), "a list of comm_rows dicts")

@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass
 
 from ..checks import (amount as check_amount, choice as check_choice, count as check_count, instance as check_instance,
-                      positive as check_positive, sequence as check_sequence, text as check_text)
+                      positive as check_positive, result as check_result, sequence as check_sequence,
+                      text as check_text)
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -109,7 +110,8 @@ def collective_seconds(collective: str, n_bytes, devices, alpha_s, beta_bytes_pe
     n_bytes = check_amount("n_bytes", n_bytes)
     alpha = check_amount("alpha_s", alpha_s)
     beta = check_positive("beta_bytes_per_s", beta_bytes_per_s)
-    return steps * (alpha + n_bytes / (devices * beta))
+    return check_result(steps * (alpha + n_bytes / (devices * beta)),
+                        "n_bytes, devices, alpha_s and beta_bytes_per_s", "a time in seconds")
 
 
 def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, name: str = "fitted") -> Link:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import amount as _check_amount, count as _check_count, sequence as _check_sequence
+from ..checks import (amount as _check_amount, count as _check_count, reads as _reads, result as _check_result,
+                      sequence as _check_sequence)
 from .reliability import expected_overhead, optimal_interval
 
 
@@ -98,7 +99,8 @@ def goodput(devices, speedup, device_mtbf_hours, checkpoint_seconds, restart_sec
         interval = _check_amount("interval_seconds", interval_seconds, allow_zero=False)
     overhead = expected_overhead(interval, checkpoint_seconds, mtbf, restart_seconds)
     useful = 1.0 / (1.0 + overhead)
-    per_hour = speedup * useful
+    per_hour = _check_result(speedup * useful, "speedup, device_mtbf_hours and checkpoint_seconds",
+                             "progress per hour")
     return Goodput(devices=devices, speedup=speedup, job_mtbf_s=mtbf, interval_s=interval,
                    overhead=overhead, useful_fraction=useful, progress_per_hour=per_hour,
                    per_device_hour=per_hour / devices)
@@ -127,26 +129,55 @@ class StallAccount:
 
 
 def check_runs(runs) -> list:
-    """Check ``runs``: a non-empty list of dicts whose ``wall`` and ``cpu`` lists (seconds) have one entry per step."""
+    """Check ``runs``: a non-empty list of dicts whose ``wall`` and ``cpu`` lists (seconds) have one entry per step.
+
+    Both are cumulative clocks read after every step, so each list must rise
+    step by step: ``wall`` strictly (a step takes time), ``cpu`` never falling.
+    A process cannot use more CPU time in a step than the step lasted times its
+    threads, so a step whose CPU time is more than :data:`MAX_THREADS_PER_PROCESS`
+    times its wall time is refused as clocks swapped or mixed up.
+    """
     runs = _check_sequence("runs", runs)
     n = None
     for i, r in enumerate(runs):
         if not isinstance(r, dict) or "wall" not in r or "cpu" not in r:
             raise TypeError(f"runs[{i}] must be a dict with 'wall' and 'cpu' lists, got {r!r:.80}")
+        clocks = {}
         for key in ("wall", "cpu"):
             values = [_check_amount(f"runs[{i}][{key!r}]", v) for v in _check_sequence(f"runs[{i}][{key!r}]", r[key])]
             if n is None:
                 n = len(values)
             elif len(values) != n:
                 raise ValueError(f"runs[{i}][{key!r}] has {len(values)} steps, runs[0] has {n}")
+            clocks[key] = values
+        wall, cpu = clocks["wall"], clocks["cpu"]
+        for s in range(n):
+            dw = wall[s] - (wall[s - 1] if s else 0.0)
+            dc = cpu[s] - (cpu[s - 1] if s else 0.0)
+            if dw <= 0:
+                raise ValueError(f"runs[{i}]['wall'] must rise at every step (a cumulative clock; a step takes time), "
+                                 f"but step {s} goes from {wall[s - 1] if s else 0.0!r} to {wall[s]!r}")
+            if dc < 0:
+                raise ValueError(f"runs[{i}]['cpu'] must never fall (a cumulative clock), but step {s} goes from "
+                                 f"{cpu[s - 1]!r} to {cpu[s]!r}")
+            if dc > MAX_THREADS_PER_PROCESS * dw:
+                raise ValueError(f"runs[{i}]: step {s} used {dc:.3g} s of CPU in {dw:.3g} s of wall time, more than "
+                                 f"{MAX_THREADS_PER_PROCESS} threads can: are 'wall' and 'cpu' swapped?")
     return runs
 
 
+#: The most CPU-seconds a process of the course's runs can use per wall-clock second (its threads).
+MAX_THREADS_PER_PROCESS = 256
+
+
+@_reads("runs")
 def stall_account(runs: list, stall_step: int) -> StallAccount:
     """Account a stall from each process's cumulative ``wall`` and ``cpu`` seconds after every step.
 
-    ``runs`` is a list (one per process) of dicts with lists ``wall`` and ``cpu``;
-    ``stall_step`` the index of the stalled step (>= 1).
+    ``runs`` is a list (one per process) of dicts with lists ``wall`` and ``cpu``
+    (checked by :func:`check_runs`: clocks that rise); ``stall_step`` the index
+    of the stalled step (>= 1). ``cpu_share`` is the first process's CPU time
+    in the stalled step over its wall time, at most 1 per thread.
     """
     check_runs(runs)
     stall_step = _check_count("stall_step", stall_step)
@@ -160,4 +191,7 @@ def stall_account(runs: list, stall_step: int) -> StallAccount:
     paid = len(runs) * max(r["wall"][-1] for r in runs)
     useful = len(runs) * normal * len(w0)
     cpu = c0[stall_step] - c0[stall_step - 1]
-    return StallAccount(normal_s=normal, stalled_s=stalled, paid_s=paid, useful_s=useful, cpu_share=cpu / stalled)
+    cpu_share = _check_result(cpu / stalled, "runs[0]['cpu'] and runs[0]['wall']", "a CPU share of the stalled step",
+                              high=1.0, hint="the process used more CPU time than the step lasted: are 'wall' and "
+                                             "'cpu' swapped, or from different processes?")
+    return StallAccount(normal_s=normal, stalled_s=stalled, paid_s=paid, useful_s=useful, cpu_share=cpu_share)

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, asdict
 
-from ..checks import amount as check_amount, choice as check_choice, count as check_count
+from ..checks import amount as check_amount, choice as check_choice, count as check_count, text as check_text
+
+
+#: Bytes per activation value the formula accepts: 16-bit (2, the paper's) and fp32 (4).
+BYTES_PER_VALUE_CHOICES = (2, 4)
 
 
 #: Bytes per parameter that each optimizer keeps between steps (fp32 values).
@@ -98,6 +102,17 @@ def serving_bytes(n_params, bytes_per_weight: int = 2) -> int:
 ACTIVATION_BYTES_PER_VALUE = {"mixed": 2, "fp32": 4}
 
 
+def check_heads(hidden, heads, hidden_name: str = "hidden", heads_name: str = "heads") -> None:
+    """Refuse a layer shape that no attention layer has: ``heads`` must divide ``hidden``
+    (each head takes hidden / heads of the width; ``TinyGPT`` refuses the same)."""
+    check_text("hidden_name", hidden_name)
+    check_text("heads_name", heads_name)
+    h, a = check_count(hidden_name, hidden), check_count(heads_name, heads)
+    if a > h or h % a:
+        raise ValueError(f"{heads_name} ({a}) must divide {hidden_name} ({h}): each attention head takes "
+                         f"{hidden_name} / {heads_name} of the width")
+
+
 def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "none",
                                bytes_per_value: int = 2, *, tensor_parallel=1) -> int:
     """Activation bytes one transformer layer keeps for backward, per device (Korthikanti et al., 2022).
@@ -147,8 +162,12 @@ def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "
     h = check_count("hidden", hidden)
     a = check_count("heads", heads)
     e = check_count("bytes_per_value", bytes_per_value)
+    if e not in BYTES_PER_VALUE_CHOICES:
+        raise ValueError(f"bytes_per_value must be one of {', '.join(map(str, BYTES_PER_VALUE_CHOICES))} "
+                         f"(16-bit or fp32 activations), got {e}")
     t = check_count("tensor_parallel", tensor_parallel)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    check_heads(hidden=h, heads=a)
     if a % t or h % t:
         raise ValueError(f"tensor_parallel ({t}) must divide heads ({a}) and hidden ({h}): "
                          "each device takes whole heads and an equal slice of the matrices")

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..checks import choice as check_choice, count as check_count, positive as check_positive, text as check_text
+from ..checks import (choice as check_choice, count as check_count, positive as check_positive, result as check_result,
+                      text as check_text)
 from .memory import (ACTIVATION_BYTES_PER_VALUE, OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM,
-                     RECOMPUTE_CHOICES, activation_bytes, training_state_bytes)
+                     RECOMPUTE_CHOICES, activation_bytes, check_heads, training_state_bytes)
 
 
 SECONDS_PER_DAY = 86_400
@@ -95,6 +96,10 @@ def training_flops(n_params, tokens, recompute: str = "none", seq_len=None, hidd
     n = check_count("n_params", n_params)
     t = check_count("tokens", tokens)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    # The shape is checked whenever it is given, whatever the recompute setting: a wrong seq_len
+    # is a mistake even where this formula does not read it.
+    seq_len, hidden, layers = (None if v is None else check_count(k, v)
+                               for k, v in (("seq_len", seq_len), ("hidden", hidden), ("layers", layers)))
     if n >= 2**1000 or t >= 2**1000:
         raise ValueError(f"n_params × tokens is too large to count in FLOPs (n_params={n:.3g}, tokens={t:.3g})")
     flops = 6.0 * float(n) * float(t)
@@ -103,13 +108,14 @@ def training_flops(n_params, tokens, recompute: str = "none", seq_len=None, hidd
     elif recompute == "selective":
         if seq_len is None or hidden is None or layers is None:
             raise ValueError("recompute='selective' needs seq_len, hidden and layers")
-        flops += 4.0 * check_count("seq_len", seq_len) * check_count("hidden", hidden) * check_count("layers", layers) * t
-    return flops
+        flops += 4.0 * seq_len * hidden * layers * t
+    return check_result(flops, "n_params, tokens, seq_len, hidden and layers", "a FLOP count")
 
 
 def single_device_seconds(total_flops, device_flops_per_s) -> float:
     """Seconds one device needs: total FLOPs / FLOP/s the device actually sustains."""
-    return check_positive("total_flops", total_flops) / check_positive("device_flops_per_s", device_flops_per_s)
+    seconds = check_positive("total_flops", total_flops) / check_positive("device_flops_per_s", device_flops_per_s)
+    return check_result(seconds, "total_flops and device_flops_per_s", "a time in seconds")
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,7 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
     batch_per_device = check_count("batch_per_device", batch_per_device)
     seq_len, layers = check_count("seq_len", seq_len), check_count("layers", layers)
     hidden, heads = check_count("hidden", hidden), check_count("heads", heads)
+    check_heads(hidden, heads)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
     dev = check_count("device_bytes", device_bytes)
     if train_tokens is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..checks import count, positive, share
+from ..checks import count, positive, result, share
 from .memory import activation_bytes, training_state_bytes
 
 SECONDS_PER_HOUR = 3600.0
@@ -18,17 +18,24 @@ SECONDS_PER_HOUR = 3600.0
 def gpu_hours(total_flops, peak_flops_per_s, utilisation) -> float:
     """Device-hours to do ``total_flops`` on devices of ``peak_flops_per_s`` running at ``utilisation`` (0 to 1]."""
     u = positive("utilisation", share("utilisation", utilisation))
-    return positive("total_flops", total_flops) / (positive("peak_flops_per_s", peak_flops_per_s) * u) / SECONDS_PER_HOUR
+    hours = positive("total_flops", total_flops) / (positive("peak_flops_per_s", peak_flops_per_s) * u) / SECONDS_PER_HOUR
+    return result(hours, "total_flops, peak_flops_per_s and utilisation", "device-hours")
 
 
 def implied_utilisation(total_flops, device_hours, peak_flops_per_s) -> float:
     """The utilisation a bill implies: ``total_flops`` / (``device_hours`` x 3600 x ``peak_flops_per_s``).
 
     Over a whole bill it counts every paid hour (failures, restarts, evaluation,
-    other phases), so it is lower than the MFU of a running step.
+    other phases), so it is lower than the MFU of a running step. A utilisation
+    above 1 is refused: the devices cannot do more than their peak, and the usual
+    cause is ``total_flops`` counted from a mixture-of-experts model's *total*
+    parameters instead of the *active* ones each token uses.
     """
-    return positive("total_flops", total_flops) / (
+    u = positive("total_flops", total_flops) / (
         positive("device_hours", device_hours) * SECONDS_PER_HOUR * positive("peak_flops_per_s", peak_flops_per_s))
+    return result(u, "total_flops, device_hours and peak_flops_per_s", "a utilisation", high=1.0,
+                  hint="a device cannot exceed its peak. For a mixture-of-experts model, count total_flops from "
+                       "the active parameters per token (6 × active parameters × tokens), not the total parameters")
 
 
 def state_bytes_per_device(n_params, tensor=1, pipeline=1, optimizer="adam", precision="mixed") -> float:
@@ -56,19 +63,26 @@ def activation_bytes_per_device(seq_len, micro_batch, hidden, heads, layers, ten
     """
     micro_batch = count("micro_batch", micro_batch)
     t, p = count("tensor", tensor), count("pipeline", pipeline)
-    stage_layers = math.ceil(count("layers", layers) / p)  # the first stage's share, rounded up
+    layers, heads = count("layers", layers), count("heads", heads)
+    if p > layers:
+        raise ValueError(f"pipeline ({p}) must be at most layers ({layers}): each pipeline stage needs a layer")
+    if heads % t:
+        raise ValueError(f"tensor ({t}) must divide heads ({heads}): each device takes whole attention heads")
+    stage_layers = math.ceil(layers / p)  # the first stage's share, rounded up
     one_stage = activation_bytes(seq_len, micro_batch, hidden, heads, stage_layers, recompute)
     return one_stage * p / t
 
 
 def mtbf_seconds(span_seconds, failures) -> float:
     """The mean time between failures observed: ``span_seconds`` / ``failures``."""
-    return positive("span_seconds", span_seconds) / count("failures", failures)
+    return result(positive("span_seconds", span_seconds) / count("failures", failures),
+                  "span_seconds and failures", "an MTBF in seconds")
 
 
 def save_seconds(checkpoint_bytes, bandwidth_bytes_per_s) -> float:
     """Seconds to write ``checkpoint_bytes`` at ``bandwidth_bytes_per_s`` (the storage's aggregate rate)."""
-    return positive("checkpoint_bytes", checkpoint_bytes) / positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    seconds = positive("checkpoint_bytes", checkpoint_bytes) / positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    return result(seconds, "checkpoint_bytes and bandwidth_bytes_per_s", "a save time in seconds")
 
 
 def restart_for_useful_fraction(useful_fraction, interval_seconds, checkpoint_seconds, mtbf_seconds) -> float:

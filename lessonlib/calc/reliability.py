@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import random
 
-from ..checks import amount, count, positive
+from ..checks import amount, count, positive, result
 
 #: The most simulated events (completed chunks plus failures) :func:`simulate_losses`
 #: runs: about a second of pure Python. Beyond it the call is refused, not left to run.
@@ -99,7 +99,8 @@ def expected_segment_seconds(interval_seconds: float, checkpoint_seconds: float,
         raise ValueError(f"interval_seconds + checkpoint_seconds ({t + c:g} s) is more than {_MAX_EXPONENT:g} times "
                          f"mtbf_seconds ({m:g} s): the job would essentially never finish a save "
                          "(check the order of the arguments)")
-    return (m + r) * math.expm1((t + c) / m)
+    return result((m + r) * math.expm1((t + c) / m), "interval_seconds, checkpoint_seconds, mtbf_seconds and "
+                  "restart_seconds", "an expected time in seconds")
 
 
 def expected_overhead(interval_seconds: float, checkpoint_seconds: float, mtbf_seconds: float,
@@ -118,7 +119,8 @@ def expected_overhead(interval_seconds: float, checkpoint_seconds: float, mtbf_s
     """
     t = positive("interval_seconds", interval_seconds)
     positive("checkpoint_seconds", checkpoint_seconds)
-    return expected_segment_seconds(t, checkpoint_seconds, mtbf_seconds, restart_seconds) / t - 1.0
+    return result(expected_segment_seconds(t, checkpoint_seconds, mtbf_seconds, restart_seconds) / t - 1.0,
+                  "interval_seconds, checkpoint_seconds and mtbf_seconds", "an overhead")
 
 
 def first_order_overhead(interval_seconds: float, checkpoint_seconds: float, mtbf_seconds: float,
@@ -135,7 +137,8 @@ def first_order_overhead(interval_seconds: float, checkpoint_seconds: float, mtb
     t = positive("interval_seconds", interval_seconds)
     c = positive("checkpoint_seconds", checkpoint_seconds)
     m = positive("mtbf_seconds", mtbf_seconds)
-    return c / t + (t / 2.0 + _restart(restart_seconds)) / m
+    return result(c / t + (t / 2.0 + _restart(restart_seconds)) / m,
+                  "interval_seconds, checkpoint_seconds, mtbf_seconds and restart_seconds", "an overhead")
 
 
 def optimal_interval(checkpoint_seconds: float, mtbf_seconds: float, iterations: int = 200) -> float:
@@ -178,7 +181,7 @@ def expected_wall_seconds(work_seconds: float, interval_seconds: float, checkpoi
     wall = full * expected_segment_seconds(t, checkpoint_seconds, mtbf_seconds, restart_seconds)
     if rest > 1e-9 * t:
         wall += expected_segment_seconds(rest, checkpoint_seconds, mtbf_seconds, restart_seconds)
-    return wall
+    return result(wall, "work_seconds, interval_seconds, checkpoint_seconds and mtbf_seconds", "a wall time in seconds")
 
 
 def simulate_losses(interval_seconds: float, checkpoint_seconds: float, mtbf_seconds: float,
@@ -216,15 +219,17 @@ def simulate_losses(interval_seconds: float, checkpoint_seconds: float, mtbf_sec
                 " before it completes: check the order of the arguments (interval_seconds,"
                 " checkpoint_seconds, mtbf_seconds, work_seconds)." if exponent > 3 else
                 " Use fewer trials or less work_seconds per interval_seconds.")
-        raise ValueError(f"simulate_overhead would run about {events:.3g} simulated events, more than its "
-                         f"limit of {MAX_EVENTS:,}.{hint}")
+        raise ValueError(f"trials, work_seconds, interval_seconds, checkpoint_seconds and mtbf_seconds give about "
+                         f"{events:.3g} simulated events, more than the simulation's limit of {MAX_EVENTS:,}.{hint}")
     rng = random.Random(seed)
     rate = 1.0 / m
     losses = []
     for _ in range(trials):
         wall, done = 0.0, 0.0
         next_failure = rng.expovariate(rate)
-        while w - done > 1e-9 * t:  # (float sums of chunks may fall short of w by a rounding error)
+        # (float sums of chunks may fall short of w by a rounding error; the first chunk always runs,
+        # however small w is next to t)
+        while done == 0.0 or w - done > 1e-9 * t:
             chunk = min(t, w - done)
             if wall + chunk + c <= next_failure:  # the work and its save complete
                 wall += chunk + c

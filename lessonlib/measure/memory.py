@@ -37,7 +37,53 @@ def _check_step_args(model, inputs, loss_fn=None, optimizer=None, targets=None) 
                  "a torch.Tensor (what loss_fn compares the output with) or None")
     if optimizer is not None:
         instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
+        check_optimizer_of(optimizer, model)
     return args
+
+
+def check_optimizer_of(optimizer, model) -> None:
+    """Refuse an ``optimizer`` that updates tensors other than ``model``'s parameters (one built
+    for another model, or for a copy): its step would leave ``model`` unchanged and its state
+    would not be the model's. An optimizer over some of the parameters (fine-tuning) is fine."""
+    instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
+    instance("model", model, torch.nn.Module, "a torch.nn.Module")
+    own = {id(p) for p in model.parameters()}
+    theirs = [p for group in optimizer.param_groups for p in group["params"]]
+    if not theirs:
+        raise ValueError("optimizer has no parameters to update")
+    foreign = sum(id(p) not in own for p in theirs)
+    if foreign:
+        raise ValueError(f"optimizer updates {foreign} of its {len(theirs)} tensors that are not model's parameters: "
+                         "build it from this model, e.g. torch.optim.Adam(model.parameters())")
+
+
+def check_targets_fit(output, targets, name: str = "targets") -> None:
+    """Refuse ``targets`` whose shape cannot be compared with the model's ``output``.
+
+    Values to regress (a floating-point tensor) must have the output's shape
+    exactly: an MSE between (8, 1) and (8,) or (8, 3) broadcasts silently into
+    a wrong loss. Class indices (an integer tensor) must have the output's shape
+    without its class dimension (the last, or the second as in
+    ``cross_entropy``'s (N, C, ...) layout). Tuples and non-tensors are left to
+    the loss function.
+    """
+    from ..checks import text
+
+    text("name", name)
+    if not isinstance(output, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        return
+    out, tgt = tuple(output.shape), tuple(targets.shape)
+    if targets.is_floating_point() or targets.is_complex():
+        if tgt != out:
+            raise ValueError(f"{name} has shape {tgt} but the model's output has shape {out}: values to regress "
+                             f"must have the output's shape (a loss would broadcast them into a wrong number)")
+        return
+    if targets.dtype == torch.bool:
+        return
+    dropped = {out[:-1]} | ({out[:1] + out[2:]} if len(out) >= 2 else set())
+    if tgt not in dropped:
+        raise ValueError(f"{name} has shape {tgt} but the model's output has shape {out}: class indices must have "
+                         f"the output's shape without its class dimension, {' or '.join(map(str, sorted(dropped)))}")
 
 
 
@@ -222,6 +268,7 @@ def measure_activations(model, inputs, targets=None, loss_fn=None) -> SavedTenso
     with counter:
         out = model(*args)
         if loss_fn is not None:
+            check_targets_fit(out, targets)
             loss_fn(out, targets)
     return counter
 
@@ -273,6 +320,10 @@ def peak_memory(fn, device=None, track=()):
     from the torch build.
     """
     function("fn", fn)
+    track = sequence("track", track, allow_empty=True)
+    for i, t in enumerate(track):
+        instance(f"track[{i}]", t, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor),
+                 "a module, an optimizer or a tensor (track is a list of them, e.g. track=[model, optimizer])")
     from .device import as_device
 
     device = as_device("device", device) if device is not None else torch.device("cpu")
@@ -331,6 +382,7 @@ def measure_training_memory(model, inputs, targets, loss_fn, optimizer, track_pe
     def step(counter):
         with counter:
             out = model(*args)
+            check_targets_fit(out, targets)
             loss = loss_fn(out, targets)
         loss.backward()
         grads = _tensor_bytes(p.grad for p in params if p.grad is not None)

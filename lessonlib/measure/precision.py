@@ -105,7 +105,7 @@ def mixed_precision_step(model, inputs, targets, loss_fn, lr: float = 1e-3) -> d
     """
     import copy
 
-    from .memory import _check_step_args, optimizer_state_bytes
+    from .memory import _check_step_args, check_targets_fit, optimizer_state_bytes
 
     (inputs,) = _check_step_args(model, inputs, loss_fn, targets=targets)
     if loss_fn is None:
@@ -117,7 +117,9 @@ def mixed_precision_step(model, inputs, targets, loss_fn, lr: float = 1e-3) -> d
     opt = torch.optim.Adam(master, lr=lr)
     if inputs.is_floating_point():  # the bf16 copy takes bf16 inputs (token ids stay integers)
         inputs = inputs.to(torch.bfloat16)
-    loss_fn(model16(inputs), targets).backward()
+    out = model16(inputs)
+    check_targets_fit(out, targets)
+    loss_fn(out, targets).backward()
     w16 = sum(p.numel() * p.element_size() for p in model16.parameters())
     g16 = sum(p.grad.numel() * p.grad.element_size() for p in model16.parameters())
     for m, p in zip(master, model16.parameters()):

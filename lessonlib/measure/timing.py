@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..checks import count as check_count, flag as check_flag
 from .device import MAX_THREADS
-from .memory import _check_step_args
+from .memory import _check_step_args, check_targets_fit
 from .rounds import time_rounds
 
 #: The most rounds (and warm-up rounds) :func:`time_training_step` runs.
@@ -123,6 +123,8 @@ def count_flops(model, inputs, targets=None, loss_fn=None, strict: bool = False)
     with FlopCounterMode(display=False) as fc, seen:
         out = model(*args)
     fwd = fc.get_total_flops()
+    if targets is not None:
+        check_targets_fit(out, targets)
     with FlopCounterMode(display=False) as fc, seen:
         loss = loss_fn(out, targets) if loss_fn is not None else out.float().sum()
     lss = fc.get_total_flops()
@@ -203,6 +205,7 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
         model.train()
         optimizer.zero_grad(set_to_none=True)
         out = clock.time("forward", model, *args)
+        check_targets_fit(out, targets)  # every round: a shape comparison, outside the timed phases
         loss = clock.time("loss", loss_fn, out, targets)
         clock.time("backward", loss.backward)
         clock.time("optimizer", optimizer.step)

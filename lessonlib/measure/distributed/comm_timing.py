@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 
-from ...checks import count as check_count
+from ...checks import count as check_count, mapping as check_mapping, sequence as check_sequence
 from ..rounds import MAX_ROUNDS
 from .launch import launch
 from .collectives import CollectiveLog
@@ -188,6 +188,34 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
     }
 
 
+#: The largest message :func:`run_comm_timing` sends (each rank allocates a few of them).
+MAX_MESSAGE_BYTES = 2 ** 30
+
+
+def _fsdp_config(fsdp) -> dict:
+    """``fsdp`` checked in the parent: only :class:`TinyGPT`'s arguments, the rest from its defaults,
+    and a model those arguments can build (built on the meta device: its checks run, nothing is allocated)."""
+    import inspect
+
+    import torch
+
+    from ..models import TinyGPT
+
+    fsdp = check_mapping("fsdp", fsdp)
+    known = {n: p.default for n, p in inspect.signature(TinyGPT.__init__).parameters.items() if n != "self"}
+    unknown = sorted(map(str, set(fsdp) - set(known)))
+    if unknown:
+        raise ValueError(f"fsdp has keys TinyGPT does not take: {', '.join(unknown)}; "
+                         f"choose from {', '.join(known)}")
+    cfg = {**known, **fsdp}
+    try:
+        with torch.device("meta"):
+            TinyGPT(**cfg)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"fsdp does not describe a model: {err}") from None
+    return cfg
+
+
 def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16, 2 ** 20, 2 ** 22),
                     rounds: int = 9, ddp_hidden: int = 512, ddp_batch: int = 256,
                     fsdp=dict(vocab=256, seq_len=64, hidden=128, heads=4, layers=2, dropout=0.0),
@@ -202,17 +230,26 @@ def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16
     ``replay_each`` (per collective, per round) and ``step`` (per round). Sizes must be multiples of
     ``4 * world_size`` bytes.
     """
-    world_size = check_count("world_size", world_size, minimum=2)
+    from .data_parallel import MAX_SIZE
+    from .launch import MAX_WORLD_SIZE
+
+    world_size = check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
     rounds = check_count("rounds", rounds, maximum=MAX_ROUNDS)  # time_rounds' limit, checked before spawning
-    sizes = [check_count("sweep", s) for s in sweep]
-    checks = [check_count("check_bytes", s) for s in check_bytes]
-    for s in sizes + checks:
-        if s % (4 * world_size):
-            raise ValueError(f"message sizes must be multiples of 4 × world_size bytes, got {s}")
-    ddp_batch = check_count("ddp_batch", ddp_batch)
+    sizes = [check_count(f"sweep[{i}]", s, maximum=MAX_MESSAGE_BYTES) for i, s in enumerate(check_sequence("sweep", sweep))]
+    checks = [check_count(f"check_bytes[{i}]", s, maximum=MAX_MESSAGE_BYTES)
+              for i, s in enumerate(check_sequence("check_bytes", check_bytes))]
+    for name, values in (("sweep", sizes), ("check_bytes", checks)):
+        for s in values:
+            if s % (4 * world_size):
+                raise ValueError(f"{name}: message sizes must be multiples of 4 × world_size bytes, got {s}")
+    ddp_batch = check_count("ddp_batch", ddp_batch, maximum=MAX_SIZE)
     if ddp_batch % world_size:
         raise ValueError(f"ddp_batch {ddp_batch} does not divide evenly by world_size={world_size}")
+    from .data_parallel import check_forecast_hidden
+
+    ddp_hidden = check_forecast_hidden("ddp_hidden", ddp_hidden)
+    fsdp = _fsdp_config(fsdp)
     per_rank = launch(_comm_worker, world_size,
-                      args=(sizes, checks, rounds, check_count("ddp_hidden", ddp_hidden), ddp_batch, dict(fsdp)),
+                      args=(sizes, checks, rounds, ddp_hidden, ddp_batch, fsdp),
                       timeout=timeout, progress_total=3 * world_size, desc=f"communication on {world_size} processes")
     return per_rank[0]

@@ -38,6 +38,23 @@ def forecast_model(hidden: int = 512, features: int = FEATURES):
     return ForecastMLP(window=features, hidden=hidden, layers=2)
 
 
+def check_forecast_hidden(name: str, hidden) -> int:
+    """``hidden`` checked in the parent as :func:`forecast_model` will use it in every worker: the model
+    is built on the meta device (its own size checks run; nothing is allocated). ``name`` is the
+    caller's argument (``hidden``, ``ddp_hidden``)."""
+    import torch
+
+    from ...checks import text
+
+    hidden = _check_count(text("name", name), hidden, maximum=MAX_SIZE)
+    try:
+        with torch.device("meta"):
+            forecast_model(hidden)
+    except ValueError as err:
+        raise ValueError(f"{name}={hidden:,} gives no model the workers can build: {err}") from None
+    return hidden
+
+
 def synthetic_batch(global_batch: int, features: int = FEATURES, seed: int = 1):
     """A seeded synthetic batch (same on every process): inputs and targets (``features`` >= 8)."""
     import torch
@@ -236,7 +253,7 @@ def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup
     world_size = _check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
     rounds = _check_count("rounds", rounds, maximum=1000)
     warmup = _check_count("warmup", warmup, minimum=0, maximum=1000)
-    hidden = _check_count("hidden", hidden, maximum=MAX_SIZE)
+    hidden = check_forecast_hidden("hidden", hidden)
     sizes = [_check_count("batch_sizes", b, maximum=MAX_SIZE) for b in _check_sequence("batch_sizes", batch_sizes)]
     timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
     for b in sizes:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import copy
 
-from ...checks import count as check_count, instance as check_instance
+from ...checks import (count as check_count, instance as check_instance, positive as check_positive,
+                       sequence as check_sequence)
 from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
@@ -183,6 +184,11 @@ def _sharding_worker(rank, world, device, progress, world_sizes, steps, global_b
     return out
 
 
+#: The most steps and sequences per step the sharding runs take (each rank trains the small model).
+MAX_STEPS = 1000
+MAX_GLOBAL_BATCH = 4096
+
+
 def run_sharding(world_sizes=(2, 4), steps: int = 4, global_batch: int = 8, lr: float = 1e-3,
                  timeout: float = 180.0) -> dict:
     """Run the sharding measurements on each process count in ``world_sizes``; ``{N: [one dict per rank]}``.
@@ -200,11 +206,14 @@ def run_sharding(world_sizes=(2, 4), steps: int = 4, global_batch: int = 8, lr: 
     for each collective of one forward and backward, weights freed after
     forward or kept). ``global_batch`` sequences are split evenly over the ranks.
     """
-    sizes = sorted({check_count("world_sizes", n, minimum=2) for n in world_sizes})
-    if not sizes:
-        raise ValueError("world_sizes must name at least one process count")
-    steps = check_count("steps", steps)
-    global_batch = check_count("global_batch", global_batch)
+    from ..precision import MAX_LR
+    from .launch import MAX_WORLD_SIZE
+
+    sizes = sorted({check_count(f"world_sizes[{i}]", n, minimum=2, maximum=MAX_WORLD_SIZE)
+                    for i, n in enumerate(check_sequence("world_sizes", world_sizes))})
+    steps = check_count("steps", steps, maximum=MAX_STEPS)
+    global_batch = check_count("global_batch", global_batch, maximum=MAX_GLOBAL_BATCH)
+    lr = check_positive("lr", lr, maximum=MAX_LR)  # NaN, inf, 0, negative, True: refused before any process starts
     for n in sizes:
         if global_batch % n:
             raise ValueError(f"global_batch {global_batch} does not divide evenly by {n} processes")

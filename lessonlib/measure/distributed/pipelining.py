@@ -17,9 +17,12 @@ and two things are recorded while it runs:
 """
 from __future__ import annotations
 
+from ...checks import reads as _reads
+
 import time
 
-from ...checks import count as check_count, instance as check_instance, sequence as check_sequence
+from ...checks import count as check_count, instance as check_instance, mapping as check_mapping, \
+    sequence as check_sequence
 from .launch import launch
 from .quiet import known_warnings_silenced
 
@@ -188,6 +191,7 @@ def _pipeline_worker(rank, world, device, progress, specs):
     return {"rank": rank, "backend": dist.get_backend(), "runs": out}
 
 
+@_reads("per_rank_spans")
 def idle_share(per_rank_spans) -> float:
     """1 - busy time / (stages × makespan) for one step, from each stage's ``(kind, mb, start, end)`` spans.
 
@@ -211,11 +215,11 @@ def idle_share(per_rank_spans) -> float:
 
 
 def _spec(world_size, microbatches, schedules, hidden, layers, rows, reps) -> dict:
-    world_size = check_count("world_size", world_size, minimum=2)
-    ms = [check_count("microbatches", m) for m in microbatches]
-    if not ms:
-        raise ValueError("microbatches must not be empty")
-    for s in schedules:
+    from .launch import MAX_WORLD_SIZE
+
+    world_size = check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
+    ms = [check_count("microbatches", m, maximum=1024) for m in check_sequence("microbatches", microbatches)]
+    for s in check_sequence("schedules", schedules):
         if s not in SCHEDULES:
             raise ValueError(f"unknown schedule {s!r}; choose from {', '.join(SCHEDULES)}")
     from ..models import MAX_LAYERS, MAX_PARAMS
@@ -252,9 +256,18 @@ def run_pipelines(specs, timeout: float = 240.0) -> list:
     activation was freed).
     """
     defaults = dict(schedules=SCHEDULES, hidden=512, layers=4, rows=64, reps=2)
-    checked = [_spec(**{**defaults, **spec}) for spec in specs]
-    if not checked:
-        raise ValueError("specs must hold at least one run")
+    checked = []
+    for i, spec in enumerate(check_sequence("specs", specs)):
+        spec = check_mapping(f"specs[{i}]", spec)
+        unknown = sorted(map(str, set(spec) - set(defaults) - {"world_size", "microbatches"}))
+        missing = sorted({"world_size", "microbatches"} - set(spec))
+        if unknown or missing:
+            raise ValueError(f"specs[{i}] " + (f"has unknown keys {unknown}" if unknown else f"lacks {missing}")
+                             + "; it takes world_size, microbatches and optionally " + ", ".join(defaults))
+        try:
+            checked.append(_spec(**{**defaults, **spec}))
+        except (ValueError, TypeError) as err:
+            raise type(err)(f"specs[{i}]: {err}") from None
     world = max(s["world_size"] for s in checked)
     per_rank = launch(_pipeline_worker, world, args=(checked,), timeout=timeout,
                       progress_total=sum(s["world_size"] * len(s["configs"]) for s in checked),

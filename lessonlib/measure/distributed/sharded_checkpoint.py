@@ -79,13 +79,17 @@ def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 
     of model shards each rank wrote), "full_model", "full_optim"}``; the
     last two are the state gathered whole on rank 0, for checking a load.
     """
-    world_size = check_count("world_size", world_size, minimum=2)
-    steps = check_count("steps", steps)
-    global_batch = check_count("global_batch", global_batch)
+    from ..precision import MAX_LR
+    from .fsdp import MAX_GLOBAL_BATCH, MAX_STEPS
+    from .launch import MAX_WORLD_SIZE
+
+    world_size = check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
+    steps = check_count("steps", steps, maximum=MAX_STEPS)
+    global_batch = check_count("global_batch", global_batch, maximum=MAX_GLOBAL_BATCH)
     if global_batch % world_size:
         raise ValueError(f"global_batch {global_batch} does not divide evenly by world_size={world_size}")
     path = check_path("path", path)
-    lr = check_positive("lr", lr)
+    lr = check_positive("lr", lr, maximum=MAX_LR)  # lr=1e30 trained into a NaN-filled checkpoint
     path.mkdir(parents=True, exist_ok=True)
     per_rank = launch(_save_worker, world_size, args=(str(path), steps, global_batch, lr), timeout=timeout,
                       progress_total=world_size, desc=f"sharded save from {world_size} processes")

@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+from ...checks import reads as _reads
+
 import time
 
 from ...checks import amount as _check_amount, count as _check_count, mapping as _check_mapping, \
@@ -147,6 +149,29 @@ def _expert_parallel_worker(rank, world_size, device, progress, tokens, hidden, 
     }
 
 
+#: The most values one tensor of a split run may hold (256 MiB in fp32), and the most parameters of
+#: the experts together (each rank builds all of them, as the course's models allow).
+MAX_VALUES = 2 ** 26
+
+
+def _check_split_sizes(name: str, world_size: int, *, tokens=None, hidden=None, experts_per_rank=None,
+                       batch=None, d_in=None, d_out=None) -> None:
+    """Refuse, in the parent, sizes whose tensors no worker could hold; ``name`` is the caller's argument."""
+    from ..models import MAX_PARAMS
+
+    if tokens is not None:
+        n_experts = world_size * experts_per_rank
+        if n_experts * 4 * hidden * hidden > MAX_PARAMS:
+            raise ValueError(f"{name}: {n_experts} experts of hidden={hidden} hold "
+                             f"{n_experts * 4 * hidden * hidden:,} parameters, more than {MAX_PARAMS:,}")
+        if tokens * 2 * hidden > MAX_VALUES:
+            raise ValueError(f"{name}: tokens × 2 × hidden is {tokens * 2 * hidden:,} values, more than {MAX_VALUES:,}")
+    if batch is not None:
+        for what, n in (("batch × d_in", batch * d_in), ("d_in × d_out", d_in * d_out), ("batch × d_out", batch * d_out)):
+            if n > MAX_VALUES:
+                raise ValueError(f"{name}: {what} is {n:,} values, more than {MAX_VALUES:,}")
+
+
 def run_expert_parallel(tokens: int = 256, hidden: int = 32, experts_per_rank: int = 2,
                         skew: float = 0.0, world_size: int = 2, timeout: float = 120.0) -> list:
     """Route ``tokens`` tokens per process to experts on ``world_size`` processes.
@@ -167,6 +192,8 @@ def run_expert_parallel(tokens: int = 256, hidden: int = 32, experts_per_rank: i
     experts_per_rank = _check_count("experts_per_rank", experts_per_rank, maximum=MAX_SIZE)
     skew = _check_amount("skew", skew, maximum=MAX_SKEW)
     timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
+    _check_split_sizes("tokens, hidden and experts_per_rank", world_size, tokens=tokens, hidden=hidden,
+                       experts_per_rank=experts_per_rank)
     return launch(_expert_parallel_worker, world_size,
                   args=(tokens, hidden, experts_per_rank, skew), timeout=timeout)
 
@@ -194,6 +221,7 @@ def run_splits(tp=dict(batch=64, d_in=256, d_out=512),
     tp_args = tuple(_check_count(f"tp[{k!r}]", tp[k], maximum=MAX_SIZE) for k in ("batch", "d_in", "d_out"))
     if tp_args[1] % world_size or tp_args[2] % world_size:
         raise ValueError(f"tp: d_in and d_out must divide evenly by world_size={world_size}")
+    _check_split_sizes("tp", world_size, batch=tp_args[0], d_in=tp_args[1], d_out=tp_args[2])
     ep_list = []
     for i, e in enumerate(_check_sequence("ep", ep)):
         _check_mapping(f"ep[{i}]", e)
@@ -202,6 +230,8 @@ def run_splits(tp=dict(batch=64, d_in=256, d_out=512),
         ep_list.append(tuple(_check_count(f"ep[{i}][{k!r}]", e[k], maximum=MAX_SIZE)
                              for k in ("tokens", "hidden", "experts_per_rank"))
                        + (_check_amount(f"ep[{i}]['skew']", e["skew"], maximum=MAX_SKEW),))
+        _check_split_sizes(f"ep[{i}]", world_size, tokens=ep_list[-1][0], hidden=ep_list[-1][1],
+                           experts_per_rank=ep_list[-1][2])
     timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
     per_rank = launch(_splits_worker, world_size, args=(tp_args, ep_list), timeout=timeout,
                       progress_total=world_size * (1 + len(ep_list)), desc="split runs")
@@ -266,7 +296,9 @@ def run_stalled_job(steps: int = 60, stall_step: int = 30, stall_seconds: float 
     stall_rank = _check_count("stall_rank", stall_rank, minimum=0)
     if stall_rank >= world_size:
         raise ValueError(f"stall_rank must be below world_size={world_size}, got {stall_rank}")
-    hidden = _check_count("hidden", hidden, maximum=MAX_SIZE)
+    from .data_parallel import check_forecast_hidden
+
+    hidden = check_forecast_hidden("hidden", hidden)
     batch = _check_count("batch", batch, maximum=MAX_SIZE)
     timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
     if batch % world_size:
@@ -276,6 +308,7 @@ def run_stalled_job(steps: int = 60, stall_step: int = 30, stall_seconds: float 
                   timeout=timeout, progress_total=steps, desc="DDP steps")
 
 
+@_reads("per_rank")
 def expert_step_wait(per_rank: list) -> dict:
     """What an expert-parallel step waits for, from :func:`run_expert_parallel`'s per-rank dicts.
 
@@ -285,18 +318,28 @@ def expert_step_wait(per_rank: list) -> dict:
     process), ``seconds_per_process`` (each process's expert compute,
     seconds) and ``time_imbalance`` (slowest process / mean, measured).
     """
-    for i, r in enumerate(_check_sequence("per_rank", per_rank)):
+    per_rank = _check_sequence("per_rank", per_rank)
+    for i, r in enumerate(per_rank):
         _check_mapping(f"per_rank[{i}]", r)
         missing = {"rank", "tokens_per_expert", "tokens_processed", "expert_seconds"} - set(r)
         if missing:
             raise ValueError(f"per_rank[{i}] is not a run_splits expert result: it lacks {sorted(missing)}")
+        _check_count(f"per_rank[{i}]['rank']", r["rank"], minimum=0)
+        _check_amount(f"per_rank[{i}]['tokens_processed']", r["tokens_processed"])
+        _check_amount(f"per_rank[{i}]['expert_seconds']", r["expert_seconds"])
     from ...calc.experts import expert_load_imbalance, process_load_imbalance
 
-    if not per_rank:
-        raise ValueError("per_rank must not be empty")
-    per_expert = per_rank[0]["tokens_per_expert"]
+    ranks = sorted(r["rank"] for r in per_rank)
+    if ranks != list(range(len(per_rank))):
+        raise ValueError(f"per_rank must hold one result for each rank 0..{len(per_rank) - 1}, got ranks {ranks}")
+    per_expert = _check_sequence("per_rank[0]['tokens_per_expert']", per_rank[0]["tokens_per_expert"])
+    if len(per_expert) % len(per_rank):
+        raise ValueError(f"per_rank[0]['tokens_per_expert'] has {len(per_expert)} experts, which do not divide evenly "
+                         f"over the {len(per_rank)} ranks of per_rank")
     tokens = [r["tokens_processed"] for r in sorted(per_rank, key=lambda r: r["rank"])]
     seconds = [r["expert_seconds"] for r in sorted(per_rank, key=lambda r: r["rank"])]
+    if sum(seconds) <= 0:
+        raise ValueError("per_rank's expert_seconds are all zero: no expert time was measured to compare")
     k = len(per_expert) // len(per_rank)
     return {
         "tokens_per_process": tokens,

@@ -195,6 +195,18 @@ def _tp_worker(rank, world, device, progress, mlp_cfg, block_cfg):
                       "config": {"batch": batch, "seq_len": seq, "hidden": hidden, "heads": heads}}}
 
 
+#: The most values one activation tensor of :func:`run_tensor_parallel` may hold (256 MiB in fp32).
+MAX_ACTIVATION_VALUES = 2 ** 26
+
+
+def _shape(name: str, value, fields: tuple) -> tuple:
+    """``value`` as a tuple of exactly ``len(fields)`` counts, named ``name``'s fields in errors."""
+    value = check_sequence(name, value)
+    if len(value) != len(fields):
+        raise ValueError(f"{name} must be ({', '.join(fields)}): {len(fields)} numbers, got {len(value)}: {value!r}")
+    return tuple(check_count(f"{name}'s {f}", v) for f, v in zip(fields, value))
+
+
 def run_tensor_parallel(world_size: int = 2, mlp=(4, 64, 128), block=(2, 128, 256, 4),
                         timeout: float = 180.0) -> list:
     """Run both measurements on ``world_size`` processes; one dict per rank.
@@ -212,10 +224,29 @@ def run_tensor_parallel(world_size: int = 2, mlp=(4, 64, 128), block=(2, 128, 25
     ``max_diff`` (split layer against unsplit, float32, dropout off) and
     ``config`` (the layer's ``batch``, ``seq_len``, ``hidden``, ``heads``).
     """
-    world_size = check_count("world_size", world_size, minimum=2)
-    batch, seq, hidden = (check_count(n, v) for n, v in zip(("batch", "seq", "hidden"), mlp))
-    b2, s2, h2, a2 = (check_count(n, v) for n, v in zip(("batch", "seq", "hidden", "heads"), block))
+    from .launch import MAX_WORLD_SIZE
+
+    world_size = check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
+    batch, seq, hidden = _shape("mlp", mlp, ("batch", "seq", "hidden"))
+    b2, s2, h2, a2 = _shape("block", block, ("batch", "seq_len", "hidden", "heads"))
+    if hidden % world_size:
+        raise ValueError(f"world_size={world_size} must divide mlp's hidden ({hidden}): each rank takes an equal "
+                         "slice of the MLP's matrices")
+    if 8 * hidden * hidden > MAX_PARAMS:
+        raise ValueError(f"mlp's hidden={hidden} gives more than the {MAX_PARAMS:,} parameters the course's models allow")
+    if a2 > h2 or h2 % a2:
+        raise ValueError(f"block's heads ({a2}) must divide its hidden ({h2}): each head takes hidden / heads")
     if a2 % world_size or h2 % world_size:
         raise ValueError(f"world_size={world_size} must divide the layer's heads ({a2}) and hidden ({h2})")
+    if s2 > MAX_SEQ_LEN:
+        raise ValueError(f"block's seq_len must be at most {MAX_SEQ_LEN:,}, got {s2:,}")
+    if 12 * h2 * h2 > MAX_PARAMS:
+        raise ValueError(f"block's hidden={h2} gives more than the {MAX_PARAMS:,} parameters the course's models allow")
+    for what, n in (("mlp's batch × seq × 4 × hidden", batch * seq * 4 * hidden),
+                    ("block's batch × heads × seq_len²", b2 * a2 * s2 * s2),
+                    ("block's batch × seq_len × 4 × hidden", b2 * s2 * 4 * h2)):
+        if n > MAX_ACTIVATION_VALUES:
+            raise ValueError(f"{what} is {n:,} values in one activation, more than the {MAX_ACTIVATION_VALUES:,} "
+                             "a run of the course holds")
     return launch(_tp_worker, world_size, args=((batch, seq, hidden), (b2, s2, h2, a2)), timeout=timeout,
                   progress_total=2 * world_size, desc=f"tensor parallel on {world_size} processes")
