@@ -24,7 +24,7 @@ import shutil
 OWNER_VARIABLE = "LESSONLIB_DIST_OWNER"
 
 
-def remove_at_exit(value: str | None) -> bool:
+def _remove_at_exit(value: str | None) -> bool:
     """In the fork server: remove the owner's temp folder named in ``value`` when this process exits.
 
     Does nothing (and returns False) unless ``value`` is ``"<pid>:<folder>"`` with
@@ -43,4 +43,4 @@ def remove_at_exit(value: str | None) -> bool:
     return True
 
 
-remove_at_exit(os.environ.get(OWNER_VARIABLE))
+_remove_at_exit(os.environ.get(OWNER_VARIABLE))

@@ -36,7 +36,7 @@ from ...checks import amount as _check_amount, count as _check_count, function a
     instance as _check_instance, text as _check_text
 from ...progress import progress as _progress
 from .fork_server import OWNER_VARIABLE
-from .worker import Ending, failure_report, read_record, result_path, run_rank
+from .worker import _Ending, _failure_report, _read_record, _result_path, _run_rank
 
 #: The most processes :func:`launch` starts (each is a full Python with torch).
 MAX_WORLD_SIZE = 64
@@ -218,6 +218,7 @@ class _WorkerFailed(Exception):
 
 def _launch_once(target, world_size, args, timeout, progress_total, desc) -> list:
     import multiprocessing
+    import multiprocessing.util
 
     import torch
     import torch.multiprocessing as mp  # its context passes tensors through shared memory
@@ -241,7 +242,7 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
             with _environment(env):  # inherited through the fork server, which starts with the first launch
                 port = free_port()
                 for rank in range(world_size):
-                    p = ctx.Process(target=run_rank, name=f"lessonlib-rank{rank}",
+                    p = ctx.Process(target=_run_rank, name=f"lessonlib-rank{rank}",
                                     args=(rank, world_size, port, backend, device_type, out_dir, target, args,
                                           progress, follow))
                     p.start()
@@ -257,10 +258,10 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
                 with _interrupts_held():
                     stopped = _stop(procs)
                 _raise_failure(procs, ended, stopped, out_dir)
-            missing = [r for r in range(world_size) if not result_path(out_dir, r).exists()]
+            missing = [r for r in range(world_size) if not _result_path(out_dir, r).exists()]
             if missing:  # e.g. a target that called sys.exit(0)
                 _raise_failure(procs, ended, set(), out_dir)
-            return [torch.load(result_path(out_dir, r), weights_only=True) for r in range(world_size)]
+            return [torch.load(_result_path(out_dir, r), weights_only=True) for r in range(world_size)]
         finally:
             with _interrupts_held():
                 # An interrupt while the workers were being started can leave one that
@@ -274,9 +275,9 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
 def _raise_failure(procs, ended, stopped, out_dir):
     """Raise what the workers' endings say: ``KeyboardInterrupt`` or ``RuntimeError``, the root cause first."""
     now = time.monotonic()
-    endings = [Ending(rank, p.exitcode, ended.get(rank, (None, now))[1], p in stopped, read_record(out_dir, rank),
-                      result_path(out_dir, rank).exists()) for rank, p in enumerate(procs)]
-    message, interrupted = failure_report(endings)
+    endings = [_Ending(rank, p.exitcode, ended.get(rank, (None, now))[1], p in stopped, _read_record(out_dir, rank),
+                      _result_path(out_dir, rank).exists()) for rank, p in enumerate(procs)]
+    message, interrupted = _failure_report(endings)
     if interrupted:
         raise KeyboardInterrupt(message) from None
     raise RuntimeError(message) from None

@@ -1,6 +1,6 @@
 """One worker process that :mod:`.launch` starts: its entry point, its tie to the caller, and how it ended.
 
-Each worker runs :func:`run_rank`, which
+Each worker runs :func:`_run_rank`, which
 
 - ties the worker's life to the calling process (a notebook's kernel). The
   worker's parent is the fork server, not the caller, so a parent-death
@@ -18,7 +18,7 @@ The process management is ours rather than ``torch.multiprocessing.start_process
 where that keeps its error files has changed between torch releases (2.1 has no
 ``error_files``), and it takes a worker's SIGINT for a clean exit.
 
-:func:`failure_report` reads those records with the exit codes the caller saw
+:func:`_failure_report` reads those records with the exit codes the caller saw
 and orders the ranks so that the root cause comes first.
 """
 from __future__ import annotations
@@ -42,17 +42,17 @@ ORPHANED_EXIT = 125
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
-def result_path(out_dir, rank: int) -> Path:
+def _result_path(out_dir, rank: int) -> Path:
     """Where rank ``rank`` saves its result."""
     return Path(out_dir) / f"rank{rank}.pt"
 
 
-def record_path(out_dir, rank: int) -> Path:
+def _record_path(out_dir, rank: int) -> Path:
     """Where rank ``rank`` writes how it failed."""
     return Path(out_dir) / f"rank{rank}.error.json"
 
 
-def run_rank(rank, world_size, port, backend, device_type, out_dir, target, args, progress, owner):
+def _run_rank(rank, world_size, port, backend, device_type, out_dir, target, args, progress, owner):
     """The entry point of worker ``rank``: run ``target`` there; leave a result or a record, then exit."""
     _die_with_parent()
     _follow_owner(owner, out_dir)
@@ -81,9 +81,9 @@ def _join_and_run(rank, world_size, port, backend, device_type, out_dir, target,
     try:
         with threads(1):  # two processes on two cores must not each start a pool of two
             result = target(rank, world_size, device, progress, *args)
-        tmp = result_path(out_dir, rank).with_suffix(".tmp")
+        tmp = _result_path(out_dir, rank).with_suffix(".tmp")
         torch.save(result, tmp)
-        os.replace(tmp, result_path(out_dir, rank))  # complete or absent, never half-written
+        os.replace(tmp, _result_path(out_dir, rank))  # complete or absent, never half-written
     finally:
         dist.destroy_process_group()
 
@@ -92,9 +92,9 @@ def _leave(out_dir, rank, interrupted: bool, code: int) -> None:
     """Write how this rank failed (the exception being handled), then exit with ``code``."""
     record = {"traceback": traceback.format_exc(), "interrupted": interrupted, "time": time.monotonic()}
     try:
-        tmp = record_path(out_dir, rank).with_suffix(".tmp")
+        tmp = _record_path(out_dir, rank).with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
-        os.replace(tmp, record_path(out_dir, rank))
+        os.replace(tmp, _record_path(out_dir, rank))
     except OSError:  # the folder is gone: the caller is, too
         pass
     _flush()
@@ -145,7 +145,7 @@ def _follow_owner(owner, out_dir) -> None:
 
 
 @dataclass
-class Ending:
+class _Ending:
     """How one worker ended, as the caller saw it.
 
     ``exitcode`` as ``multiprocessing`` gives it (negative: the signal that
@@ -163,10 +163,10 @@ class Ending:
     saved: bool = False
 
 
-def read_record(out_dir, rank: int) -> dict | None:
+def _read_record(out_dir, rank: int) -> dict | None:
     """The failure record rank ``rank`` wrote, or None (it wrote none, or one that cannot be read)."""
     try:
-        record = json.loads(record_path(out_dir, rank).read_text())
+        record = json.loads(_record_path(out_dir, rank).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict) or not isinstance(record.get("traceback"), str):
@@ -187,7 +187,7 @@ def _exit_words(exitcode) -> str:
     return f"exited with code {exitcode}"
 
 
-def _kind(e: Ending) -> int:
+def _kind(e: _Ending) -> int:
     """0 interrupted, 1 a cause (failed on its own), 2 a lost peer's echo, 3 stopped by the caller."""
     if (e.record and e.record.get("interrupted")) or e.exitcode == -signal.SIGINT:
         return 0
@@ -198,12 +198,12 @@ def _kind(e: Ending) -> int:
     return 1
 
 
-def _when(e: Ending) -> float:
+def _when(e: _Ending) -> float:
     """When it failed: the time it wrote in its record, else when the caller saw it end (later)."""
     return e.record["time"] if e.record else e.seen
 
 
-def failure_report(endings: list[Ending]) -> tuple[str, bool]:
+def _failure_report(endings: list[_Ending]) -> tuple[str, bool]:
     """``(message, interrupted)`` for the workers that did not succeed, the root cause first.
 
     The order: interrupted ranks, then ranks that failed on their own (an
