@@ -1,4 +1,4 @@
-"""What the fork server removes when it leaves: its owner's ``multiprocessing`` temp folder.
+"""The fork server's tie to its owner: it outlives neither the owner nor the owner's temp folder.
 
 :mod:`.launch` starts its workers from a fork server (``multiprocessing``'s
 ``forkserver``), a process that its owner (the caller, a notebook's kernel)
@@ -11,8 +11,14 @@ server's socket lies: its owner removes it at a normal exit only.
 The server imports this module first (it is the first of launch's preloaded
 modules). The owner names itself in :data:`OWNER_VARIABLE` (``"<pid>:<folder>"``)
 while it starts the server; here, in a process that the named owner started,
-the folder is removed when the server exits. The server exits only once its
-owner is gone, so the folder is never removed under a live owner.
+
+- the server leaves the owner's process group (``os.setsid``), and so do the
+  workers it forks: a signal to the whole group (Jupyter's kernel restart, a
+  test harness's kill) then ends the owner, and the server and the workers
+  leave after it, by the pipes above, instead of dying with it before they can
+  clean up;
+- the folder is removed when the server exits. The server exits only once its
+  owner is gone, so the folder is never removed under a live owner.
 """
 from __future__ import annotations
 
@@ -24,8 +30,8 @@ import shutil
 OWNER_VARIABLE = "LESSONLIB_DIST_OWNER"
 
 
-def _remove_at_exit(value: str | None) -> bool:
-    """In the fork server: remove the owner's temp folder named in ``value`` when this process exits.
+def _tie_to_owner(value: str | None) -> bool:
+    """In the fork server: leave the owner's process group; remove its temp folder named in ``value`` at exit.
 
     Does nothing (and returns False) unless ``value`` is ``"<pid>:<folder>"`` with
     ``<pid>`` this process's parent and ``<folder>`` a ``pymp-*`` folder.
@@ -34,6 +40,10 @@ def _remove_at_exit(value: str | None) -> bool:
     if not sep or not pid.isdigit() or int(pid) != os.getppid() or not os.path.basename(folder).startswith("pymp-"):
         return False
     server = os.getpid()
+    try:
+        os.setsid()
+    except OSError:  # already a group leader: it stays in its group
+        pass
 
     def remove():
         if os.getpid() == server:  # not in a forked worker (they leave with os._exit anyway)
@@ -43,4 +53,4 @@ def _remove_at_exit(value: str | None) -> bool:
     return True
 
 
-_remove_at_exit(os.environ.get(OWNER_VARIABLE))
+_tie_to_owner(os.environ.get(OWNER_VARIABLE))

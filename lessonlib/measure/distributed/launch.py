@@ -36,7 +36,7 @@ from ...checks import amount as _check_amount, count as _check_count, function a
     instance as _check_instance, text as _check_text
 from ...progress import progress as _progress
 from .fork_server import OWNER_VARIABLE
-from .worker import _Ending, _failure_report, _read_record, _result_path, _run_rank
+from .worker import _Ending, _Progress, _failure_report, _read_record, _result_path, _run_rank, _take_ticks
 
 #: The most processes :func:`launch` starts (each is a full Python with torch).
 MAX_WORLD_SIZE = 64
@@ -119,7 +119,7 @@ def launch(target, world_size: int = 2, args: tuple = (), timeout: float = 180.0
     rendezvous on a free port of 127.0.0.1) and each return a picklable
     result; the list of results, indexed by rank, is returned.
 
-    ``progress`` is a queue the workers may ``put(1)`` on; with
+    ``progress`` is an object the workers may ``put(1)`` on (like a queue's); with
     ``progress_total`` set, a bar in the calling process
     (:func:`lessonlib.progress.progress`) counts those ticks. ``timeout`` is in seconds for the whole run.
 
@@ -230,7 +230,7 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
     if method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts, on first use
         env[OWNER_VARIABLE] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
-    progress = ctx.SimpleQueue()
+    ticks_in, ticks_out = ctx.Pipe(duplex=False)  # the workers' progress ticks (worker._Progress)
     # The workers watch `follow` for its end of file; `keep`, its only writing end, stays here
     # and is closed only once every worker has ended (see worker._follow_owner).
     follow, keep = ctx.Pipe(duplex=False)
@@ -244,10 +244,10 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
                 for rank in range(world_size):
                     p = ctx.Process(target=_run_rank, name=f"lessonlib-rank{rank}",
                                     args=(rank, world_size, port, backend, device_type, out_dir, target, args,
-                                          progress, follow))
+                                          _Progress(ticks_out), follow))
                     p.start()
                     procs.append(p)
-            ticks = _ticks(procs, ended, progress, time.monotonic() + timeout, world_size, timeout)
+            ticks = _ticks(procs, ended, ticks_in, time.monotonic() + timeout, world_size, timeout)
             if progress_total:  # a bar live; one summary line in the static book build
                 ticks = _progress(ticks, desc=desc or getattr(target, "__name__", "workers"),
                                   total=progress_total)
@@ -268,8 +268,8 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
                 # is not in procs yet: it is found among our children.
                 strays = [p for p in multiprocessing.active_children() if p not in before and p not in procs]
                 _stop(procs + strays)
-                keep.close()
-                follow.close()
+                for end in (keep, follow, ticks_in, ticks_out):
+                    end.close()
 
 
 def _raise_failure(procs, ended, stopped, out_dir):
@@ -283,8 +283,8 @@ def _raise_failure(procs, ended, stopped, out_dir):
     raise RuntimeError(message) from None
 
 
-def _ticks(procs, ended, progress, deadline, world_size, timeout):
-    """Yield once per tick the workers ``put`` on ``progress``, until they all finish.
+def _ticks(procs, ended, ticks_in, deadline, world_size, timeout):
+    """Yield once per tick the workers ``put`` on their ``progress`` (read from ``ticks_in``), until they all finish.
 
     Records in ``ended`` each worker's exit code and when it was seen; raises
     :class:`_WorkerFailed` when one ended with an error, and TimeoutError once
@@ -298,14 +298,12 @@ def _ticks(procs, ended, progress, deadline, world_size, timeout):
             rank = waiting.pop(sentinel)
             procs[rank].join()
             ended[rank] = (procs[rank].exitcode, time.monotonic())
-        while not progress.empty():
-            yield from range(progress.get())
+        yield from range(_take_ticks(ticks_in))
         if any(code != 0 for code, _ in ended.values()):
             raise _WorkerFailed
         if waiting and time.monotonic() > deadline:
             raise TimeoutError(f"the {world_size} worker processes did not finish within {timeout:.0f} s")
-    while not progress.empty():
-        yield from range(progress.get())
+    yield from range(_take_ticks(ticks_in))
 
 
 def _stop(processes, grace: float = STOP_GRACE) -> set:

@@ -42,6 +42,31 @@ ORPHANED_EXIT = 125
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
+class _Progress:
+    """The ``progress`` a worker's target gets: ``put(n)`` adds ``n`` ticks to the caller's bar.
+
+    A pipe rather than a ``multiprocessing`` queue: a queue's lock is a named
+    semaphore (``/dev/shm/sem.mp-*``) that only the resource tracker removes
+    when its owner dies, and a caller killed with its process group takes the
+    tracker with it. Each tick is one write of a few bytes, which the pipe
+    keeps whole when several workers write at once (POSIX, below ``PIPE_BUF``).
+    """
+
+    def __init__(self, connection):
+        self._connection = connection
+
+    def put(self, n: int = 1) -> None:
+        self._connection.send_bytes(int(n).to_bytes(8, "little", signed=True))
+
+
+def _take_ticks(connection) -> int:
+    """The ticks the workers have sent so far (reads without waiting)."""
+    total = 0
+    while connection.poll():
+        total += int.from_bytes(connection.recv_bytes(), "little", signed=True)
+    return total
+
+
 def _result_path(out_dir, rank: int) -> Path:
     """Where rank ``rank`` saves its result."""
     return Path(out_dir) / f"rank{rank}.pt"
