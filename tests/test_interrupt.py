@@ -82,6 +82,47 @@ def test_interrupting_launch_stops_every_worker(tmp_path):
     assert [p for p in pids if _alive(p)] == []
 
 
+def _pid_sleeper_or_collective(rank, world, device, progress, folder, seconds):
+    """Rank 0 says who it is and waits in a collective for rank 1, which says who it is and sleeps."""
+    import torch
+    import torch.distributed as dist
+
+    Path(folder, f"rank{rank}.pid").write_text(str(os.getpid()))
+    if rank == 0:
+        dist.all_reduce(torch.ones(2))
+    else:
+        time.sleep(seconds)
+
+
+@pytest.mark.parametrize("target, ranks", [(_pid_sleeper, [0, 1]), (_pid_sleeper, [1]),
+                                           (_pid_sleeper_or_collective, [1])])
+def test_sigint_to_the_workers_alone_ends_the_call_with_keyboard_interrupt(tmp_path, target, ranks):
+    """Issue 26: SIGINT that reaches only the workers ended the call with a FileNotFoundError about a temp
+    folder (torch's worker wrapper took the interrupt for a clean exit). It must end with KeyboardInterrupt,
+    also when the other rank fails after it, having lost its peer inside a collective."""
+    import multiprocessing
+    import threading
+
+    from lessonlib.measure.distributed.launch import launch
+
+    def interrupt_the_workers():
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.3)  # let them settle into their wait
+        for rank in ranks:
+            os.kill(int((tmp_path / f"rank{rank}.pid").read_text()), signal.SIGINT)
+
+    sender = threading.Thread(target=interrupt_the_workers)
+    sender.start()
+    try:
+        with pytest.raises(KeyboardInterrupt, match=f"worker rank ({'|'.join(map(str, ranks))}) was interrupted"):
+            launch(target, 2, args=(str(tmp_path), 300.0), timeout=600)
+    finally:
+        sender.join()
+    assert multiprocessing.active_children() == []
+
+
 def test_interrupting_a_training_process_kills_it(tmp_path):
     code = f"""
         from pathlib import Path

@@ -3,8 +3,8 @@
 :func:`launch` is the one way the course starts processes: it picks the
 backend (:func:`choose_backend`: gloo on CPU processes, NCCL with one GPU per
 process), finds a free port, shows a progress bar, and always stops every
-child it started (worker error, timeout or interrupt), reporting each worker's
-traceback with the likely cause first. The functions the workers run live in
+child it started (worker error, timeout or interrupt), reporting how each
+worker ended with the root cause first. The functions the workers run live in
 library modules, because a started process imports its function by name and
 cannot see functions defined in a notebook.
 
@@ -15,6 +15,12 @@ worker skips those imports.
 Two idle workers start in about 0.4 s here, against 2 s with ``spawn``. Like
 ``spawn``, it never copies the caller's state; unlike ``fork``, it is safe
 after torch has started threads or CUDA.
+
+Nothing outlives the caller, even one killed alone (SIGKILL or SIGTERM to the
+kernel only, or the out-of-memory killer): the workers follow the caller
+(:mod:`.worker`), the fork server and ``multiprocessing``'s resource tracker
+leave once the caller and the workers are gone, and the fork server then
+removes the caller's temp folder (:mod:`.fork_server`).
 """
 from __future__ import annotations
 
@@ -25,23 +31,32 @@ import socket
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 from ...checks import amount as _check_amount, count as _check_count, function as _check_function, \
     instance as _check_instance, text as _check_text
 from ...progress import progress as _progress
+from .fork_server import OWNER_VARIABLE
+from .worker import _Ending, _Progress, _failure_report, _read_record, _result_path, _run_rank, _take_ticks
 
 #: The most processes :func:`launch` starts (each is a full Python with torch).
 MAX_WORLD_SIZE = 64
 #: The longest :func:`launch` waits for its workers, in seconds (a day).
 MAX_TIMEOUT = 86_400.0
+#: How long a worker asked to stop (SIGTERM) may take before it is killed (SIGKILL), in seconds.
+#: Python ends at SIGTERM at once unless the code ignores it; waiting longer only delays the error.
+STOP_GRACE = 1.0
+#: The environment variable that forces a backend, and the values it accepts (unset or empty: choose).
+BACKEND_VARIABLE = "LESSONLIB_DIST_BACKEND"
+BACKENDS = ("gloo", "nccl")
 #: The library's modules whose functions :func:`launch` runs in its workers.
 WORKER_MODULES = ("data_parallel", "splits", "fsdp", "tensor_parallel", "pipelining", "comm_timing",
                   "sharded_checkpoint")
-#: What the fork server imports once, before it forks any worker: torch, and the worker modules with
-#: what they import (torch.distributed's FSDP, DTensor and checkpoint code: about 1 s of CPU, which
-#: every worker would otherwise spend again).
-_PRELOAD = ["torch", "torch.distributed"] + [f"{__package__}.{name}" for name in WORKER_MODULES]
+#: What the fork server imports once, before it forks any worker: first its own clean-up
+#: (:mod:`.fork_server`), then torch, and the worker modules with what they import
+#: (torch.distributed's FSDP, DTensor and checkpoint code: about 1 s of CPU, which every
+#: worker would otherwise spend again).
+_PRELOAD = [f"{__package__}.fork_server", "torch", "torch.distributed"] + \
+    [f"{__package__}.{name}" for name in WORKER_MODULES]
 
 
 def choose_backend(world_size: int = 2) -> tuple[str, str]:
@@ -50,22 +65,30 @@ def choose_backend(world_size: int = 2) -> tuple[str, str]:
     NCCL on CUDA when there is at least one GPU per process, else gloo on
     CPU processes (one GPU cannot be shared by two NCCL ranks, and gloo is
     what PyTorch ships for CPU tensors). This is the only place the choice
-    is made; set ``LESSONLIB_DIST_BACKEND=gloo`` to force gloo on a GPU box.
+    is made. ``LESSONLIB_DIST_BACKEND`` forces it: ``gloo`` (CPU processes,
+    even on a GPU box) or ``nccl`` (refused, with the reason, where this
+    machine lacks NCCL or one CUDA device per process); unset or empty, the
+    choice above. Any other value is refused with a ``ValueError``.
     """
     world_size = _check_count("world_size", world_size, minimum=1, maximum=MAX_WORLD_SIZE)
-    forced = os.environ.get("LESSONLIB_DIST_BACKEND")
+    raw = os.environ.get(BACKEND_VARIABLE, "")
+    forced = raw.strip().lower()
+    if forced not in ("",) + BACKENDS:
+        raise ValueError(f"{BACKEND_VARIABLE}={raw!r} is not a backend launch can use: set it to "
+                         f"{' or '.join(repr(b) for b in BACKENDS)}, or unset it to let launch choose")
     import torch
     import torch.distributed as dist
 
     if forced == "gloo":
         return "gloo", "cpu"
-    if (
-        torch.cuda.is_available()
-        and torch.cuda.device_count() >= world_size
-        and dist.is_nccl_available()
-    ):
-        return "nccl", "cuda"
-    return "gloo", "cpu"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nccl = gpus >= world_size and dist.is_nccl_available()
+    if forced == "nccl" and not nccl:
+        raise ValueError(f"{BACKEND_VARIABLE}='nccl' needs NCCL and one CUDA device per process: "
+                         f"{world_size} processes, {gpus} CUDA device(s), NCCL "
+                         f"{'available' if dist.is_nccl_available() else 'not available'} in this torch; "
+                         f"set it to 'gloo', or unset it to let launch choose")
+    return ("nccl", "cuda") if nccl else ("gloo", "cpu")
 
 
 def free_port() -> int:
@@ -87,35 +110,6 @@ _CHILD_ENV = {
 }
 
 
-def _entry(rank, world_size, port, backend, device_type, out_dir, target, args, progress):
-    """Runs inside each spawned process: join the group, run ``target``, save its result."""
-    import torch
-    import torch.distributed as dist
-
-    from ..device import threads
-
-    if device_type == "cuda":
-        torch.cuda.set_device(rank)
-    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world_size,
-    )
-    try:
-        with threads(1):  # two processes on two cores must not each start a pool of two
-            result = target(rank, world_size, device, progress, *args)
-        tmp = Path(out_dir) / f"rank{rank}.tmp"
-        torch.save(result, tmp)
-        os.replace(tmp, Path(out_dir) / f"rank{rank}.pt")  # complete or absent, never half-written
-    finally:
-        dist.destroy_process_group()
-    # Success: the result is on disk. Leave at once rather than through the
-    # interpreter's slow tear-down of torch (about a second per process here).
-    os._exit(0)
-
-
 def launch(target, world_size: int = 2, args: tuple = (), timeout: float = 180.0,
            progress_total: int | None = None, desc: str | None = None) -> list:
     """Run ``target(rank, world_size, device, progress, *args)`` in ``world_size`` processes.
@@ -125,16 +119,24 @@ def launch(target, world_size: int = 2, args: tuple = (), timeout: float = 180.0
     rendezvous on a free port of 127.0.0.1) and each return a picklable
     result; the list of results, indexed by rank, is returned.
 
-    ``progress`` is a queue the workers may ``put(1)`` on; with
+    ``progress`` is an object the workers may ``put(1)`` on (like a queue's); with
     ``progress_total`` set, a bar in the calling process
     (:func:`lessonlib.progress.progress`) counts those ticks. ``timeout`` is in seconds for the whole run.
 
+    When a worker fails, ``RuntimeError`` names the root cause first: the
+    first rank to fail on its own, with its traceback, or its exit code or
+    signal when it left none; ranks that failed only because a peer went
+    away, and ranks that were stopped, come after it. An interrupt ends the
+    call with ``KeyboardInterrupt``, whether it reached the caller (Ctrl-C,
+    the Jupyter stop button) or only the workers (SIGINT to them).
+
     Clean-up is guaranteed: whatever happens (a worker raises, the timeout
-    passes, the caller is interrupted with ``KeyboardInterrupt`` or the
-    Jupyter stop button, even while the workers are still being started),
-    every child still alive is terminated, then killed, before this function
-    returns or raises; a second interrupt during that clean-up is held back
-    until it is done. The arguments are checked before any process starts:
+    passes, the caller is interrupted, even while the workers are still being
+    started), every child still alive is terminated, then killed after
+    :data:`STOP_GRACE` seconds, before this function returns or raises; a
+    second interrupt during that clean-up is held back until it is done. If the
+    caller itself is killed, its workers and helpers follow it within moments
+    (see the module's notes). The arguments are checked before any process starts:
     ``target`` a function importable by name, ``world_size`` from 1 to
     :data:`MAX_WORLD_SIZE`, ``timeout`` up to :data:`MAX_TIMEOUT` seconds.
 
@@ -195,113 +197,129 @@ def _interrupts_held():
         raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def _environment(values: dict):
+    """Set ``values`` in ``os.environ`` for the block, then put back what was there."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class _WorkerFailed(Exception):
+    """A worker ended with a non-zero exit code (raised inside :func:`_ticks`)."""
+
+
 def _launch_once(target, world_size, args, timeout, progress_total, desc) -> list:
     import multiprocessing
+    import multiprocessing.util
 
     import torch
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # its context passes tensors through shared memory
 
     backend, device_type = choose_backend(world_size)
     method = _start_method()
     ctx = mp.get_context(method)
+    env = dict(_CHILD_ENV)
     if method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts, on first use
-    progress = ctx.SimpleQueue()
-    saved_env = {k: os.environ.get(k) for k in _CHILD_ENV}
-    procs = None
+        env[OWNER_VARIABLE] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
+    ticks_in, ticks_out = ctx.Pipe(duplex=False)  # the workers' progress ticks (worker._Progress)
+    # The workers watch `follow` for its end of file; `keep`, its only writing end, stays here
+    # and is closed only once every worker has ended (see worker._follow_owner).
+    follow, keep = ctx.Pipe(duplex=False)
+    procs = []
+    ended = {}  # rank -> (exit code, time.monotonic() when this process saw it end)
     before = set(multiprocessing.active_children())  # children of ours that existed already
     with tempfile.TemporaryDirectory(prefix="lessonlib-dist-") as out_dir:
         try:
-            # inherited by the children (through the fork server, which starts with the first launch)
-            os.environ.update(_CHILD_ENV)
-            try:
-                procs = mp.start_processes(
-                    _entry,
-                    args=(world_size, free_port(), backend, device_type, out_dir, target, args, progress),
-                    nprocs=world_size,
-                    join=False,
-                    start_method=method,
-                )
-            finally:
-                for k, v in saved_env.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-            ticks = _ticks(procs, progress, time.monotonic() + timeout, world_size, timeout)
+            with _environment(env):  # inherited through the fork server, which starts with the first launch
+                port = free_port()
+                for rank in range(world_size):
+                    p = ctx.Process(target=_run_rank, name=f"lessonlib-rank{rank}",
+                                    args=(rank, world_size, port, backend, device_type, out_dir, target, args,
+                                          _Progress(ticks_out), follow))
+                    p.start()
+                    procs.append(p)
+            ticks = _ticks(procs, ended, ticks_in, time.monotonic() + timeout, world_size, timeout)
             if progress_total:  # a bar live; one summary line in the static book build
                 ticks = _progress(ticks, desc=desc or getattr(target, "__name__", "workers"),
                                   total=progress_total)
             try:
                 for _ in ticks:
                     pass
-            except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            except _WorkerFailed:
                 with _interrupts_held():
-                    _stop(procs.processes)
-                raise RuntimeError(_worker_errors(procs.error_files, exc)) from None
-            return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
+                    stopped = _stop(procs)
+                _raise_failure(procs, ended, stopped, out_dir)
+            missing = [r for r in range(world_size) if not _result_path(out_dir, r).exists()]
+            if missing:  # e.g. a target that called sys.exit(0)
+                _raise_failure(procs, ended, set(), out_dir)
+            return [torch.load(_result_path(out_dir, r), weights_only=True) for r in range(world_size)]
         finally:
             with _interrupts_held():
-                # procs is None when the interrupt came while the workers were being
-                # started: the ones already running are found among our children.
-                started = procs.processes if procs is not None else []
-                strays = [p for p in multiprocessing.active_children() if p not in before and p not in started]
-                _stop(list(started) + strays)
-                for f in procs.error_files if procs is not None else ():  # torch leaves them in the temp folder
-                    try:
-                        os.unlink(f)
-                    except OSError:
-                        pass
+                # An interrupt while the workers were being started can leave one that
+                # is not in procs yet: it is found among our children.
+                strays = [p for p in multiprocessing.active_children() if p not in before and p not in procs]
+                _stop(procs + strays)
+                for end in (keep, follow, ticks_in, ticks_out):
+                    end.close()
 
 
-def _ticks(procs, progress, deadline, world_size, timeout):
-    """Yield once per tick the workers ``put`` on ``progress``, until they all finish.
+def _raise_failure(procs, ended, stopped, out_dir):
+    """Raise what the workers' endings say: ``KeyboardInterrupt`` or ``RuntimeError``, the root cause first."""
+    now = time.monotonic()
+    endings = [_Ending(rank, p.exitcode, ended.get(rank, (None, now))[1], p in stopped, _read_record(out_dir, rank),
+                      _result_path(out_dir, rank).exists()) for rank, p in enumerate(procs)]
+    message, interrupted = _failure_report(endings)
+    if interrupted:
+        raise KeyboardInterrupt(message) from None
+    raise RuntimeError(message) from None
 
-    Raises what ``procs.join`` raises when a worker fails, and TimeoutError
-    once ``deadline`` (a ``time.monotonic()`` value) has passed.
+
+def _ticks(procs, ended, ticks_in, deadline, world_size, timeout):
+    """Yield once per tick the workers ``put`` on their ``progress`` (read from ``ticks_in``), until they all finish.
+
+    Records in ``ended`` each worker's exit code and when it was seen; raises
+    :class:`_WorkerFailed` when one ended with an error, and TimeoutError once
+    ``deadline`` (a ``time.monotonic()`` value) has passed.
     """
-    while not procs.join(timeout=0.2):  # raises if a worker raised
-        while not progress.empty():
-            yield from range(progress.get())
-        if time.monotonic() > deadline:
+    from multiprocessing.connection import wait
+
+    waiting = {p.sentinel: rank for rank, p in enumerate(procs)}
+    while waiting:
+        for sentinel in wait(list(waiting), timeout=0.2):
+            rank = waiting.pop(sentinel)
+            procs[rank].join()
+            ended[rank] = (procs[rank].exitcode, time.monotonic())
+        yield from range(_take_ticks(ticks_in))
+        if any(code != 0 for code, _ in ended.values()):
+            raise _WorkerFailed
+        if waiting and time.monotonic() > deadline:
             raise TimeoutError(f"the {world_size} worker processes did not finish within {timeout:.0f} s")
-    while not progress.empty():
-        yield from range(progress.get())
+    yield from range(_take_ticks(ticks_in))
 
 
-_LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+def _stop(processes, grace: float = STOP_GRACE) -> set:
+    """Terminate every process still alive, kill those alive ``grace`` seconds later; reap them all.
 
-
-def _worker_errors(error_files, exc) -> str:
-    """Every failed worker's traceback, the likely cause first.
-
-    When one rank raises, its peers usually fail next with a lost connection
-    inside a collective; those tracebacks are listed after the others.
+    Returns the processes that had to be stopped.
     """
-    import pickle
-
-    found = []
-    for rank, path in enumerate(error_files):
-        try:
-            with open(path, "rb") as fh:
-                found.append((rank, pickle.load(fh)))
-        except (OSError, EOFError, pickle.UnpicklingError):
-            pass
-    if not found:
-        return f"a worker process failed: {exc}"
-    found.sort(key=lambda rt: (any(m in rt[1] for m in _LOST_PEER), rt[0]))
-    parts = [f"-- rank {rank} --\n{tb}" for rank, tb in found]
-    return f"{len(found)} worker process(es) failed; the first listed is the likely cause.\n\n" + "\n".join(parts)
-
-
-def _stop(processes, grace: float = 5.0) -> None:
-    """Terminate, then kill, every process still alive; reap them all."""
+    stopped = set()
     for p in processes:
         if p.is_alive():
             p.terminate()
+            stopped.add(p)
     deadline = time.monotonic() + grace
     for p in processes:
         p.join(timeout=max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
+        if p.is_alive():  # it ignores SIGTERM, or is stuck where Python cannot act on it
             p.kill()
-            p.join(timeout=grace)
+            p.join(timeout=5.0)
+    return stopped
