@@ -33,8 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import stat
 import tempfile
 import threading
 import time
@@ -48,14 +46,14 @@ from .results import (STATUSES, NotebookResult, QuestionResult, details_rows, fo
                       score_table, verify, write_results)
 from .results import clean as _clean
 from .runner import Runner, error_line as _error_line
-from .submission import (Cell, NotANotebook, Step, Submission, find_submissions, plan_cells, read_cells)
+from .runs import grading_folder, run_all
+from .submission import (Cell, NotANotebook, Step, Submission, copy_handin, find_submissions, plan_cells,
+                         read_cells)
 
 __all__ = ["Cell", "Exercise", "NotANotebook", "NotebookResult", "QuestionResult", "Reference", "ReferenceFailed",
            "Runner", "STATUSES", "Step", "Submission", "details_rows", "find_submissions", "format_table",
            "grade_folder", "grade_notebook", "identify", "manifest_path", "plan_cells", "read_cells",
            "score_table", "verify", "write_results"]
-
-MAX_HANDIN_FILES_BYTES = 64 * 1024 ** 2
 
 @dataclass
 class Exercise:
@@ -91,30 +89,6 @@ class Exercise:
     @property
     def exercise_id(self):
         return self.source.metadata.get(META_KEY, {}).get("id")
-
-
-def _copy_handin(folder: Path, dest: Path) -> tuple[Path | None, str]:
-    """Copy a hand-in folder's regular files to ``dest`` (no links, size-capped)."""
-    try:
-        st = os.lstat(folder)
-    except FileNotFoundError:
-        return None, ""
-    if not stat.S_ISDIR(st.st_mode):
-        return None, "the hand-in folder is not a folder"
-    dest.mkdir(parents=True)
-    total = 0
-    for entry in os.scandir(folder):
-        est = entry.stat(follow_symlinks=False)
-        if not stat.S_ISREG(est.st_mode):
-            (dest / ".not-a-file").write_text(entry.name)  # the check sees that something else was there
-            continue
-        total += est.st_size
-        if total > MAX_HANDIN_FILES_BYTES:
-            return None, "the hand-in files are too large"
-        fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as src, open(dest / entry.name, "wb") as out:
-            shutil.copyfileobj(src, out)
-    return dest, ""
 
 
 def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", rel: str = "",
@@ -184,7 +158,7 @@ def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", r
                 outcome[gid] = QuestionResult(gid, 0.0, pts, st, _clean(msg or "no answer handed in"))
                 continue
             answers = payloads[0].get("answers")
-            folder, why = _copy_handin(scratch / "handin" / gid, work / "trusted" / gid)
+            folder, why = copy_handin(scratch, ["handin", gid], work / "trusted" / gid)  # no link followed
             if why:
                 outcome[gid] = QuestionResult(gid, 0.0, pts, "failed", why)
                 continue
@@ -257,8 +231,7 @@ def grade_folder(submissions: Path | str, source_dir: Path | str, *, exercise: s
     if exercise is not None and exercise not in exercises:
         raise ValueError(f"exercise must be one of {sorted(exercises)}, got {exercise!r}")
     items = [(item, identify(item.path, exercises, exercise)) for item in find_submissions(submissions)]
-    with tempfile.TemporaryDirectory(prefix="lessonlib-grading-") as run_dir:
-        run_dir = Path(run_dir)
+    with grading_folder() as run_dir:  # removed however the run ends (SIGTERM and Ctrl-C included)
         box = sandbox
         if sandbox == "auto":
             (run_dir / "runtime").mkdir()
@@ -294,11 +267,7 @@ def grade_folder(submissions: Path | str, source_dir: Path | str, *, exercise: s
         started = {stem: starter.submit(exercises[stem].reference.start)
                    for stem in sorted({stem for _, stem in items if stem})}
         try:
-            if jobs == 1:
-                results = [one(item) for item in items]
-            else:
-                with ThreadPoolExecutor(max_workers=jobs) as pool:
-                    results = list(pool.map(one, items))
+            results = run_all(one, items, jobs)  # an interrupt kills every kernel, grades no more
             # an instructor notebook that does not run without its solutions stops the run: no
             # table in which every student has an error
             for stem, future in started.items():
