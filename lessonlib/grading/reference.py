@@ -255,7 +255,11 @@ class Reference:
             tail = self.log.read_text(errors="replace")[-1500:] if self.log.exists() else ""
             self.stop()
             raise ReferenceFailed(f"the reference process for {self.notebook.name} did not answer:\n{tail}")
-        return json.loads(line)
+        try:
+            return json.loads(line)
+        except ValueError:  # a line cut short: the process died while writing it
+            self.stop()
+            raise ReferenceFailed(f"the reference process for {self.notebook.name} stopped mid-answer") from None
 
     def start(self) -> None:
         """Start the process unless it runs; safe to call from another thread while checks wait."""
