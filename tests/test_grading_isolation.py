@@ -276,6 +276,46 @@ def test_the_reference_process_refuses_a_stride_0_checkpoint(tmp_path):
         ref.stop()
 
 
+HOG_CHECK = '''
+import mmap
+
+@grader("hog-q1")
+def _(got):
+    n = int(got["bytes"])
+    if got["how"] == "shared":  # pages no RLIMIT_DATA counts: only the cgroup stops them
+        m = mmap.mmap(-1, n, flags=mmap.MAP_SHARED)
+        for off in range(0, n, 4096):  # every page
+            m[off] = 1
+    else:
+        bytearray(n)
+'''
+
+
+@pytest.mark.slow
+def test_the_reference_process_is_memory_capped(tmp_path):
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from lessonlib.grading import handout
+
+    check = new_code_cell(f"# Check hog-q1 (1 point)\n{handout.BEGIN_HIDDEN}\n{HOG_CHECK}\n### END HIDDEN TESTS",
+                          metadata={"nbgrader": {"grade": True, "solution": False, "locked": True,
+                                                 "grade_id": "hog-q1", "points": 1, "schema_version": 3}})
+    nbformat.write(new_notebook(cells=[check]), tmp_path / "hog.ipynb")
+    cap = 384 * 1024 ** 2
+    ref = reference.Reference(tmp_path / "hog.ipynb", tmp_path / "work", check_timeout=60, memory_bytes=cap)
+    try:
+        assert ref.check("hog-q1", {"bytes": 2 ** 20, "how": "private"}) == ("passed", "")
+        status, message = ref.check("hog-q1", {"bytes": 2 * cap, "how": "private"})
+        assert status == "failed" and "more memory" in message, (status, message)
+        if not limits.cgroup_parents():
+            pytest.skip("no writable cgroup here: shared memory is capped by nothing but the machine")
+        with pytest.raises(reference.ReferenceFailed):  # killed by the cgroup: that check fails, alone
+            ref.check("hog-q1", {"bytes": 2 * cap, "how": "shared"})
+        assert ref.check("hog-q1", {"bytes": 2 ** 20, "how": "private"}) == ("passed", ""), "restarted"
+    finally:
+        ref.stop()
+
+
 # ----- time bombs and old notebooks -----------------------------------------------------
 
 def test_a_2_mb_cell_in_place_of_a_check_is_never_diffed(monkeypatch):
