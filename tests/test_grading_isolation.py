@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -466,17 +467,31 @@ def test_a_terminated_grader_stops_its_kernels_and_removes_its_folder(tmp_path, 
     assert left == [], f"left behind: {left}"
 
 
-def test_a_folder_left_by_a_killed_grader_goes_with_the_next_run(tmp_path):
+def test_a_folder_left_by_a_killed_grader_goes_with_the_next_run():
+    base = Path(tempfile.mkdtemp(prefix="lk-"))  # short: see the test below
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = tmp_path / "lessonlib-grading-stale"
+    stale = base / "lessonlib-grading-stale"
     (stale / "scratch").mkdir(parents=True)
     (stale / ".owner").write_text(f"{dead.pid} 12345")
-    alive = tmp_path / "lessonlib-grading-alive"
+    alive = base / "lessonlib-grading-alive"
     alive.mkdir()
     (alive / ".owner").write_text(f"{os.getpid()} {runs._start_time(os.getpid())}")
-    other = tmp_path / "lessonlib-grading-someone-elses"  # no owner file: not this code's, kept
+    other = base / "lessonlib-grading-someone-elses"  # no owner file: not this code's, kept
     other.mkdir()
-    with runs.grading_folder(tmp_path) as folder:
-        assert folder.exists() and not stale.exists() and alive.exists() and other.exists()
-    assert not folder.exists()
+    try:
+        with runs.grading_folder(base) as folder:
+            assert folder.exists() and not stale.exists() and alive.exists() and other.exists()
+        assert not folder.exists()
+    finally:
+        shutil.rmtree(base)
+
+
+def test_a_temporary_folder_too_deep_for_unix_sockets_is_refused_up_front(tmp_path):
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    with pytest.raises(ValueError, match="TMPDIR"):
+        with runs.grading_folder(deep):
+            pass
+    assert list(deep.iterdir()) == []
+

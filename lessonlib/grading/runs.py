@@ -71,8 +71,14 @@ def grading_folder(tmp: Path | str | None = None):
     thread), so a terminated grader stops its kernels and removes its folder;
     folders left by a grader killed outright are removed at the next start.
     """
-    sweep_stale(tmp)
-    folder = Path(tempfile.mkdtemp(prefix=_RUN_PREFIX, dir=tmp))
+    base = Path(tmp or tempfile.gettempdir())
+    # a kernel's sockets are RUN/grade-XXXXXXXX/conn/k-NNNNN, and a Unix socket's path holds 107 bytes
+    longest = len(os.fsencode(base.resolve())) + len(f"/{_RUN_PREFIX}xxxxxxxx/grade-xxxxxxxx/conn/k-65535")
+    if longest > 107:
+        raise ValueError(f"the temporary folder {base} is too deep for the kernels' sockets ({longest} bytes "
+                         f"of the 107 a socket's path may have): set TMPDIR to a shorter folder, such as /tmp")
+    sweep_stale(base)
+    folder = Path(tempfile.mkdtemp(prefix=_RUN_PREFIX, dir=base))
     (folder / _OWNER).write_text(f"{os.getpid()} {_start_time(os.getpid())}")
     old = None
     if threading.current_thread() is threading.main_thread():
