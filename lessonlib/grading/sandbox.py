@@ -251,16 +251,17 @@ class Sandbox:
         args: list[str] = []
         for d in _parents(pythons + [LIB_MOUNT]):
             args += ["--perms", "0755", "--dir", d]
-        if _supports(self.bwrap, "--size"):
-            args += ["--size", str(self.memory_bytes // 4)]
-        args += ["--tmpfs", "/tmp"] + system_binds()
+        # /tmp and /dev/shm (multiprocessing's locks) writable by all, sticky, each a quarter of the memory
+        tmpfs = ["--perms", "1777"] + (["--size", str(self.memory_bytes // 4)] if _supports(self.bwrap, "--size")
+                                       else [])
+        args += tmpfs + ["--tmpfs", "/tmp"] + system_binds()
         for p in pythons:
             args += ["--ro-bind", p, p]
         args += ["--ro-bind", str(self.runtime.resolve()), LIB_MOUNT,
                  "--bind", str(Path(scratch).resolve()), SCRATCH_MOUNT]
         if shared is not None:
             args += ["--bind", str(Path(shared).resolve()), CONN_MOUNT]
-        args += ["--dev", "/dev", "--proc", "/proc",
+        args += ["--dev", "/dev"] + tmpfs + ["--tmpfs", "/dev/shm", "--proc", "/proc",
                  "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                  "--hostname", "grading", "--die-with-parent", "--new-session", "--chdir", SCRATCH_MOUNT,
                  "--clearenv"]
