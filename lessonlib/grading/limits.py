@@ -13,8 +13,9 @@
 * **rlimits**, inherited by every process it starts: ``RLIMIT_DATA``
   (``memory_bytes``: heap and private anonymous memory, a clear ``MemoryError``),
   ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, no core dumps;
-* **an empty environment** when ``env`` is given (the wrapped program's
-  ``/proc/PID/environ`` then holds only ``env``).
+* for ``bwrap`` (``env="args"``): **an empty environment and a short command
+  line**: its options go through a file descriptor (``--args 3``), so the
+  sandbox's pid 1 shows neither the grader's environment nor its folders.
 
 The wrapper is a few lines of Python run with ``-I -S`` (no site, no path)
 that joins the cgroups, sets the limits and ``exec``s the command, so the
@@ -36,8 +37,8 @@ MAX_PROCESSES = 512
 _PREFIX = "lessonlib-grading-"
 _counter = itertools.count()
 
-# argv: data cpu fsize n_cgroups cgroup... env_mode [memfd] -- command...
-# env_mode "keep" keeps the environment; "clear" execs with an empty one.
+# argv: data cpu fsize n_cgroups cgroup... mode command...
+# mode "keep": exec the command as it is; "args": the command is bwrap OPTIONS... -- ARGV...
 _WRAPPER = r"""
 import os, resource, sys
 a = sys.argv[1:]
@@ -60,7 +61,7 @@ if mode == "args":  # bwrap: its options go through fd 3, so its command line st
         os.close(fd)
     os.set_inheritable(3, True)
     os.execve(rest[0], ["bwrap", "--args", "3", "--"] + rest[sep + 1:], {})
-os.execv(rest[0], rest) if mode == "keep" else os.execve(rest[0], rest, {})
+os.execv(rest[0], rest)
 """
 
 
@@ -203,10 +204,11 @@ def sweep_cgroups() -> None:
 
 def capped(argv: list[str], *, memory_bytes: int, cpu_seconds: int, file_bytes: int,
            cgroups: list[Path] = (), env: str = "keep") -> list[str]:
-    """``argv`` run under the caps above; ``env``: ``"keep"``, ``"clear"``, or ``"args"`` (``argv`` is
-    ``[bwrap, option..., "--", command...]``: the options go through ``--args``, the environment is emptied)."""
-    if env not in ("keep", "clear", "args"):
-        raise ValueError(f"env must be 'keep', 'clear' or 'args', got {env!r}")
+    """``argv`` run under the caps above; ``env``: ``"keep"`` (the environment as it is), or ``"args"``
+    (``argv`` is ``[bwrap, option..., "--", command...]``: the options go through ``--args``, the
+    environment is emptied)."""
+    if env not in ("keep", "args"):
+        raise ValueError(f"env must be 'keep' or 'args', got {env!r}")
     head = [str(int(memory_bytes)), str(int(cpu_seconds)), str(int(file_bytes)), str(len(cgroups)),
             *(str(c) for c in cgroups), env]
     return [sys.executable, "-I", "-S", "-c", _WRAPPER, *head, *argv]
