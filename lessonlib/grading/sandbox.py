@@ -153,7 +153,7 @@ def plain_lessonlib(dest: Path | str) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def _supports(bwrap: str, option: str) -> bool:
-    """Whether this ``bwrap`` knows ``option`` (``--size`` came with 0.9; Debian's 0.8 lacks it)."""
+    """Whether this ``bwrap`` knows ``option`` (``--size`` came with 0.8: older ones lack it)."""
     try:
         run = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
