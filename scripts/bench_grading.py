@@ -12,7 +12,9 @@ the largest sum of resident memory over the grader and every process under
 it (sampled every 0.2 s; shared library pages are counted once per process,
 so this overstates), the largest single process, and the largest drop of
 the machine's available memory. Results go to .bench/grading.json. Timings
-on a shared machine move by 1.5-2x between runs: read them as such.
+on a shared machine move by 1.5-2x between runs: read them as such. The
+report also says how the sandbox was isolated here (cgroup memory cap or
+rlimits only; the sandbox's user).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import nbformat  # noqa: E402
 
-from lessonlib.grading import autograde, handout  # noqa: E402
+from lessonlib.grading import autograde, handout, limits, sandbox  # noqa: E402
 
 
 def _tree_rss(root_pid: int, cpu: dict) -> tuple[int, int, int]:
@@ -176,6 +178,8 @@ def main(argv=None) -> int:
         "peak_processes": sampler.peak_procs,
         "peak_available_drop_mib": round((sampler.available0 - sampler.min_available) / 2 ** 20),
         "scores_by_kind": {k: sorted(v) for k, v in by_kind.items()},
+        "isolation": {"cgroups": sorted(limits.cgroup_parents()), "sandbox_uid": sandbox.SANDBOX_UID,
+                      "user_namespace": not sandbox.privileged()},
         "problems": sorted({r.problem for r in graded if r.problem})[:5],
     }
     print(json.dumps(report, indent=1))

@@ -30,6 +30,7 @@ def box(tmp_path):
     (tmp_path / "runtime").mkdir()
     (tmp_path / "scratch").mkdir()
     sandbox.plain_lessonlib(tmp_path / "runtime")
+    sandbox.prepare(tmp_path / "scratch")  # the sandbox's user (nobody, under a root grader) owns it
     return sandbox.Sandbox(runtime=tmp_path / "runtime", memory_bytes=512 * 1024 ** 2, cpu_seconds=60,
                            protected=[ROOT / "exercises", tmp_path / "secret"])
 

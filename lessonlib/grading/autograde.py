@@ -33,8 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import stat
 import tempfile
 import threading
 import time
@@ -50,14 +48,15 @@ from .manifest import default_key_path, load_key, manifest_path, verify, write_r
 from .results import STATUSES, NotebookResult, QuestionResult, details_rows, format_table, score_table
 from .results import clean as _clean
 from .runner import Runner, error_line as _error_line
-from .submission import (Cell, NotANotebook, Step, Submission, _norm, find_submissions, plan_cells, read_cells)
+from .runs import grading_folder, run_all
+from .submission import (Cell, NotANotebook, Step, Submission, copy_handin, find_submissions, norm_source,
+                         plan_cells, read_cells)
 
 __all__ = ["Cell", "Exercise", "NotANotebook", "NotebookResult", "QuestionResult", "Reference", "ReferenceFailed",
            "Runner", "STATUSES", "Step", "Submission", "default_key_path", "details_rows", "find_submissions",
            "format_table", "grade_folder", "grade_notebook", "identify", "load_key", "manifest_path", "plan_cells",
            "read_cells", "score_table", "verify", "write_results"]
 
-MAX_HANDIN_FILES_BYTES = 64 * 1024 ** 2
 #: What other questions' answers may add to one check's request (the reference reads at most 1 MiB).
 MAX_OTHERS_BYTES = 512 * 1024
 
@@ -99,30 +98,6 @@ class Exercise:
         return self.source.metadata.get(META_KEY, {}).get("id")
 
 
-def _copy_handin(folder: Path, dest: Path) -> tuple[Path | None, str]:
-    """Copy a hand-in folder's regular files to ``dest`` (no links, size-capped)."""
-    try:
-        st = os.lstat(folder)
-    except FileNotFoundError:
-        return None, ""
-    if not stat.S_ISDIR(st.st_mode):
-        return None, "the hand-in folder is not a folder"
-    dest.mkdir(parents=True)
-    total = 0
-    for entry in os.scandir(folder):
-        est = entry.stat(follow_symlinks=False)
-        if not stat.S_ISREG(est.st_mode):
-            (dest / ".not-a-file").write_text(entry.name)  # the check sees that something else was there
-            continue
-        total += est.st_size
-        if total > MAX_HANDIN_FILES_BYTES:
-            return None, "the hand-in files are too large"
-        fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as src, open(dest / entry.name, "wb") as out:
-            shutil.copyfileobj(src, out)
-    return dest, ""
-
-
 def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", rel: str = "",
                    sandbox=None, cell_timeout: float = 60, budget: float = 300,
                    workdir: Path | str | None = None) -> NotebookResult:
@@ -149,7 +124,7 @@ def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", r
     if restored:
         notes.append("check cells missing or edited, restored: " + ", ".join(restored))
     # each measuring cell found unmodified hands in what it measured, with the grader's own request
-    snap_at = provenance.place(steps, exercise.measured, _norm)
+    snap_at = provenance.place(steps, exercise.measured, norm_source)
     nb = new_notebook(cells=[new_code_cell(s.source + "".join(provenance.snapshot_code(g, e)
                                                               for g, e in snap_at.get(i, [])))
                              for i, s in enumerate(steps)])
@@ -195,8 +170,8 @@ def grade_notebook(path: Path | str, exercise: Exercise, *, student: str = "", r
                 st = {"ok": "failed", "error": "failed", "timeout": "timeout", "dead": "error"}.get(status, status)
                 outcome[gid] = QuestionResult(gid, 0.0, pts, st, _clean(msg or "no answer handed in"))
                 continue
-            answers = {k: v for k, v in payloads[0]["answers"].items() if not k.startswith(OTHER)}
-            folder, why = _copy_handin(scratch / "handin" / gid, work / "trusted" / gid)
+            answers = {k: v for k, v in (payloads[0].get("answers") or {}).items() if not k.startswith(OTHER)}
+            folder, why = copy_handin(scratch, ["handin", gid], work / "trusted" / gid)  # no link followed
             if why:
                 outcome[gid] = QuestionResult(gid, 0.0, pts, "failed", why)
                 continue
@@ -295,8 +270,7 @@ def grade_folder(submissions: Path | str, source_dir: Path | str, *, exercise: s
     if exercise is not None and exercise not in exercises:
         raise ValueError(f"exercise must be one of {sorted(exercises)}, got {exercise!r}")
     items = [(item, identify(item.path, exercises, exercise)) for item in find_submissions(submissions)]
-    with tempfile.TemporaryDirectory(prefix="lessonlib-grading-") as run_dir:
-        run_dir = Path(run_dir)
+    with grading_folder() as run_dir:  # removed however the run ends (SIGTERM and Ctrl-C included)
         box = sandbox
         if sandbox == "auto":
             (run_dir / "runtime").mkdir()
@@ -332,11 +306,7 @@ def grade_folder(submissions: Path | str, source_dir: Path | str, *, exercise: s
         started = {stem: starter.submit(exercises[stem].reference.start)
                    for stem in sorted({stem for _, stem in items if stem})}
         try:
-            if jobs == 1:
-                results = [one(item) for item in items]
-            else:
-                with ThreadPoolExecutor(max_workers=jobs) as pool:
-                    results = list(pool.map(one, items))
+            results = run_all(one, items, jobs)  # an interrupt kills every kernel, grades no more
             # an instructor notebook that does not run without its solutions stops the run: no
             # table in which every student has an error
             for stem, future in started.items():

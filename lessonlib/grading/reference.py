@@ -20,6 +20,14 @@ The first line it writes is ``{"ready": true, "questions": [...]}``, or
 ``{"ready": false, "error": "..."}`` when the notebook could not be run.
 Whatever the instructor's cells print goes to stderr. Each check gets
 ``--check-timeout`` seconds (default 30).
+
+No student code runs here, but student *data* does reach it (answers, and
+files such as a checkpoint that a check loads), so the process is capped
+like a sandbox (:mod:`lessonlib.grading.limits`: a memory cgroup where the
+machine allows, rlimits always) and ``torch.load`` refuses tensors that
+claim more elements than their storage holds (stride-0 views: a 2 kB file
+that broadcasts into gigabytes) or more than :data:`MAX_TENSOR_BYTES`. A
+check that runs out of memory fails that student's question only.
 """
 from __future__ import annotations
 
@@ -33,6 +41,7 @@ import sys
 import tempfile
 import threading
 import traceback
+import weakref
 from pathlib import Path
 
 from . import checks
@@ -41,6 +50,10 @@ from .checks import Answers, Flag, check_choice, check_close, check_key_points, 
 from .handout import INSTRUCTOR_ONLY, _meta, _source, hidden_part, is_check_cell, is_solution_cell
 
 MAX_REQUEST_BYTES = 1024 * 1024
+#: Largest tensor a check may load from a student's file (the exercises' checkpoints are kilobytes).
+MAX_TENSOR_BYTES = 256 * 1024 ** 2
+#: The reference process's memory: instructor cells and one check at a time.
+MEMORY_BYTES = 2 * 1024 ** 3
 
 #: Names every hidden part may use without importing them.
 PRELUDE = {"grader": grader, "check_close": check_close, "check_choice": check_choice,
@@ -95,6 +108,47 @@ def load(path: Path | str, questions=None, given: bool = True) -> dict:
     return registry
 
 
+def check_tensors(obj, what: str = "the file", _depth: int = 0) -> None:
+    """Refuse a loaded object holding a tensor larger than its storage, or over :data:`MAX_TENSOR_BYTES`.
+
+    A tensor's bytes are ``numel × element size``; its storage must hold the
+    elements its sizes and strides reach, without two indices on one element
+    (a stride-0 view repeats one element as often as the file asks, and any
+    arithmetic on it materialises every copy).
+    """
+    import torch
+
+    if _depth > 50:
+        raise AssertionError(f"{what} is nested too deeply")
+    if isinstance(obj, torch.Tensor):
+        size = obj.numel() * obj.element_size()
+        if size > MAX_TENSOR_BYTES:
+            raise AssertionError(f"{what} holds a tensor of {size / 2 ** 20:.0f} MiB: refused")
+        if obj.numel() and size > obj.untyped_storage().nbytes():
+            raise AssertionError(f"{what} holds a tensor of {obj.numel()} elements on a storage of "
+                                 f"{obj.untyped_storage().nbytes()} bytes (strides {tuple(obj.stride())}): refused")
+        return
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple, set)) else ()
+    for item in items:
+        check_tensors(item, what, _depth + 1)
+
+
+def guard_torch_load() -> None:
+    """Make ``torch.load`` in this process check what it loaded (:func:`check_tensors`); once."""
+    torch = sys.modules.get("torch")
+    if torch is None or getattr(torch.load, "_checked", False):
+        return
+    real = torch.load
+
+    def load(f, *args, **kwargs):
+        obj = real(f, *args, **kwargs)
+        check_tensors(obj, "the saved file")
+        return obj
+
+    load._checked = True
+    torch.load = load
+
+
 class _Timeout(BaseException):
     """Raised by the alarm; a BaseException so that a check's ``except Exception`` cannot swallow it."""
 
@@ -116,6 +170,8 @@ def run_check(fn, got: Answers, timeout: float) -> tuple[str, str]:
         return "flagged", str(exc)
     except _Timeout:
         return "error", f"checking this answer took longer than {timeout:g} s"
+    except MemoryError:
+        return "failed", "checking this answer needed more memory than the grader allows"
     except Exception as exc:  # noqa: BLE001 - an answer of the wrong form: a failed question
         return "failed", f"the answer has the wrong form ({type(exc).__name__}: {str(exc)[:200]})"
     finally:
@@ -156,12 +212,34 @@ class ReferenceFailed(RuntimeError):
     """The reference process could not start or stopped answering."""
 
 
-class Reference:
-    """A running :mod:`lessonlib.grading.reference` process for one exercise (thread-safe)."""
+#: Reference processes running in this grader: killed all at once on an interrupt.
+_live: "weakref.WeakSet[Reference]" = weakref.WeakSet()
 
-    def __init__(self, notebook: Path, workdir: Path, start_timeout: float = 900, check_timeout: float = 30):
+
+def kill_live() -> None:
+    """Kill every running reference process (from any thread); a waiting check then fails at once."""
+    for ref in list(_live):
+        proc = ref.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.kill()
+            except OSError:
+                pass
+
+
+class Reference:
+    """A running :mod:`lessonlib.grading.reference` process for one exercise (thread-safe).
+
+    The process runs capped (:func:`lessonlib.grading.limits.capped`): ``memory_bytes``
+    for it and everything it starts (a cgroup where possible), a CPU-time limit.
+    """
+
+    def __init__(self, notebook: Path, workdir: Path, start_timeout: float = 900, check_timeout: float = 30,
+                 memory_bytes: int = MEMORY_BYTES):
         self.notebook, self.workdir = Path(notebook), Path(workdir)
         self.start_timeout, self.check_timeout = start_timeout, check_timeout
+        self.memory_bytes = memory_bytes
+        self.cgroups: list[Path] = []
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
         self.questions: list[str] = []
@@ -177,7 +255,11 @@ class Reference:
             tail = self.log.read_text(errors="replace")[-1500:] if self.log.exists() else ""
             self.stop()
             raise ReferenceFailed(f"the reference process for {self.notebook.name} did not answer:\n{tail}")
-        return json.loads(line)
+        try:
+            return json.loads(line)
+        except ValueError:  # a line cut short: the process died while writing it
+            self.stop()
+            raise ReferenceFailed(f"the reference process for {self.notebook.name} stopped mid-answer") from None
 
     def start(self) -> None:
         """Start the process unless it runs; safe to call from another thread while checks wait."""
@@ -197,13 +279,18 @@ class Reference:
     def _launch(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cwd = Path(tempfile.mkdtemp(prefix="reference-", dir=self.workdir))
+        from . import limits
+
         env = dict(os.environ, MPLBACKEND="agg", PYTHONDONTWRITEBYTECODE="1")
+        self.cgroups = limits.new_cgroups(self.memory_bytes)
+        argv = limits.capped([sys.executable, "-m", "lessonlib.grading.reference", str(self.notebook.resolve()),
+                              "--check-timeout", str(self.check_timeout)],
+                             memory_bytes=self.memory_bytes, cpu_seconds=24 * 3600, file_bytes=256 * 1024 ** 2,
+                             cgroups=self.cgroups)
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "lessonlib.grading.reference", str(self.notebook.resolve()),
-                 "--check-timeout", str(self.check_timeout)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=cwd, env=env, text=True,
-                bufsize=1)
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=cwd,
+                                         env=env, text=True, bufsize=1)
+        _live.add(self)
         hello = self._readline(self.start_timeout)
         if not hello.get("ready"):
             self.stop()
@@ -220,8 +307,12 @@ class Reference:
             req = {"id": self.next_id, "question": grade_id, "answers": answers,
                    "folder": str(folder) if folder else None}
             assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(req) + "\n")
-            self.proc.stdin.flush()
+            try:
+                self.proc.stdin.write(json.dumps(req) + "\n")
+                self.proc.stdin.flush()
+            except (OSError, ValueError):  # it died (a check over the memory cap, an interrupt)
+                self.stop()
+                raise ReferenceFailed(f"the reference process for {self.notebook.name} stopped") from None
             reply = self._readline(self.check_timeout + 30)
             if reply.get("id") != self.next_id:
                 self.stop()
@@ -239,6 +330,12 @@ class Reference:
                 except OSError:
                     pass
         self.proc = None
+        _live.discard(self)
+        if self.cgroups:
+            from .limits import remove_cgroups
+
+            remove_cgroups(self.cgroups)
+            self.cgroups = []
 
 
 def main(argv=None) -> int:
@@ -262,6 +359,7 @@ def main(argv=None) -> int:
         traceback.print_exc()
         reply({"ready": False, "error": f"{type(exc).__name__}: {exc}"[:2000]})
         return 1
+    guard_torch_load()  # the instructor's cells imported torch, if a check needs it
     reply({"ready": True, "questions": sorted(registry)})
     serve(registry, sys.stdin, reply, a.check_timeout)
     return 0

@@ -8,6 +8,16 @@ Around every check cell the runner empties and then reads the kernel's
 hand-in log with its own request (:data:`lessonlib.grading.answers.TAKE`).
 A cell that times out or kills the kernel leads to a fresh kernel with the
 cells that had worked replayed.
+
+Every wait has a bound: a send to the kernel gives up after
+:data:`SEND_TIMEOUT` seconds (ZeroMQ drops a connection whose peer sends a
+message over :data:`MAX_MESSAGE_BYTES`, and a send without a peer would wait
+for ever), a reply after the cell's timeout, a kernel start and every restart
+within the notebook's budget. A kernel that stops answering the grader's own
+requests is replaced; the student's row says why. :func:`grading_folder`
+(:mod:`lessonlib.grading.runs`) holds a run's scratch folders and
+removes them however the run ends, and stops every kernel at once on an
+interrupt.
 """
 from __future__ import annotations
 
@@ -16,7 +26,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import weakref
 from pathlib import Path
 
 from .answers import MAX_HANDIN_BYTES, MAX_LOG, TAKE
@@ -26,6 +38,10 @@ from .results import clean
 # larger one, and reconnects), at most 64 queued: a flood of output costs time, not memory.
 MAX_MESSAGE_BYTES = 4 * 1024 ** 2
 MAX_QUEUED_MESSAGES = 64
+#: Seconds a message to the kernel may wait to be sent (no peer: a dropped connection).
+SEND_TIMEOUT = 10
+#: Seconds the grader waits for the kernel's answer to its own request (the hand-in log).
+TAKE_TIMEOUT = 10
 MAX_HANDIN_LOG_BYTES = MAX_LOG * MAX_HANDIN_BYTES
 
 
@@ -53,8 +69,11 @@ def _client_class():
 
         async def async_take(self, timeout: float) -> list | None:
             """The kernel's hand-in log (emptied), asked for on the shell channel; None if no answer."""
-            msg_id = self.kc.execute("", silent=True, store_history=False, allow_stdin=False,
-                                     user_expressions={"take": TAKE})
+            try:
+                msg_id = self.kc.execute("", silent=True, store_history=False, allow_stdin=False,
+                                         user_expressions={"take": TAKE})
+            except Exception:  # noqa: BLE001 - zmq.Again after SEND_TIMEOUT: no connection to the kernel
+                return None
             deadline = time.monotonic() + timeout
             while True:
                 remaining = deadline - time.monotonic()
@@ -82,9 +101,13 @@ def _client_class():
             import zmq
 
             self.kc = self.km.client()
-            # before the channels connect: the limits apply to new sockets
+            # before the channels connect: the limits apply to new sockets. A send without a peer
+            # (ZeroMQ dropped the connection for a message over the cap) fails after SEND_TIMEOUT
+            # instead of blocking for ever; nothing lingers at close.
             self.kc.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
             self.kc.context.setsockopt(zmq.RCVHWM, MAX_QUEUED_MESSAGES)
+            self.kc.context.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT * 1000)
+            self.kc.context.setsockopt(zmq.LINGER, 0)
             try:
                 await ensure_async(self.kc.start_channels())
                 await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))
@@ -99,7 +122,11 @@ def _client_class():
     return AnswerClient
 
 
-def _kernel_manager(argv: list[str], conn: Path):
+INSIDE_CONNECTION_FILE = "kernel-inside.json"
+
+
+def _kernel_manager(argv: list[str], conn: Path, inside: str | None = None):
+    """A kernel manager on Unix sockets in ``conn``; ``inside``: where the sandbox sees ``conn``."""
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
 
@@ -107,14 +134,36 @@ def _kernel_manager(argv: list[str], conn: Path):
         def get_kernel_spec(self, kernel_name, *args, **kwargs):
             return KernelSpec(argv=argv, display_name="Python 3", language="python", resource_dir="")
 
-    km = AsyncKernelManager(kernel_spec_manager=Specs(), kernel_name="python3", transport="ipc",
-                            ip=str(conn / "k"))
+    class Manager(AsyncKernelManager):
+        def format_kernel_cmd(self, extra_arguments=None):
+            cmd = super().format_kernel_cmd(extra_arguments)
+            if inside is not None:  # the same sockets, named by their path inside the sandbox
+                info = json.loads(Path(self.connection_file).read_text())
+                info["ip"] = f"{inside}/k"
+                path = conn / INSIDE_CONNECTION_FILE
+                path.write_text(json.dumps(info))
+                os.chmod(path, 0o444)  # the sandbox's user reads it, and cannot change it
+            return cmd
+
+    km = Manager(kernel_spec_manager=Specs(), kernel_name="python3", transport="ipc", ip=str(conn / "k"))
     km.connection_file = str(conn / "kernel.json")
     return km
 
 
+#: Runners with a kernel: stopped all at once by :func:`run_all` on an interrupt.
+_live: "weakref.WeakSet[Runner]" = weakref.WeakSet()
+#: Set on an interrupt: no kernel starts or restarts any more.
+STOPPING = threading.Event()
+
+
+def kill_live() -> None:
+    """Kill every running kernel (from any thread); their threads then find them dead."""
+    for runner in list(_live):
+        runner.kill()
+
+
 class Runner:
-    """Run code cells one at a time; survive errors, timeouts and a dead kernel."""
+    """Run code cells one at a time; survive errors, timeouts, a dead or deaf kernel."""
 
     def __init__(self, nb, check_indices: set, scratch: Path, conn: Path, sandbox, cell_timeout: float,
                  budget: float, max_restarts: int = 5):
@@ -123,31 +172,64 @@ class Runner:
         self.cell_timeout, self.deadline = cell_timeout, time.monotonic() + budget
         self.max_restarts, self.restarts = max_restarts, 0
         self.client = None
-        self.proc = None  # the kernel's process (bwrap, when sandboxed)
+        self.proc = None  # the kernel's process (the caps' wrapper, then bwrap, when sandboxed)
+        self.cgroups: list[Path] = []
         self.handed: dict[int, list] = {}
         self.ok_cells: list[int] = []  # cells that ran cleanly: replayed after a restart
 
     def _argv(self) -> list[str]:
-        kernel = [sys.executable, "-m", "lessonlib.grading.kernel", "-f", "{connection_file}",
-                  "--IPKernelApp.parent_handle=0"]
         if self.sandbox is None:
-            return kernel
-        return self.sandbox.command(kernel, self.scratch, shared=self.conn)
+            return [sys.executable, "-m", "lessonlib.grading.kernel", "-f", "{connection_file}",
+                    "--IPKernelApp.parent_handle=0"]
+        from .sandbox import CONN_MOUNT
+
+        kernel = [sys.executable, "-m", "lessonlib.grading.kernel", "-f", f"{CONN_MOUNT}/{INSIDE_CONNECTION_FILE}",
+                  "--IPKernelApp.parent_handle=0"]
+        return self.sandbox.command(kernel, self.scratch, shared=self.conn, cgroups=self.cgroups)
+
+    def _left(self) -> float:
+        return self.deadline - time.monotonic()
 
     def start(self):
+        if STOPPING.is_set():
+            raise RuntimeError("grading was interrupted")
+        startup = max(1, min(60, int(self._left())))
         Client = _client_class()
         self.client = Client(self.nb, timeout=int(self.cell_timeout), kernel_name="python3",
-                             interrupt_on_timeout=False, allow_errors=False, startup_timeout=60,
+                             interrupt_on_timeout=False, allow_errors=False, startup_timeout=startup,
                              shutdown_kernel="immediate", iopub_timeout=4)
-        self.client.km = _kernel_manager(self._argv(), self.conn)
         kwargs = {}
         if self.sandbox is None:  # no sandbox: the kernel still gets its own folder and hand-in folder
             kwargs["env"] = dict(os.environ, LESSONLIB_HANDIN=str(self.scratch / "handin"), MPLBACKEND="agg",
                                  HOME=str(self.scratch))
+            self.client.km = _kernel_manager(self._argv(), self.conn)
+        else:
+            from . import sandbox as sb
+
+            sb.unseal(self.conn)
+            for f in self.conn.iterdir():  # the last kernel's sockets and files
+                f.unlink()
+            sb.prepare(self.scratch, self.conn)
+            self.cgroups = self.sandbox.new_cgroups()
+            self.client.km = _kernel_manager(self._argv(), self.conn, inside=sb.CONN_MOUNT)
+        _live.add(self)
         self.client.start_new_kernel(cwd=str(self.scratch), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      **kwargs)
         self.proc = getattr(self.client.km.provisioner, "process", None)
         self.client.start_new_kernel_client()
+        if self.sandbox is not None:
+            from . import sandbox as sb
+
+            sb.seal(self.conn)  # the sockets exist: nothing more to make there
+
+    def kill(self):
+        """Kill the kernel's process now (from any thread); its own thread then finds it dead."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.kill()
+            except OSError:
+                pass
 
     def stop(self):
         """Kill the kernel (and with it the sandbox and every process in it) and wait for it."""
@@ -159,6 +241,16 @@ class Runner:
             proc.kill()
         if proc is not None:
             proc.wait()
+        if self.cgroups:
+            from .limits import remove_cgroups
+
+            remove_cgroups(self.cgroups)
+            self.cgroups = []
+        if self.sandbox is not None:
+            from .sandbox import unseal
+
+            unseal(self.conn)
+        _live.discard(self)
 
     @staticmethod
     def _shutdown(client):
@@ -177,7 +269,7 @@ class Runner:
 
     def _restart(self) -> bool:
         self.stop()
-        if self.restarts >= self.max_restarts:
+        if self.restarts >= self.max_restarts or self._left() <= 2 or STOPPING.is_set():
             return False
         self.restarts += 1
         try:
@@ -194,7 +286,7 @@ class Runner:
     def _execute(self, index: int, replay: bool = False) -> tuple[str, str]:
         from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-        remaining = self.deadline - time.monotonic()
+        remaining = self._left()
         if remaining <= 1:
             return "not run", "time budget for the notebook used up"
         self.client.timeout = int(max(1, min(self.cell_timeout, remaining)))
@@ -213,24 +305,36 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - whatever the kernel does, the grader goes on
             return "dead", f"execution failed: {error_line(exc)}"
 
+    def _take(self) -> list | None:
+        return self.client.take(max(1.0, min(TAKE_TIMEOUT, self._left())))
+
+    def _fresh(self, status: str, msg: str) -> tuple[str, str]:
+        """A new kernel after ``status`` (the cells that worked replayed): ``(status, msg + what happened)``."""
+        if not self._restart():
+            self.stop()
+            return status, msg + " (kernel not restarted)"
+        return status, msg + " (kernel restarted)"
+
     def run(self, index: int) -> tuple[str, str]:
         """Execute cell ``index``: ``("ok"|"error"|"timeout"|"dead"|"not run", message)``.
 
         Around a check cell, the kernel's hand-in log is emptied before and read
-        after (:attr:`handed`), through the grader's own requests.
+        after (:attr:`handed`), through the grader's own requests. A kernel that
+        does not answer them (a reply over the size cap drops the connection)
+        is replaced, and that check counts as ``"dead"``.
         """
-        if self.client is None:
+        if self.client is None or STOPPING.is_set():
             return "not run", "kernel could not be restarted"
         check = index in self.check_indices
-        if check and self.client.take(10) is None:
-            return "dead", "the kernel does not answer the grader"
+        deaf = "the kernel does not answer the grader's requests (a reply over the size limit, or a dead kernel)"
+        if check and self._take() is None:
+            return self._fresh("dead", deaf)
         status, msg = self._execute(index)
         if check and status in ("ok", "error"):
-            self.handed[index] = self.client.take(10) or []
+            got = self._take()
+            if got is None:
+                return self._fresh("dead", deaf)
+            self.handed[index] = got
         if status in ("timeout-dead", "dead"):
-            final = "timeout" if status == "timeout-dead" else "dead"
-            if not self._restart():
-                self.stop()
-                return final, msg + " (kernel not restarted)"
-            return final, msg + " (kernel restarted)"
+            return self._fresh("timeout" if status == "timeout-dead" else "dead", msg)
         return status, msg

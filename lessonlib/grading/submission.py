@@ -8,6 +8,17 @@ cell. Check cells are found by aligning the submission with the student copy
 part, or a check that the student edited (same place, and its grade id or
 most of its text), is replaced by the instructor's check; a deleted check
 is put back where it was. Every other cell is the student's and runs as it is.
+
+Every step is bounded by the input's size: a notebook is at most
+:data:`MAX_NOTEBOOK_BYTES` and :data:`MAX_CELLS` cells, and two cells' texts
+are compared character by character only when their lengths could give the
+ratio asked for (a 2 MB cell is never diffed against a 300-character check).
+An nbformat 3 notebook is converted to version 4 and graded, with a note.
+
+:func:`copy_handin` reads what a submission left in its hand-in folder
+without following any link: every folder on the way is opened relative to
+the one above it with ``O_NOFOLLOW``, so a student who replaces a folder, or a
+file, with a link to a host path gets a refusal, not a host file.
 """
 from __future__ import annotations
 
@@ -22,6 +33,10 @@ from typing import Mapping, Sequence
 from .handout import BEGIN_HIDDEN, _meta, visible_part
 
 MAX_NOTEBOOK_BYTES = 20 * 1024 ** 2
+#: Most cells a submission may have (the exercises have a few dozen).
+MAX_CELLS = 5000
+#: Most bytes of files a check cell may hand in (a checkpoint of the exercises' small models).
+MAX_HANDIN_FILES_BYTES = 64 * 1024 ** 2
 
 class NotANotebook(Exception):
     """A file that cannot be graded as a notebook; the message says why."""
@@ -57,12 +72,16 @@ def read_cells(path: Path | str) -> tuple[list[Cell], list[str]]:
         raise NotANotebook(f"not JSON ({type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise NotANotebook("JSON, but not a notebook")
+    notes = []
     if "worksheets" in data and "cells" not in data:
-        raise NotANotebook("an old (nbformat 3) notebook: open and save it in Jupyter first")
+        data = _from_v3(raw.decode("utf-8"))
+        notes.append("an nbformat 3 notebook, converted to version 4")
     raw_cells = data.get("cells")
     if not isinstance(raw_cells, list):
         raise NotANotebook("no list of cells")
-    cells, notes = [], []
+    if len(raw_cells) > MAX_CELLS:
+        raise NotANotebook(f"{len(raw_cells)} cells, more than a notebook of this course should have")
+    cells = []
     for i, c in enumerate(raw_cells):
         if not isinstance(c, dict):
             notes.append(f"cell {i + 1} is not a cell: skipped")
@@ -82,7 +101,17 @@ def read_cells(path: Path | str) -> tuple[list[Cell], list[str]]:
     return cells, notes
 
 
-def _norm(source: str) -> str:
+def _from_v3(text: str) -> dict:
+    """An nbformat 3 notebook (``worksheets`` of cells with ``input``) as version 4 JSON, by nbformat."""
+    import nbformat
+
+    try:
+        return json.loads(json.dumps(nbformat.reads(text, as_version=4)))
+    except Exception as exc:  # noqa: BLE001 - a damaged old notebook is not a notebook
+        raise NotANotebook(f"an nbformat 3 notebook that could not be converted ({type(exc).__name__})") from None
+
+
+def norm_source(source: str) -> str:
     """A cell's source for comparison: hidden tests (an instructor's copy) and trailing blanks left out."""
     if BEGIN_HIDDEN in source:
         try:
@@ -90,6 +119,20 @@ def _norm(source: str) -> str:
         except ValueError:
             pass
     return "\n".join(line.rstrip() for line in source.strip().splitlines())
+
+
+def _similar(a: str, b: str, at_least: float) -> bool:
+    """``difflib``'s ratio of ``a`` and ``b`` is at least ``at_least``, in time bounded by the shorter text.
+
+    The ratio is at most ``2 min / (len a + len b)``: a pair whose lengths
+    cannot reach ``at_least`` is never diffed (so the work is at most quadratic
+    in a few times the check's length, whatever the student's cell holds).
+    """
+    if not a and not b:
+        return True
+    if 2 * min(len(a), len(b)) < at_least * (len(a) + len(b)):
+        return False
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() >= at_least
 
 
 # --------------------------------------------------------------------------
@@ -117,7 +160,7 @@ def plan_cells(student_copy: Sequence[Cell], checks: Mapping[int, tuple[str, str
     text, or an edited check in the check's place with its grade id or most
     of its text) is.
     """
-    key = lambda c: (c.type, _norm(c.source))  # noqa: E731
+    key = lambda c: (c.type, norm_source(c.source))  # noqa: E731
     a, b = [key(c) for c in student_copy], [key(c) for c in submission]
     replaced: dict[int, str] = {}  # submission index -> grade id
     inserted: dict[int, list[str]] = {}  # insert before submission index -> grade ids
@@ -135,8 +178,7 @@ def plan_cells(student_copy: Sequence[Cell], checks: Mapping[int, tuple[str, str
             if tag == "replace":
                 near = [k for k in range(j1, j2) if k not in replaced and submission[k].type == "code"]
                 by_id = [k for k in near if submission[k].hint == gid]
-                by_text = [k for k in near if difflib.SequenceMatcher(
-                    None, _norm(submission[k].source), _norm(visible), autojunk=False).ratio() >= 0.6]
+                by_text = [k for k in near if _similar(norm_source(submission[k].source), norm_source(visible), 0.6)]
                 j = (by_id or by_text or [None])[0]
             if j is not None:
                 replaced[j] = gid
@@ -151,7 +193,7 @@ def plan_cells(student_copy: Sequence[Cell], checks: Mapping[int, tuple[str, str
             break
         if j in replaced:
             gid = replaced[j]
-            restored = _norm(submission[j].source) != _norm(visible_of[gid])
+            restored = norm_source(submission[j].source) != norm_source(visible_of[gid])
             steps.append(Step(visible_of[gid], gid, restored=restored))
         elif submission[j].type == "code" and submission[j].source.strip():
             steps.append(Step(submission[j].source, origin=j + 1))
@@ -186,3 +228,69 @@ def find_submissions(folder: Path | str) -> list[Submission]:
             parent = Path(rel).parent.as_posix()
             found.append(Submission(rel, path, rel if parent == "." else parent))
     return found
+
+
+# --------------------------------------------------------------------------
+# Reading what a submission left behind
+# --------------------------------------------------------------------------
+
+_NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def copy_handin(scratch: Path | str, parts: Sequence[str], dest: Path | str,
+                max_bytes: int = MAX_HANDIN_FILES_BYTES) -> tuple[Path | None, str]:
+    """Copy the regular files of the folder ``scratch/parts[0]/parts[1]/...`` to ``dest``, following no link.
+
+    Returns ``(dest, "")``, ``(None, "")`` when the folder does not exist, or
+    ``(None, why)``: a link or something else where a folder should be, or
+    more than ``max_bytes`` of files. Anything in the folder that is not a
+    regular file (a link, a folder, a pipe) is not copied; a file
+    ``.not-a-file`` in ``dest`` names it, so that a check can see it.
+    """
+    for part in parts:
+        if not part or part in (".", "..") or "/" in part or "\0" in part:
+            raise ValueError(f"parts must be plain folder names, got {part!r}")
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(os.open(scratch, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW))
+        except OSError:
+            return None, "the scratch folder is not a folder"
+        for part in parts:
+            try:
+                fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=fds[-1]))
+            except FileNotFoundError:
+                return None, ""
+            except OSError:  # ELOOP (a link), ENOTDIR (a file)
+                return None, "the hand-in folder is not a folder (a link, or a file)"
+        dest = Path(dest)
+        dest.mkdir(parents=True)
+        total, odd = 0, []
+        with os.scandir(fds[-1]) as entries:
+            names = sorted(e.name for e in entries)
+        for name in names:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW, dir_fd=fds[-1])
+            except OSError:  # a link (ELOOP), or gone
+                odd.append(name)
+                continue
+            with os.fdopen(fd, "rb") as src:
+                st = os.fstat(src.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    odd.append(name)
+                    continue
+                total += st.st_size
+                if total > max_bytes:
+                    return None, "the hand-in files are too large"
+                data = src.read(max_bytes + 1 - (total - st.st_size))
+                total += len(data) - st.st_size  # a file that grew is counted as read
+                if total > max_bytes:
+                    return None, "the hand-in files are too large"
+            (dest / name).write_bytes(data)
+        if odd:
+            (dest / ".not-a-file").write_text("\n".join(odd))  # the check sees that something else was there
+        return dest, ""
+    finally:
+        for fd in fds:
+            os.close(fd)
+
