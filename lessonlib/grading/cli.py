@@ -89,7 +89,8 @@ def build_parser(default_source: Path) -> argparse.ArgumentParser:
     g.add_argument("--jobs", type=_whole("--jobs", 1, 256), default=1,
                    help="notebooks graded at once, one sandboxed kernel each (default: %(default)s)")
     g.add_argument("--memory", type=_size, default="2G",
-                   help="memory cap per process of a submission (default: %(default)s)")
+                   help="memory cap for all of a submission's processes and its /tmp together, where a cgroup "
+                        "can be made; else per process (default: %(default)s)")
     g.add_argument("--no-sandbox", action="store_true",
                    help="run submissions without isolation (only inside a container you throw away)")
     key_help = ("the key that signs the manifest, outside the results folder (default: %(default)s; "
