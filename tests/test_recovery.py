@@ -48,6 +48,8 @@ def test_save_checkpoint_keeps_the_newest_k_and_a_folder_loads_the_newest(tmp_pa
     assert recovery.load_checkpoint(tmp_path)["step"] == 20  # a run folder: the newest that verifies
     (tmp_path / "checkpoint-00000025.pt.abcd.tmp").write_bytes(b"half a file")
     recovery.save_checkpoint({"step": 25}, tmp_path, 25, keep=3)  # the next save removes the stray file
+    assert (tmp_path / "writer.lock").is_file()  # this process is the folder's writer until it lets go
+    recovery.release_folder(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoint-00000015.pt", "checkpoint-00000020.pt", "checkpoint-00000025.pt"]
 
