@@ -86,7 +86,8 @@ def test_weights_only_load_refuses_code(tmp_path):
     (dict(save_every=True), "save_every"), (dict(seed=-1), "seed"), (dict(resume="yes"), "resume"),
     (dict(step_seconds=float("inf")), "step_seconds"), (dict(slow_save_seconds=-1), "slow_save_seconds"),
     (dict(keep=0), "keep"), (dict(stop_after=2.5), "stop_after"), (dict(run_dir=None), "run_dir"),
-    (dict(slow_save_from=-1), "slow_save_from"), (dict(slow_save_from="5"), "slow_save_from")])
+    (dict(slow_save_from=-1), "slow_save_from"), (dict(slow_save_from="5"), "slow_save_from"),
+    (dict(replace="yes"), "replace"), (dict(replace=1), "replace")])
 def test_train_refuses_bad_arguments_before_any_work(tmp_path, kwargs, name):
     """In process and in a child: the same check, before a step runs or a process starts."""
     args = dict(run_dir=tmp_path / "run", steps=2)

@@ -263,6 +263,8 @@ def claim_folder(run_dir, run: RunIdentity | None, replace: bool = False, report
     if run is not None:
         instance("run", run, RunIdentity, "a RunIdentity or None")
     replace = flag("replace", replace)
+    if report is not None and not callable(report):
+        raise TypeError(f"report must be callable or None, got {report!r:.80}")
     recorded = read_run(folder)
     if recorded == run:
         return

@@ -54,13 +54,14 @@ def repair_loss_log(run_dir) -> str | None:
         raise CheckpointWriteError(err.errno, f"cannot repair the loss log {str(path)!r}: {err.strerror}") from None
 
 
-def append_loss(log, step: int, loss: float) -> None:
-    """Write one complete record to the open log file ``log`` and flush it (errors name the file)."""
+def _append_loss(log, step: int, loss: float) -> None:
+    """Write one complete record (a NaN loss too) to the open log file ``log`` and flush it; errors name the file.
+    (Private: :func:`~lessonlib.measure.recovery.train` is its one caller, with values it made itself.)"""
     try:
         log.write(f"{step} {loss.hex()}\n")
         log.flush()
     except OSError as err:
-        raise CheckpointWriteError(err.errno, f"cannot append step {step} to the loss log {log.name!r}: "
+        raise CheckpointWriteError(err.errno, f"cannot append step {step} to the loss log {getattr(log, 'name', log)!r}: "
                                               f"{err.strerror}") from None
 
 

@@ -28,7 +28,7 @@ from ..checks import amount, choice, count, flag, instance, path as check_path
 from .checkpoint import (KEEP, SET_ASIDE, CheckpointError, atomic_save, capture_rng_state,  # noqa: F401
                          check_checkpoint_paths, check_rng_state, checkpoint_files, load_checkpoint, load_latest,
                          newest_checkpoint, remove_stray_temporaries, restore_rng_state, save_checkpoint)
-from .loss_log import LOSS_LOG, append_loss, read_losses, repair_loss_log  # noqa: F401 (read_losses re-exported)
+from .loss_log import LOSS_LOG, _append_loss, read_losses, repair_loss_log  # noqa: F401 (read_losses re-exported)
 from .run_folder import (LOCK_FILE, RUN_FILE, CheckpointPathError, CheckpointWriteError, FolderInUseError,
                          RunIdentity, RunMismatchError, acquire_folder, read_run, release_folder, run_folder,
                          write_run)
@@ -171,7 +171,7 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
                 scheduler.step()
                 value = loss.item()
                 losses.append(value)
-                append_loss(log, step, value)
+                _append_loss(log, step, value)
                 print(f"step {step}", file=out, flush=True)
                 if a["step_seconds"] > 0:
                     time.sleep(a["step_seconds"])

@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checks import flag, instance, path as check_path
+from ..checks import count, flag, instance, path as check_path, text
 
 try:  # POSIX: flock, dropped by the kernel when the holder dies
     import fcntl
@@ -118,7 +118,12 @@ class RunIdentity:
 
 
 def run_folder(name: str, value, create: bool = False) -> Path:
-    """``value`` as a run folder path: refused if it is a file; created (with parents) if ``create``."""
+    """``value`` as a run folder path: refused if it is a file; created (with parents) if ``create``.
+
+    ``name`` is the argument's name as the caller spelled it, for the messages.
+    """
+    text("name", name)
+    create = flag("create", create)
     folder = check_path(name, value)
     if folder.exists() and not folder.is_dir():
         raise CheckpointPathError(f"{name} {str(folder)!r} is a file, but a run folder (holding checkpoints) "
@@ -152,8 +157,8 @@ def read_run(run_dir) -> RunIdentity | None:
 
 def write_run(run_dir, run: RunIdentity) -> Path:
     """Record ``run`` in ``run_dir/run.json`` (temporary file, fsync, ``os.replace``). Returns the path."""
-    folder = run_folder("run_dir", run_dir, create=True)
     instance("run", run, RunIdentity, "a RunIdentity")
+    folder = run_folder("run_dir", run_dir, create=True)
     path = folder / RUN_FILE
     if path.is_dir():
         raise CheckpointPathError(f"{str(path)!r} is a folder, but the run's identity file belongs there")
@@ -180,6 +185,7 @@ _IN_PROGRESS: set[str] = set()  # this process's temporary files being written r
 
 def temporary_prefix(target: str) -> str:
     """The prefix of a temporary file for ``target``: ``<target>.w<pid>-<host tag>.`` (names its writer)."""
+    text("target", target)
     return f"{target}.w{os.getpid()}-{_HOST_TAG}."
 
 
@@ -220,8 +226,8 @@ def process_alive(pid: int, start_ticks: int | None = None) -> bool | None:
     A zombie counts as gone. With ``start_ticks`` (from a lock file), a pid
     that now belongs to a later process counts as gone too.
     """
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        raise ValueError(f"pid must be a whole number > 0, got {pid!r:.80}")
+    pid = count("pid", pid)
+    start_ticks = None if start_ticks is None else count("start_ticks", start_ticks, minimum=0)
     if os.name == "nt":  # pragma: no cover - os.kill(pid, 0) would send CTRL_C_EVENT there
         return None
     try:
