@@ -5,7 +5,8 @@ schedule, data augmentation from numpy and Python RNGs and a data cursor. It
 runs as its own process (``python -m lessonlib.measure.recovery``);
 :class:`TrainingProcess` starts it, watches what it reports and can kill it
 with ``SIGKILL`` at a chosen step or in the middle of a save. Saving itself is
-:mod:`lessonlib.measure.checkpoint`; how often to save is
+:mod:`lessonlib.measure.checkpoint`; whose run a folder holds, and its one
+writer, :mod:`lessonlib.measure.run_folder`; how often to save is
 :mod:`lessonlib.calc.reliability`.
 
 Large sharded jobs save with ``torch.distributed.checkpoint`` (every rank

@@ -131,7 +131,7 @@ def run_folder(name: str, value, create: bool = False) -> Path:
     if create:
         try:
             folder.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:  # a parent is a file
+        except (FileExistsError, NotADirectoryError):  # a parent is a file
             raise CheckpointPathError(f"{name} {str(folder)!r} cannot be created: part of that path is a file, "
                                       f"not a folder") from None
         except OSError as err:
