@@ -31,12 +31,9 @@ needs more, and this module gives each part:
 
 Loading is always ``torch.load(weights_only=True)``: a checkpoint is a pickle,
 and an arbitrary pickle can run code when loaded. A file error (a full disk, a
-folder where a file belongs) is raised as one of
-:mod:`~lessonlib.measure.run_folder`'s errors, naming the path and what was expected.
-
-The file format: one line ``LESSONLIB-CHECKPOINT/1 <sha256 of line 2>``, one
-line of JSON (``parts``: each entry's name, size in bytes and SHA-256; ``step``
-and ``run`` when saved with them), then each entry as ``torch.save`` wrote it.
+folder where a file belongs) raises one of :mod:`~lessonlib.measure.run_folder`'s
+errors, naming the path and what was expected. The file format is
+:mod:`lessonlib.measure.checkpoint_format`.
 """
 from __future__ import annotations
 
@@ -47,12 +44,14 @@ import time
 from pathlib import Path
 
 from ..checks import amount, count, flag, instance, path as check_path
-from .checkpoint_format import (CHECKPOINT_PATTERN, CHECKPOINT_RE, MAGIC, _deserialise,  # noqa: F401
-                                _serialise, _whose, read_header)
+from .checkpoint_format import (CHECKPOINT_PATTERN, CHECKPOINT_RE, MAGIC, _deserialise, _named,  # noqa: F401
+                                _serialise, _whose, check_checkpoint_paths, checkpoint_files,
+                                newest_checkpoint, read_header)
 from .rng_state import capture_rng_state, check_rng_state, restore_rng_state  # noqa: F401 (re-exported)
 from .run_folder import (RUN_FILE, CheckpointError, CheckpointPathError, CheckpointWriteError,  # noqa: F401
                          FolderInUseError, RunIdentity, RunMismatchError, _IN_PROGRESS, acquire_folder,
-                         holds_folder, read_run, run_folder, temporary_is_stray, temporary_prefix, write_run)
+                         holds_folder, read_run, release_folder, run_folder, temporary_is_stray,
+                         temporary_prefix, write_run)
 
 #: How many complete checkpoints :func:`save_checkpoint` keeps by default.
 KEEP = 3
@@ -125,19 +124,19 @@ def atomic_save(obj: dict, path, slow_write_seconds: float = 0.0, on_progress=No
         os.replace(tmp, path)
         _fsync_folder(path.parent)  # and the rename itself is on disk
     except OSError as err:
-        _remove(tmp)
+        _remove_file(tmp)
         raise CheckpointWriteError(err.errno, f"could not write {what} {str(path)!r} ({len(data):,} bytes): "
                                               f"{err.strerror or err}. The file already at that path, if any, is "
                                               f"unchanged; the partial temporary file was removed") from err
     except BaseException:
-        _remove(tmp)
+        _remove_file(tmp)
         raise
     finally:
         _IN_PROGRESS.discard(tmp)
     return path
 
 
-def _remove(tmp) -> None:
+def _remove_file(tmp) -> None:
     if tmp is not None and os.path.exists(tmp):
         os.remove(tmp)
 
@@ -202,34 +201,6 @@ def _check_map_location(map_location) -> None:
             raise ValueError(f"map_location must be a device name such as 'cpu', got {map_location!r:.80}") from None
 
 
-def _named(folder: Path) -> list[tuple[int, Path]]:
-    """Everything in ``folder`` named like a checkpoint (files or not), oldest step first."""
-    if not folder.is_dir():
-        return []
-    return sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := CHECKPOINT_RE.match(p.name)))
-
-
-def checkpoint_files(run_dir) -> list[tuple[int, Path]]:
-    """The checkpoint files of a run folder as ``(step in the name, path)``, oldest first (regular files only)."""
-    return [(s, p) for s, p in _named(run_folder("run_dir", run_dir)) if p.is_file()]
-
-
-def check_checkpoint_paths(run_dir) -> None:
-    """Raise :class:`CheckpointPathError` if something named like a checkpoint in ``run_dir`` is not a file
-    (a folder called ``checkpoint-00000010.pt`` would stop the save of step 10)."""
-    wrong = [p for _, p in _named(run_folder("run_dir", run_dir)) if not p.is_file()]
-    if wrong:
-        raise CheckpointPathError(f"run_dir holds {', '.join(repr(str(p)) for p in wrong[:5])}: named like "
-                                  f"checkpoint files, but not files; a checkpoint file belongs at that path. "
-                                  f"Move {'it' if len(wrong) == 1 else 'them'} out of the run folder")
-
-
-def newest_checkpoint(run_dir) -> Path | None:
-    """The newest checkpoint file of a run folder by the step in its name (not verified), or None."""
-    files = checkpoint_files(run_dir)
-    return files[-1][1] if files else None
-
-
 def remove_stray_temporaries(run_dir) -> list[str]:
     """Delete the ``*.tmp`` files that killed saves left in ``run_dir``; return their names.
 
@@ -292,13 +263,11 @@ def save_checkpoint(state: dict, run_dir, step, keep=KEEP, slow_write_seconds: f
                     on_progress=None, run: RunIdentity | None = None, replace: bool = False, report=None) -> Path:
     """Save ``state`` as ``run_dir/checkpoint-<step>.pt`` atomically, and keep the newest ``keep``.
 
-    The first save into a folder makes this process its one writer
-    (:func:`~lessonlib.measure.run_folder.acquire_folder`) until the process
-    ends or calls ``release_folder(run_dir)``; a second process is refused
+    The first save into a folder makes this process its one writer until it
+    ends or calls ``release_folder(run_dir)``: a second process is refused
     (:class:`FolderInUseError`, naming the holder). The folder must be
-    ``run``'s (:func:`claim_folder`: another run's checkpoints are refused
-    unless ``replace=True``). Stray temporary files of dead writers are removed
-    first; the file records ``run`` and ``step``. Then retention: this run's
+    ``run``'s (:func:`claim_folder`; ``replace``). Stray temporary files of dead
+    writers are removed first; the file records ``run`` and ``step``. Then retention: this run's
     checkpoints older than ``step`` beyond the newest ``keep`` are deleted, so a
     damaged newest file always leaves ``keep - 1`` older ones to fall back to.
     The file just written is always kept (the newest counts from it). A
@@ -320,9 +289,15 @@ def save_checkpoint(state: dict, run_dir, step, keep=KEEP, slow_write_seconds: f
     if target.exists() and not target.is_file():
         raise CheckpointPathError(f"cannot save step {step}: {str(target)!r} is a folder (or not a regular file), "
                                   f"but this step's checkpoint file belongs at that path; move it away")
-    if not holds_folder(folder):
+    first = not holds_folder(folder)
+    if first:
         acquire_folder(folder, report)  # kept: this process is the folder's writer from now on
-    claim_folder(folder, run, replace, report)
+    try:
+        claim_folder(folder, run, replace, report)
+    except BaseException:
+        if first:  # refused before writing anything: not this folder's writer after all
+            release_folder(folder)
+        raise
     remove_stray_temporaries(folder)
     path = atomic_save(state, target, slow_write_seconds, on_progress, run=run, step=step)
     _retain(folder, path, step, keep, run, report)

@@ -9,7 +9,9 @@ checkpoint fails its checksum. Reading checks, in order: the header's
 checksum, the file's place (its step against its name, its run against the
 one expected), the length, each entry's checksum, then loads each entry with
 ``torch.load(weights_only=True)`` and compares a ``step`` entry with the
-header's. Writing and loading files is :mod:`lessonlib.measure.checkpoint`.
+header's. A run folder's checkpoint files are named by their step
+(:data:`CHECKPOINT_PATTERN`; :func:`checkpoint_files`). Writing and loading
+files is :mod:`lessonlib.measure.checkpoint`.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import re
 from pathlib import Path
 
 from ..checks import path as check_path
-from .run_folder import CheckpointError, CheckpointPathError, RunIdentity, RunMismatchError
+from .run_folder import CheckpointError, CheckpointPathError, RunIdentity, RunMismatchError, run_folder
 
 MAGIC = b"LESSONLIB-CHECKPOINT/1"
 #: Name of a checkpoint file in a run folder, from its step.
@@ -160,3 +162,31 @@ def _deserialise(data: bytes, path: Path, map_location, expect: RunIdentity | No
                               f"{'header and name say' if info['step'] is not None else 'name says'} step {said}; "
                               f"refusing it")
     return state
+
+
+def _named(folder: Path) -> list[tuple[int, Path]]:
+    """Everything in ``folder`` named like a checkpoint (files or not), oldest step first."""
+    if not folder.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := CHECKPOINT_RE.match(p.name)))
+
+
+def checkpoint_files(run_dir) -> list[tuple[int, Path]]:
+    """The checkpoint files of a run folder as ``(step in the name, path)``, oldest first (regular files only)."""
+    return [(s, p) for s, p in _named(run_folder("run_dir", run_dir)) if p.is_file()]
+
+
+def check_checkpoint_paths(run_dir) -> None:
+    """Raise :class:`CheckpointPathError` if something named like a checkpoint in ``run_dir`` is not a file
+    (a folder called ``checkpoint-00000010.pt`` would stop the save of step 10)."""
+    wrong = [p for _, p in _named(run_folder("run_dir", run_dir)) if not p.is_file()]
+    if wrong:
+        raise CheckpointPathError(f"run_dir holds {', '.join(repr(str(p)) for p in wrong[:5])}: named like "
+                                  f"checkpoint files, but not files; a checkpoint file belongs at that path. "
+                                  f"Move {'it' if len(wrong) == 1 else 'them'} out of the run folder")
+
+
+def newest_checkpoint(run_dir) -> Path | None:
+    """The newest checkpoint file of a run folder by the step in its name (not verified), or None."""
+    files = checkpoint_files(run_dir)
+    return files[-1][1] if files else None
