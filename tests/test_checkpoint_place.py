@@ -136,6 +136,9 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_taken_over(tmp_path):
             _train(run, resume=True)
         with pytest.raises(FolderInUseError, match=f"pid {job.proc.pid}"):
             checkpoint.save_checkpoint({"x": 1}, run, 7)
+        with pytest.raises(RuntimeError, match=f"cannot resume: run_dir .* is being written by another process: "
+                                               f"pid {job.proc.pid}"):
+            recovery.run_training(run, resume=True, steps=100)  # a second job, in its own process
         job.kill()  # SIGKILL: the lock file stays, the lock itself goes with the process
     assert (run / "writer.lock").exists() and run_folder.folder_holder(run) is None
     lines = _train(run, steps=100, resume=True)
