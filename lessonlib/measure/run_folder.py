@@ -273,14 +273,26 @@ def _read_lock(fd_or_path):
 
 
 def _try_lock(fd: int) -> bool:
+    """Take the lock (True) or find it held (False). On a file system without locks (ENOLCK, EOPNOTSUPP)
+    the lock file's holder is judged by its pid instead: held while that process lives."""
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         else:  # pragma: no cover - Windows
             msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
         return True
-    except OSError:  # BlockingIOError (EWOULDBLOCK), or EACCES on some systems
+    except (BlockingIOError, PermissionError):  # EWOULDBLOCK; EACCES on some systems
         return False
+    except OSError:  # pragma: no cover - no locking here: fall back to the holder's pid
+        h = _read_lock(fd)
+        if not isinstance(h, dict) or h.get("pid") == os.getpid():
+            return True
+        if h.get("host") != socket.gethostname():
+            return False  # another machine's process cannot be checked from here: its lock holds
+        try:
+            return process_alive(int(h["pid"]), h.get("start_ticks")) is False
+        except (KeyError, TypeError, ValueError):
+            return True
 
 
 def folder_holder(run_dir) -> dict | None:
