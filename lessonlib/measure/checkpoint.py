@@ -208,7 +208,7 @@ def remove_stray_temporaries(run_dir) -> list[str]:
     :func:`~lessonlib.measure.run_folder.temporary_is_stray`) is deleted, so a
     save still in progress in another process, or in this one, is never touched.
     """
-    folder = run_folder("run_dir", run_dir)
+    folder = run_folder(run_dir)
     own = holds_folder(folder)
     removed = []
     for p in sorted(folder.glob("*.tmp")) if folder.is_dir() else []:
@@ -230,7 +230,7 @@ def claim_folder(run_dir, run: RunIdentity | None, replace: bool = False, report
     :class:`RunMismatchError` saying whose they are, unless ``replace=True``:
     then its checkpoints and ``run.json`` are deleted first (``report`` is told).
     """
-    folder = run_folder("run_dir", run_dir, create=True)
+    folder = run_folder(run_dir, create=True)
     if run is not None:
         instance("run", run, RunIdentity, "a RunIdentity or None")
     replace = flag("replace", replace)
@@ -284,7 +284,7 @@ def save_checkpoint(state: dict, run_dir, step, keep=KEEP, slow_write_seconds: f
     replace = flag("replace", replace)
     if report is not None and not callable(report):
         raise TypeError(f"report must be callable or None, got {report!r:.80}")
-    folder = run_folder("run_dir", run_dir, create=True)
+    folder = run_folder(run_dir, create=True)
     target = folder / CHECKPOINT_PATTERN.format(step=step)
     if target.exists() and not target.is_file():
         raise CheckpointPathError(f"cannot save step {step}: {str(target)!r} is a folder (or not a regular file), "
@@ -365,7 +365,7 @@ def load_latest(run_dir, validate=None, map_location="cpu", report=None, run: Ru
         raise TypeError(f"report must be callable or None, got {report!r}")
     if run is not None:
         instance("run", run, RunIdentity, "a RunIdentity or None")
-    folder = run_folder("run_dir", run_dir)
+    folder = run_folder(run_dir)
     recorded = read_run(folder) if folder.is_dir() else None
     if run is not None and recorded is not None and recorded != run:
         raise RunMismatchError(f"run_dir {str(folder)!r} holds {recorded.describe()} (its {RUN_FILE}), "

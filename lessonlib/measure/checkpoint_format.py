@@ -173,13 +173,13 @@ def _named(folder: Path) -> list[tuple[int, Path]]:
 
 def checkpoint_files(run_dir) -> list[tuple[int, Path]]:
     """The checkpoint files of a run folder as ``(step in the name, path)``, oldest first (regular files only)."""
-    return [(s, p) for s, p in _named(run_folder("run_dir", run_dir)) if p.is_file()]
+    return [(s, p) for s, p in _named(run_folder(run_dir)) if p.is_file()]
 
 
 def check_checkpoint_paths(run_dir) -> None:
     """Raise :class:`CheckpointPathError` if something named like a checkpoint in ``run_dir`` is not a file
     (a folder called ``checkpoint-00000010.pt`` would stop the save of step 10)."""
-    wrong = [p for _, p in _named(run_folder("run_dir", run_dir)) if not p.is_file()]
+    wrong = [p for _, p in _named(run_folder(run_dir)) if not p.is_file()]
     if wrong:
         raise CheckpointPathError(f"run_dir holds {', '.join(repr(str(p)) for p in wrong[:5])}: named like "
                                   f"checkpoint files, but not files; a checkpoint file belongs at that path. "

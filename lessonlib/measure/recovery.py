@@ -127,7 +127,7 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
     def say(line):
         print(line, file=out, flush=True)
 
-    run_folder("run_dir", run_dir, create=True)
+    run_folder(run_dir, create=True)
     acquire_folder(run_dir, report=say)  # one writer: FolderInUseError names the live holder
     threads = torch.get_num_threads()
     try:

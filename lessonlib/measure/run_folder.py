@@ -117,14 +117,11 @@ class RunIdentity:
         return f"run {self.run_id} (seed {self.seed})"
 
 
-def run_folder(name: str, value, create: bool = False) -> Path:
-    """``value`` as a run folder path: refused if it is a file; created (with parents) if ``create``.
-
-    ``name`` is the argument's name as the caller spelled it, for the messages.
-    """
-    text("name", name)
+def run_folder(run_dir, create: bool = False) -> Path:
+    """``run_dir`` as a run folder path: refused if it is a file; created (with parents) if ``create``."""
     create = flag("create", create)
-    folder = check_path(name, value)
+    name = "run_dir"
+    folder = check_path(name, run_dir)
     if folder.exists() and not folder.is_dir():
         raise CheckpointPathError(f"{name} {str(folder)!r} is a file, but a run folder (holding checkpoints) "
                                   f"was expected: pass a folder's path")
@@ -141,7 +138,7 @@ def run_folder(name: str, value, create: bool = False) -> Path:
 
 def read_run(run_dir) -> RunIdentity | None:
     """The identity recorded in ``run_dir/run.json``, or None when the folder has none."""
-    folder = run_folder("run_dir", run_dir)
+    folder = run_folder(run_dir)
     path = folder / RUN_FILE
     try:
         data = json.loads(path.read_bytes())
@@ -158,7 +155,7 @@ def read_run(run_dir) -> RunIdentity | None:
 def write_run(run_dir, run: RunIdentity) -> Path:
     """Record ``run`` in ``run_dir/run.json`` (temporary file, fsync, ``os.replace``). Returns the path."""
     instance("run", run, RunIdentity, "a RunIdentity")
-    folder = run_folder("run_dir", run_dir, create=True)
+    folder = run_folder(run_dir, create=True)
     path = folder / RUN_FILE
     if path.is_dir():
         raise CheckpointPathError(f"{str(path)!r} is a folder, but the run's identity file belongs there")
@@ -297,7 +294,7 @@ def _try_lock(fd: int) -> bool:
 
 def folder_holder(run_dir) -> dict | None:
     """Who holds ``run_dir``'s writer lock now (its ``pid``, ``host``, ``started``, ``command``), or None."""
-    folder = run_folder("run_dir", run_dir)
+    folder = run_folder(run_dir)
     path = folder / LOCK_FILE
     if str(folder.resolve()) in _HELD:
         return _read_lock(path)
@@ -319,7 +316,7 @@ def acquire_folder(run_dir, report=None) -> dict:
     live process holds it. A lock file left by a writer that died (a kill, a
     power cut) is taken over; ``report(line)`` (optional) is told whose.
     """
-    folder = run_folder("run_dir", run_dir)
+    folder = run_folder(run_dir)
     if report is not None and not callable(report):
         raise TypeError(f"report must be callable or None, got {report!r:.80}")
     if not folder.is_dir():
@@ -372,7 +369,7 @@ def acquire_folder(run_dir, report=None) -> dict:
 
 def release_folder(run_dir) -> None:
     """Give back one hold of ``run_dir``'s writer lock; the last one removes the lock file. No-op if not held."""
-    folder = run_folder("run_dir", run_dir)
+    folder = run_folder(run_dir)
     key = str(folder.resolve()) if folder.exists() else None
     with _HELD_GUARD:
         held = _HELD.get(key)
@@ -391,7 +388,7 @@ def release_folder(run_dir) -> None:
 
 def holds_folder(run_dir) -> bool:
     """Whether this process holds ``run_dir``'s writer lock."""
-    folder = run_folder("run_dir", run_dir)
+    folder = run_folder(run_dir)
     return folder.exists() and str(folder.resolve()) in _HELD
 
 
