@@ -32,6 +32,7 @@ import re
 import socket
 import sys
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,6 +270,17 @@ def _read_lock(fd_or_path):
         return None
 
 
+def _holder_of(fd: int):
+    """The holder named in a lock file whose lock is held. A holder writes its name just after taking the
+    lock, so an empty file is read again for up to half a second (yielding the CPU to that writer)."""
+    holder, deadline = _read_lock(fd), time.monotonic() + 0.5
+    while holder is None and time.monotonic() < deadline:
+        if hasattr(os, "sched_yield"):
+            os.sched_yield()
+        holder = _read_lock(fd)
+    return holder
+
+
 def _try_lock(fd: int) -> bool:
     """Take the lock (True) or find it held (False). On a file system without locks (ENOLCK, EOPNOTSUPP)
     the lock file's holder is judged by its pid instead: held while that process lives."""
@@ -303,7 +315,7 @@ def folder_holder(run_dir) -> dict | None:
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
     try:
-        return None if _try_lock(fd) else _read_lock(fd)  # a lock we could take is held by nobody
+        return None if _try_lock(fd) else _holder_of(fd)  # a lock we could take is held by nobody
     finally:
         os.close(fd)  # closing drops a lock taken just now
 
@@ -334,7 +346,7 @@ def acquire_folder(run_dir, report=None) -> dict:
             except OSError as err:
                 raise CheckpointWriteError(err.errno, f"cannot open the lock file {str(path)!r}: {err.strerror}") from None
             if not _try_lock(fd):
-                holder = _read_lock(fd)
+                holder = _holder_of(fd)
                 os.close(fd)
                 raise FolderInUseError(
                     f"run_dir {str(folder)!r} is being written by another process: {_describe_holder(holder)} "
