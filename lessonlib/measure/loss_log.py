@@ -61,7 +61,8 @@ def _append_loss(log, step: int, loss: float) -> None:
         log.write(f"{step} {loss.hex()}\n")
         log.flush()
     except OSError as err:
-        raise CheckpointWriteError(err.errno, f"cannot append step {step} to the loss log {getattr(log, 'name', log)!r}: "
+        raise CheckpointWriteError(err.errno, f"cannot append step {step} to the loss log "
+                                              f"{getattr(log, 'name', log)!r}: "
                                               f"{err.strerror}") from None
 
 

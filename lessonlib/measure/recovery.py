@@ -97,8 +97,9 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
     line (and set aside at the next save), and the steps after the one
     resumed from are simply run again. A loss log whose last line was cut
     (a kill, a full disk) is cut back to its last complete line first
-    (``repaired losses.txt: ...``). In an empty folder it starts a new run. ``restore`` says what is put back
-    (:data:`RESTORE_MODES`): ``"all"``; ``"weights"`` (model weights only: the
+    (``repaired losses.txt: ...``). In an empty folder it starts a new run.
+
+    ``restore`` says what is put back (:data:`RESTORE_MODES`): ``"all"``; ``"weights"`` (model weights only: the
     optimizer, schedule and RNGs start fresh; the step and data cursor are
     kept so the comparison is fair); ``"no-rng"`` (everything but the RNG
     states). ``stop_after`` ends the run early after that step (a clean

@@ -133,7 +133,8 @@ def run_folder(run_dir, create: bool = False) -> Path:
             raise CheckpointPathError(f"{name} {str(folder)!r} cannot be created: part of that path is a file, "
                                       f"not a folder") from None
         except OSError as err:
-            raise CheckpointWriteError(err.errno, f"cannot create the run folder {str(folder)!r}: {err.strerror}") from None
+            raise CheckpointWriteError(err.errno,
+                                       f"cannot create the run folder {str(folder)!r}: {err.strerror}") from None
     return folder
 
 
@@ -146,7 +147,7 @@ def read_run(run_dir) -> RunIdentity | None:
     except FileNotFoundError:
         return None
     except IsADirectoryError:
-        raise CheckpointPathError(f"{str(path)!r} is a folder, but the run's identity file was expected there") from None
+        raise CheckpointPathError(f"{str(path)!r} is a folder, but the run's identity file belongs there") from None
     except ValueError as err:  # not JSON (UnicodeDecodeError is a ValueError too)
         raise CheckpointError(f"{str(path)!r}: the run's identity file is damaged ({err}); "
                               f"it should hold the JSON that write_run wrote") from None
@@ -344,7 +345,8 @@ def acquire_folder(run_dir, report=None) -> dict:
             except IsADirectoryError:
                 raise CheckpointPathError(f"{str(path)!r} is a folder, but the run's lock file belongs there") from None
             except OSError as err:
-                raise CheckpointWriteError(err.errno, f"cannot open the lock file {str(path)!r}: {err.strerror}") from None
+                raise CheckpointWriteError(err.errno,
+                                           f"cannot open the lock file {str(path)!r}: {err.strerror}") from None
             if not _try_lock(fd):
                 holder = _holder_of(fd)
                 os.close(fd)
