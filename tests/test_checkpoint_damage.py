@@ -10,6 +10,7 @@ in the test report with ``record_property``.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -22,6 +23,7 @@ import torch
 from lessonlib.measure import checkpoint, recovery
 
 STEPS, EVERY = 15, 5
+OTHER_RUN = []  # the folder of another run (seed 1, same steps), set by the fixture
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +31,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("damage")
     recovery.train(root / "reference", steps=STEPS, save_every=EVERY, out=io.StringIO())
     recovery.train(root / "stopped", steps=STEPS, save_every=EVERY, stop_after=10, out=io.StringIO())
+    recovery.train(root / "other", steps=STEPS, save_every=EVERY, stop_after=10, seed=1, out=io.StringIO())
+    OTHER_RUN.append(root / "other")
     return root
 
 
@@ -76,12 +80,55 @@ def _flip_weight_mantissa(path):
     _flip(path, at, 0)
 
 
+def _resave(state, path):
+    """Save ``state`` over ``path`` with valid checksums and the file's own run and step."""
+    info = checkpoint.read_header(path)
+    checkpoint.atomic_save(state, path, run=info["run"], step=info["step"])
+
+
 def _rewrite(change):
-    """Load, change a value, save again with valid checksums: loadable but wrong."""
+    """Load, change a value, save again with valid checksums (and the file's run and step): loadable but wrong."""
     def damage(path):
         state = checkpoint.load_checkpoint(path)
         change(state)
-        checkpoint.atomic_save(state, path)
+        _resave(state, path)
+    return damage
+
+
+def _resave_without_run(path):
+    """Save the same state again with valid checksums but no run identity (as an older lessonlib wrote it)."""
+    checkpoint.atomic_save(checkpoint.load_checkpoint(path), path)
+
+
+def _from_other_run(path):
+    """The same step of another run (seed 1), copied in whole under the same name."""
+    shutil.copyfile(OTHER_RUN[0] / path.name, path)
+
+
+def _older_renamed(path):
+    """The checkpoint of step 5 copied over the one of step 10 (a renamed file)."""
+    shutil.copyfile(path.with_name("checkpoint-00000005.pt"), path)
+
+
+def _entry_from_other_run(plain_hash):
+    """Replace the 'model' entry by the other run's, and re-sign the header to match: with the other
+    file's own checksum of that entry, or (``plain_hash``) a plain SHA-256 of its bytes."""
+    def damage(path):
+        other = OTHER_RUN[0] / path.name
+        mine, theirs = path.read_bytes(), other.read_bytes()
+        header = json.loads(mine.split(b"\n", 2)[1])
+        their_parts = {n: (sz, d) for n, sz, d in json.loads(theirs.split(b"\n", 2)[1])["parts"]}
+        blobs = []
+        for i, (name, size, _) in enumerate(header["parts"]):
+            src, (start, n) = (other, _entries(other)[name]) if name == "model" else (path, _entries(path)[name])
+            blob = (theirs if src == other else mine)[start:start + n]
+            blobs.append(blob)
+            if name == "model":
+                digest = hashlib.sha256(blob).hexdigest() if plain_hash else their_parts[name][1]
+                header["parts"][i] = [name, len(blob), digest]
+        line = json.dumps(header).encode()
+        path.write_bytes(checkpoint.MAGIC + b" " + hashlib.sha256(line).hexdigest().encode() + b"\n" + line
+                         + b"\n" + b"".join(blobs))
     return damage
 
 
@@ -93,7 +140,7 @@ class _Surprise:
 def _malicious(path):
     state = checkpoint.load_checkpoint(path)
     state["data"] = {"epoch": 0, "position": 0, "x": _Surprise()}
-    checkpoint.atomic_save(state, path)  # valid checksums: integrity is not safety
+    _resave(state, path)  # valid checksums and identity: integrity is not safety
 
 
 def _del(key, sub=None):
@@ -128,14 +175,21 @@ CASES = {
     "bit flip in the data cursor (metadata)": (_flip_in("data", 0.5, 2), "'data' entry fails its SHA-256"),
     "bit flip in the header": (lambda p: _flip(p, 40, 0), "header fails its checksum"),
     # wrong values that load
-    "step = 10**9": (_rewrite(_set("step", 10**9)), "step 1000000000 is impossible"),
-    "step = -3": (_rewrite(_set("step", -3)), "step -3 is impossible"),
+    # (a step entry that disagrees with the header and the name is refused before check_state sees it)
+    "step = 10**9": (_rewrite(_set("step", 10**9)), "holds step 1000000000 in its 'step' entry"),
+    "step = -3": (_rewrite(_set("step", -3)), "holds step -3 in its 'step' entry"),
     "negative data cursor": (_rewrite(_set("data", -32, "position")), "position -32 is impossible"),
     "RNG state missing": (_rewrite(_del("rng")), "has no 'rng'"),
     "numpy RNG missing": (_rewrite(_del("rng", "numpy")), "no 'numpy' generator"),
     "optimizer missing": (_rewrite(_del("optimizer")), "has no 'optimizer'"),
     # a hostile pickle with valid checksums
     "malicious pickle (valid checksums)": (_malicious, "Weights only load failed"),
+    # valid checkpoints in the wrong place (issue 27): whose checkpoint it is, and which step
+    "re-saved without its run identity": (_resave_without_run, "of an unnamed run"),
+    "the same step of another run (seed 1)": (_from_other_run, "(seed 1)"),
+    "step 5 renamed to step 10": (_older_renamed, "holds step 5 of run"),
+    "'model' entry of another run, re-signed": (_entry_from_other_run(False), "'model' entry fails its SHA-256"),
+    "'model' entry of another run, plain SHA-256": (_entry_from_other_run(True), "'model' entry fails its SHA-256"),
 }
 
 
@@ -150,7 +204,7 @@ def test_corruption_matrix(runs, tmp_path, case, record_property, capsys):
 
     # 1. The file on its own: refused with a message naming the file and the damage.
     try:
-        recovery.check_state(checkpoint.load_checkpoint(newest), STEPS)
+        recovery.check_state(checkpoint.load_checkpoint(newest, run=checkpoint.read_run(run)), STEPS)
         outcome = "LOADED"
     except (ValueError, pickle.UnpicklingError) as err:
         outcome = f"{type(err).__name__}: {str(err).splitlines()[0][:150]}"

@@ -48,6 +48,8 @@ def test_save_checkpoint_keeps_the_newest_k_and_a_folder_loads_the_newest(tmp_pa
     assert recovery.load_checkpoint(tmp_path)["step"] == 20  # a run folder: the newest that verifies
     (tmp_path / "checkpoint-00000025.pt.abcd.tmp").write_bytes(b"half a file")
     recovery.save_checkpoint({"step": 25}, tmp_path, 25, keep=3)  # the next save removes the stray file
+    assert (tmp_path / "writer.lock").is_file()  # this process is the folder's writer until it lets go
+    recovery.release_folder(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoint-00000015.pt", "checkpoint-00000020.pt", "checkpoint-00000025.pt"]
 
@@ -84,7 +86,8 @@ def test_weights_only_load_refuses_code(tmp_path):
     (dict(save_every=True), "save_every"), (dict(seed=-1), "seed"), (dict(resume="yes"), "resume"),
     (dict(step_seconds=float("inf")), "step_seconds"), (dict(slow_save_seconds=-1), "slow_save_seconds"),
     (dict(keep=0), "keep"), (dict(stop_after=2.5), "stop_after"), (dict(run_dir=None), "run_dir"),
-    (dict(slow_save_from=-1), "slow_save_from"), (dict(slow_save_from="5"), "slow_save_from")])
+    (dict(slow_save_from=-1), "slow_save_from"), (dict(slow_save_from="5"), "slow_save_from"),
+    (dict(replace="yes"), "replace"), (dict(replace=1), "replace")])
 def test_train_refuses_bad_arguments_before_any_work(tmp_path, kwargs, name):
     """In process and in a child: the same check, before a step runs or a process starts."""
     args = dict(run_dir=tmp_path / "run", steps=2)

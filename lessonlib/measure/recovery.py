@@ -5,7 +5,8 @@ schedule, data augmentation from numpy and Python RNGs and a data cursor. It
 runs as its own process (``python -m lessonlib.measure.recovery``);
 :class:`TrainingProcess` starts it, watches what it reports and can kill it
 with ``SIGKILL`` at a chosen step or in the middle of a save. Saving itself is
-:mod:`lessonlib.measure.checkpoint`; how often to save is
+:mod:`lessonlib.measure.checkpoint`; whose run a folder holds, and its one
+writer, :mod:`lessonlib.measure.run_folder`; how often to save is
 :mod:`lessonlib.calc.reliability`.
 
 Large sharded jobs save with ``torch.distributed.checkpoint`` (every rank
@@ -25,26 +26,25 @@ import time
 from pathlib import Path
 
 from ..checks import amount, choice, count, flag, instance, path as check_path
-from .checkpoint import (KEEP, CheckpointError, atomic_save, capture_rng_state, check_rng_state,
-                         checkpoint_files, load_checkpoint, load_latest, newest_checkpoint,
-                         remove_stray_temporaries, restore_rng_state, save_checkpoint)
-
-LOSS_LOG = "losses.txt"
+from .checkpoint import (KEEP, SET_ASIDE, CheckpointError, atomic_save, capture_rng_state,  # noqa: F401
+                         check_checkpoint_paths, check_rng_state, checkpoint_files, load_checkpoint, load_latest,
+                         newest_checkpoint, remove_stray_temporaries, restore_rng_state, save_checkpoint)
+from .loss_log import LOSS_LOG, _append_loss, read_losses, repair_loss_log  # noqa: F401 (read_losses re-exported)
+from .run_folder import (LOCK_FILE, RUN_FILE, CheckpointPathError, CheckpointWriteError, FolderInUseError,
+                         RunIdentity, RunMismatchError, acquire_folder, read_run, release_folder, run_folder,
+                         write_run)
+from .toy_job import BATCH_SIZE, JOB_CONFIG, MAX_STEPS, N_EXAMPLES, _batch, _build, check_state  # noqa: F401
 
 #: What a resume restores: everything, only the model weights, or everything but the RNGs.
 RESTORE_MODES = ("all", "weights", "no-rng")
 
-#: The toy job's stated limits: its steps take about a millisecond each, so
-#: 10 000 steps is some seconds; padding and slowed saves are for demonstrations.
-MAX_STEPS = 10_000
+#: The toy job's stated limits (MAX_STEPS: :mod:`.toy_job`); padding and slowed saves are for demonstrations.
 MAX_STEP_SECONDS = 10.0
 MAX_SLOW_SAVE_SECONDS = 60.0
-N_EXAMPLES = 512
-BATCH_SIZE = 32
 
 
 def _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
-                   step_seconds, keep, slow_save_from=0) -> dict:
+                   step_seconds, keep, slow_save_from=0, replace=False) -> dict:
     """Check :func:`train`'s arguments (also before a child process is started); return them cleaned."""
     return dict(
         run_dir=check_path("run_dir", run_dir),
@@ -58,74 +58,14 @@ def _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save
         stop_after=None if stop_after is None else count("stop_after", stop_after, maximum=MAX_STEPS),
         step_seconds=amount("step_seconds", step_seconds, maximum=MAX_STEP_SECONDS),
         keep=count("keep", keep, maximum=1000),
+        replace=flag("replace", replace),
     )
-
-
-def check_state(state: dict, steps: int) -> dict:
-    """Refuse a loaded training state with impossible values (:class:`CheckpointError`).
-
-    A checkpoint can pass its checksum and still be wrong: written by a buggy
-    job, or edited by hand. Before anything is restored: every part present;
-    ``1 <= step <= steps``; a data cursor with ``epoch >= 0`` and
-    ``0 <= position <= N_EXAMPLES``; a complete RNG state.
-    """
-    instance("state", state, dict, "a dict (a loaded checkpoint)")
-    steps = count("steps", steps, maximum=MAX_STEPS)
-    missing = [k for k in ("model", "optimizer", "scheduler", "rng", "step", "data") if k not in state]
-    if missing:
-        raise CheckpointError(f"the state has no {', '.join(map(repr, missing))}: it cannot resume exactly")
-    step = state["step"]
-    if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= steps:
-        raise CheckpointError(f"step {step!r} is impossible for this run: it must be a whole number from 1 to "
-                              f"{steps} (the run's steps)")
-    data = state["data"]
-    if not isinstance(data, dict) or set(data) != {"epoch", "position"}:
-        raise CheckpointError(f"the data cursor {data!r} must be a dict with 'epoch' and 'position'")
-    for key, top in (("epoch", step * BATCH_SIZE // N_EXAMPLES + 1), ("position", N_EXAMPLES)):
-        v = data[key]
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
-            raise CheckpointError(f"the data cursor's {key} {v!r} is impossible: it must be from 0 to {top}")
-    check_rng_state(state["rng"])
-    return state
-
-
-def _build(seed: int, steps: int):
-    import torch
-    from torch import nn
-
-    torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    features = torch.randn(N_EXAMPLES, 16, generator=g)
-    true_w = torch.randn(16, 1, generator=g)
-    targets = torch.tanh(features @ true_w) + 0.1 * torch.randn(512, 1, generator=g)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.2),
-                          nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, steps // 3), gamma=0.5)
-    return model, optimizer, scheduler, features, targets
-
-
-def _batch(features, targets, data: dict, seed: int, batch_size: int = BATCH_SIZE):
-    """The next batch from a data cursor ``{"epoch", "position"}`` (advanced in place).
-
-    The order inside an epoch is a permutation seeded by the epoch number, so
-    the cursor alone says where the data stream is.
-    """
-    import torch
-
-    n = features.shape[0]
-    if data["position"] + batch_size > n:
-        data["epoch"] += 1
-        data["position"] = 0
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + data["epoch"]))
-    idx = order[data["position"]:data["position"] + batch_size]
-    data["position"] += batch_size
-    return features[idx], targets[idx]
 
 
 def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: bool = False,
           restore: str = "all", slow_save_seconds: float = 0.0, stop_after: int | None = None,
-          step_seconds: float = 0.0, out=None, keep: int = KEEP, slow_save_from: int = 0) -> list[float]:
+          step_seconds: float = 0.0, out=None, keep: int = KEEP, slow_save_from: int = 0,
+          replace: bool = False) -> list[float]:
     """A small, fully seeded training job that saves resumable checkpoints.
 
     Every step draws from three RNGs (dropout: torch; input noise: numpy;
@@ -137,14 +77,29 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
     kept). Each step's loss is appended to ``run_dir/losses.txt`` as
     ``step float.hex`` (exact), and progress lines (``step N``, ``saving N``,
     ``writing N k/20`` during a slowed save, ``saved N``, ``skipped FILE:
-    REASON``, ``resumed N``, ``done``) go to ``out`` (stdout by default) for a
-    parent process to watch.
+    REASON``, ``set aside FILE: REASON``, ``resumed N``, ``done``) go to
+    ``out`` (stdout by default) for a parent process to watch.
 
-    ``resume=True`` continues from the newest checkpoint in ``run_dir`` that
-    verifies (checksums, then :func:`check_state`); a damaged or impossible
-    newer file is skipped with a ``skipped`` line, and the steps after the
-    one resumed from are simply run again. ``restore`` says what is put back
-    (:data:`RESTORE_MODES`): ``"all"``; ``"weights"`` (model weights only: the
+    The folder belongs to one run and has one writer. A new run
+    (``resume=False``) draws a run id, records it with the seed and
+    :data:`JOB_CONFIG` in ``run_dir/run.json``, and refuses a folder that
+    already holds another run's checkpoints or loss log
+    (:class:`RunMismatchError`) unless ``replace=True``, which deletes them
+    first. The job holds ``run_dir/writer.lock`` while it runs: a second job
+    in the same folder is refused (:class:`FolderInUseError`, naming the
+    holder); the lock of a job that was killed is taken over.
+
+    ``resume=True`` continues the folder's run: a different ``seed`` (or
+    configuration) is refused, saying whose run the folder holds. It resumes
+    from the newest checkpoint of that run that verifies (checksums, its step
+    against its name, its run, then :func:`check_state`); a damaged,
+    misnamed, foreign or impossible newer file is skipped with a ``skipped``
+    line (and set aside at the next save), and the steps after the one
+    resumed from are simply run again. A loss log whose last line was cut
+    (a kill, a full disk) is cut back to its last complete line first
+    (``repaired losses.txt: ...``). In an empty folder it starts a new run.
+
+    ``restore`` says what is put back (:data:`RESTORE_MODES`): ``"all"``; ``"weights"`` (model weights only: the
     optimizer, schedule and RNGs start fresh; the step and data cursor are
     kept so the comparison is fair); ``"no-rng"`` (everything but the RNG
     states). ``stop_after`` ends the run early after that step (a clean
@@ -161,7 +116,7 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
     it gives the same numbers in a fresh process or called in-process.
     """
     a = _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
-                       step_seconds, keep, slow_save_from)
+                       step_seconds, keep, slow_save_from, replace)
     if out is not None and not callable(getattr(out, "write", None)):
         raise TypeError(f"out must be a text stream (with a write method) or None, got {out!r}")
     import numpy as np
@@ -169,19 +124,27 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
 
     run_dir, steps, save_every, seed = a["run_dir"], a["steps"], a["save_every"], a["seed"]
     out = out or sys.stdout
-    run_dir.mkdir(parents=True, exist_ok=True)
+
+    def say(line):
+        print(line, file=out, flush=True)
+
+    run_folder(run_dir, create=True)
+    acquire_folder(run_dir, report=say)  # one writer: FolderInUseError names the live holder
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread: the same arithmetic order in every process
     try:
+        check_checkpoint_paths(run_dir)  # a folder named like a checkpoint: refused now, not at its step
+        run = _resumed_run(run_dir, seed) if a["resume"] else None
+        if run is None:
+            run = _new_run(run_dir, seed, a["replace"], say)
+        torch.set_num_threads(1)  # one thread: the same arithmetic order in every process
         random.seed(seed)
         np.random.seed(seed)
         model, optimizer, scheduler, features, targets = _build(seed, steps)
         start, data = 0, {"epoch": 0, "position": 0}
         for name in remove_stray_temporaries(run_dir):
-            print(f"removed {name}", file=out, flush=True)
+            say(f"removed {name}")
         if a["resume"]:
-            found = load_latest(run_dir, validate=lambda st: check_state(st, steps),
-                                report=lambda line: print(line, file=out, flush=True))
+            found = load_latest(run_dir, validate=lambda st: check_state(st, steps), report=say, run=run)
             if found is not None:
                 state, path, _ = found
                 model.load_state_dict(state["model"])
@@ -191,7 +154,10 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
                 if a["restore"] == "all":
                     restore_rng_state(state["rng"])
                 start, data = int(state["step"]), dict(state["data"])
-                print(f"resumed {start} from {path.name}", file=out, flush=True)
+                say(f"resumed {start} from {path.name}")
+        cut = repair_loss_log(run_dir)
+        if cut is not None:
+            say(f"repaired {LOSS_LOG}: removed its cut last line {cut[:40]!r}")
         losses = []
         model.train()
         with open(run_dir / LOSS_LOG, "a") as log:
@@ -207,8 +173,7 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
                 scheduler.step()
                 value = loss.item()
                 losses.append(value)
-                log.write(f"{step} {value.hex()}\n")
-                log.flush()
+                _append_loss(log, step, value)
                 print(f"step {step}", file=out, flush=True)
                 if a["step_seconds"] > 0:
                     time.sleep(a["step_seconds"])
@@ -229,42 +194,73 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
                         "step": step,
                         "data": dict(data),
                     }, run_dir, step, keep=a["keep"], slow_write_seconds=slow,
-                        on_progress=written)
+                        on_progress=written, run=run, report=say)
                     print(f"saved {step}", file=out, flush=True)
     finally:
         torch.set_num_threads(threads)
+        release_folder(run_dir)
     print("done", file=out, flush=True)
     return losses
 
 
-def read_losses(run_dir) -> dict[int, float]:
-    """The loss of every step in ``run_dir/losses.txt``: ``{step: loss}``.
+def _job_run(seed: int) -> RunIdentity:
+    return RunIdentity.new(seed, JOB_CONFIG)
 
-    A step that ran twice (before a crash and again after the resume) keeps
-    its last value, the one the finished job stands on.
-    """
-    losses: dict[int, float] = {}
-    path = check_path("run_dir", run_dir) / LOSS_LOG
-    if not path.exists():
-        return losses
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            try:
-                losses[int(parts[0])] = float.fromhex(parts[1])
-            except ValueError:
-                pass  # a line cut short by a kill
-    return dict(sorted(losses.items()))
+
+def _resumed_run(run_dir: Path, seed: int) -> RunIdentity | None:
+    """The folder's run, if ``seed`` and :data:`JOB_CONFIG` match it; None when there is nothing to resume."""
+    recorded = read_run(run_dir)
+    if recorded is None:
+        if checkpoint_files(run_dir):
+            raise RunMismatchError(f"run_dir {str(run_dir)!r} holds checkpoints but no {RUN_FILE}, so whose run they "
+                                   f"are cannot be told, and they are not resumed. Use another folder, or pass "
+                                   f"resume=False, replace=True to delete them and start a new run")
+        return None
+    mine = _job_run(seed)
+    wrong = ([f"seed={seed}, but the run's seed is {recorded.seed}"] if recorded.seed != seed else []) + [
+        f"{k}={mine.config.get(k)!r}, but the run's is {recorded.config.get(k)!r}"
+        for k in sorted(set(mine.config) | set(recorded.config)) if mine.config.get(k) != recorded.config.get(k)]
+    if wrong:
+        raise RunMismatchError(f"run_dir {str(run_dir)!r} holds {recorded.describe()}, and resume=True continues "
+                               f"that run: this call has {'; '.join(wrong)}. Resume it with seed={recorded.seed}, "
+                               f"or start a new run in another folder")
+    return recorded
+
+
+def _new_run(run_dir: Path, seed: int, replace: bool, say) -> RunIdentity:
+    """Record a new run in ``run_dir``; refuse (or with ``replace``, delete) another run's files there."""
+    recorded, files = read_run(run_dir), checkpoint_files(run_dir)
+    aside = sorted(run_dir.glob("*" + SET_ASIDE))
+    log = run_dir / LOSS_LOG
+    has_log = log.is_file() and log.stat().st_size > 0
+    if recorded is not None or files or aside or has_log:
+        held = ", ".join(filter(None, [
+            recorded.describe() if recorded is not None else "",
+            f"checkpoints of steps {files[0][0]} to {files[-1][0]}" if files else "",
+            f"{len(aside)} set-aside files" if aside else "", "a loss log" if has_log else ""]))
+        if not replace:
+            raise RunMismatchError(
+                f"run_dir {str(run_dir)!r} already holds another run's files ({held}); a new run will not write over "
+                f"them (its loss log would mix with theirs, and a later resume would continue theirs). Resume it "
+                f"(resume=True{f', seed={recorded.seed}' if recorded is not None else ''}), use another folder, or "
+                f"pass replace=True to delete them first")
+        for p in [p for _, p in files] + aside + [run_dir / RUN_FILE, log]:
+            p.unlink(missing_ok=True)
+        say(f"replaced {held}")
+    run = _job_run(seed)
+    write_run(run_dir, run)
+    return run
 
 
 def copy_run(src, dst) -> Path:
-    """Copy a run folder (checkpoints and loss log, not stray ``*.tmp`` files), e.g. to resume it two ways."""
+    """Copy a run folder (checkpoints, ``run.json`` and loss log; not stray ``*.tmp`` files or the writer
+    lock), e.g. to resume it two ways: the copy continues the same run, so its checkpoints load there."""
     src, dst = check_path("src", src), check_path("dst", dst)
     if not src.is_dir():
         raise ValueError(f"src {str(src)!r} is not a folder")
     if dst.exists():
         raise ValueError(f"dst {str(dst)!r} already exists")
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.tmp"))
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.tmp", LOCK_FILE))
     return Path(dst)
 
 
@@ -284,9 +280,9 @@ class TrainingProcess:
     def __init__(self, run_dir, steps: int = 60, save_every: int = 5, seed: int = 0,
                  resume: bool = False, restore: str = "all", slow_save_seconds: float = 0.0,
                  step_seconds: float = 0.0, stop_after: int | None = None, keep: int = KEEP,
-                 slow_save_from: int = 0):
+                 slow_save_from: int = 0, replace: bool = False):
         a = _check_job_args(run_dir, steps, save_every, seed, resume, restore, slow_save_seconds, stop_after,
-                           step_seconds, keep, slow_save_from)
+                           step_seconds, keep, slow_save_from, replace)
         cmd = [sys.executable, "-m", "lessonlib.measure.recovery", str(a["run_dir"]), "--steps", str(a["steps"]),
                "--save-every", str(a["save_every"]), "--seed", str(a["seed"]), "--restore", a["restore"],
                "--slow-save", repr(a["slow_save_seconds"]), "--slow-save-from", str(a["slow_save_from"]),
@@ -296,6 +292,8 @@ class TrainingProcess:
             cmd += ["--stop-after", str(a["stop_after"])]
         if a["resume"]:
             cmd.append("--resume")
+        if a["replace"]:
+            cmd.append("--replace")
         self.lines: list[str] = []
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -405,13 +403,15 @@ def main(argv=None) -> None:
     parser.add_argument("--stop-after", type=int, default=None, help="end cleanly after this step")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="pad each step to this long")
     parser.add_argument("--keep", type=int, default=KEEP, help="complete checkpoints to keep")
+    parser.add_argument("--replace", action="store_true", help="a new run may delete another run's files")
     a = parser.parse_args(argv)
     try:
         train(a.run_dir, steps=a.steps, save_every=a.save_every, seed=a.seed, resume=a.resume,
               restore=a.restore, slow_save_seconds=a.slow_save, stop_after=a.stop_after,
-              step_seconds=a.step_seconds, keep=a.keep, slow_save_from=a.slow_save_from)
-    except CheckpointError as err:  # every checkpoint damaged: say so plainly, no traceback
-        sys.exit(f"cannot resume: {err}")
+              step_seconds=a.step_seconds, keep=a.keep, slow_save_from=a.slow_save_from, replace=a.replace)
+    except (CheckpointError, CheckpointPathError, CheckpointWriteError, FolderInUseError) as err:
+        # every checkpoint damaged, another run's folder, another writer, a full disk: say so plainly
+        sys.exit(f"cannot {'resume' if a.resume else 'train'}: {err}")
 
 
 if __name__ == "__main__":
