@@ -12,6 +12,7 @@ Screenshots go to _build/screenshots/.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -136,7 +137,7 @@ def _run_all_and_wait(page, saved: Path, timeout_s=600) -> list[dict]:
 def _answer_single_choice(page):
     box = page.locator(".wtc-quiz[data-kind=single]").first
     box.scroll_into_view_if_needed()
-    data = json.loads(box.locator("script[type='application/json']").text_content())
+    data = json.loads(base64.b64decode(box.locator("script.wtc-data").text_content()))
     verdicts = [v[0] for v in data["verdicts"]]
     results = []
     for i in (verdicts.index(False), verdicts.index(True)):  # wrong first, then right
