@@ -218,17 +218,17 @@ def pytest_runtest_makereport(item, call):
         run["ok"] = False
     nb = item.parent.nb
     n_code = sum(c.cell_type == "code" for c in nb.cells)
-    if report.when == "call" and item.cell_num == n_code - 1 and path in item.config._nb_files:
-        # Running a notebook leaves no files behind: its last cell fails if it did.
-        left = _files_left_behind(item.config, path)
-        if left and report.passed:
-            report.outcome = "failed"
-            report.longrepr = (f"{path.name} left files behind (a page removes what it writes, explicitly: "
-                               "a kernel is not always shut down cleanly):\n" + "\n".join(left))
-            run["ok"] = False
     if report.when != "teardown":
         return
-    if item.cell_num == n_code - 1:  # the notebook's last code cell is done
+    if item.cell_num == n_code - 1:  # the notebook's last code cell is done, and its kernel shut down
+        if path in item.config._nb_files:
+            # Running a notebook leaves no files behind: its last cell's teardown fails if it did.
+            left = _files_left_behind(item.config, path)
+            if left and report.passed:
+                report.outcome = "failed"
+                report.longrepr = (f"{path.name} left files behind once its kernel had shut down (a page removes "
+                                   "what it writes, explicitly):\n" + "\n".join(left))
+                run["ok"] = False
         _keep_executed(item.config, path, nb, run)
 
 

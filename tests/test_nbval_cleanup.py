@@ -2,7 +2,7 @@
 
 Each notebook's kernel gets a temp folder of its own (``TMPDIR``) and the
 notebook's folder is listed before its first cell; after its last cell both
-must be as they were, or that cell fails. Here a toy notebook that leaks a
+must be as they were once its kernel has shut down, or that cell's teardown fails. Here a toy notebook that leaks a
 temp folder and a file is run under nbval and must fail, naming both; one that
 cleans up passes.
 """
@@ -37,7 +37,8 @@ def _run(cells: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_a_notebook_that_leaves_files_behind_fails_naming_them():
-    proc = _run(["import pathlib, tempfile", "kept = tempfile.mkdtemp(prefix='exercise-leak-')",
+    # A TemporaryDirectory held in a variable, "removed when the kernel exits": it is not.
+    proc = _run(["import pathlib, tempfile", "kept = tempfile.TemporaryDirectory(prefix='exercise-leak-')",
                  "pathlib.Path('results.csv').write_text('x')"])
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "toy.ipynb left files behind" in proc.stdout
