@@ -309,7 +309,11 @@ _CONTRAST = """() => {
   return rows;
 }"""
 
+#: The smallest text a figure may show on a phone, in CSS px (lessonlib.book.plots.PHONE_MIN_FONT_PT gives 8.4).
+READABLE_PX = 8
+
 _CLIPPED = """() => {
+  const narrow = window.innerWidth <= 700;  // lessonlib.book.plots.PHONE_MAX_WIDTH
   const article = document.querySelector('article.bd-article') || document.querySelector('main');
   const right = article.getBoundingClientRect().right;
   const scrolls = e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
@@ -324,17 +328,28 @@ _CLIPPED = """() => {
     if (r.width > 0 && r.right > right + 1) out.push('sticks out by ' + Math.round(r.right - right) + ' px: ' + el.outerHTML.slice(0, 120));
     else if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0 && !scrolls(el) && st.overflowX !== 'visible')
       out.push('cut off inside: ' + el.outerHTML.slice(0, 120));
+    // On a phone a scroll box hides what is past its edge (a table's last column, a printed line's end):
+    // every table, printed output and code block must fit the screen instead.
+    else if (narrow && scrolls(el) && el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0)
+      out.push('cut off inside a scroll box by ' + (el.scrollWidth - el.clientWidth) + ' px: ' + el.outerHTML.slice(0, 120));
   }
   const figures = [];
   for (const img of article.querySelectorAll('.cell_output img')) {
     const r = img.getBoundingClientRect();
     if (r.right > right + 1) out.push('figure wider than the page: ' + img.alt.slice(0, 60));
+    // The smallest text of the version shown (lessonlib.book.plots.Figure), in CSS px as drawn.
+    const phone = img.currentSrc !== img.src, font = img.dataset[phone ? 'phoneFontPx' : 'fontPx'];
+    if (narrow && r.width > 0 && img.naturalWidth) {
+      if (!font) out.push('figure without its text size (not shown with lessonlib.book.plots.show): ' + img.alt.slice(0, 60));
+      else if (Number(font) * r.width / img.naturalWidth < READABLE)
+        out.push('figure text ' + (Number(font) * r.width / img.naturalWidth).toFixed(1) + ' CSS px on a phone: ' + img.alt.slice(0, 60));
+    }
     if (img.parentElement.tagName.toLowerCase() === 'picture' && img.naturalWidth)
       figures.push({alt: img.alt.slice(0, 50), phone: img.currentSrc !== img.src,
                     scale: r.width / img.naturalWidth});
   }
   return {clipped: out, figures};
-}"""
+}""".replace("READABLE", str(READABLE_PX))
 
 
 def _to_dark(page):
