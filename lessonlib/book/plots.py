@@ -113,6 +113,8 @@ def stack_panels(fig) -> bool:
 
 
 def _texts(fig) -> list:
+    if not callable(getattr(fig, "findobj", None)) or not callable(getattr(fig, "savefig", None)):
+        raise TypeError(f"fig must be a matplotlib figure, got {fig!r:.80}")
     return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
 
 
