@@ -43,7 +43,7 @@ LAYOUT = "layout"  # looked[LAYOUT]: what the contrast and clipping tests read, 
 _PAGE_AUDIT = """() => ({
   brokenImages: Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src),
   figuresWithoutAlt: Array.from(document.querySelectorAll('.cell_output img'))
-      .filter(i => !i.alt || i.alt.startsWith('_images/')).map(i => i.src),
+      .filter(i => !i.alt || /(^|\/)_images\//.test(i.alt)).map(i => i.src),  // Sphinx's alt: the file's path
   emptyOutputs: Array.from(document.querySelectorAll('.cell_output'))
       .filter(e => e.innerText.trim() === '' && !e.querySelector('img,svg,canvas,iframe,input,select,details'))
       .map(e => e.outerHTML.slice(0, 200)),
