@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -146,25 +147,65 @@ def pytest_configure(config):
     config._phase_seconds, config._phase_counts = {}, {}
     config._executed_notebooks = {}  # repository-relative path -> executed .ipynb path
     config._nb_runs = {}             # notebook path -> {"outputs": {cell_num: outputs}, "ok": bool}
+    config._nb_files = {}            # notebook path -> (its kernel's TMPDIR, its folder, the folder's listing)
     config._executed_dir = Path(tempfile.mkdtemp(prefix="lessonlib-executed-"))
     config._lanes_dir = config._executed_dir  # the controller's: where workers write the phases
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    """Start nbval's kernel (in the first cell's setup) with the book build's environment."""
+    """Start nbval's kernel (in the first cell's setup) with the book build's environment.
+
+    The kernel also gets a temp folder of its own (``TMPDIR``, which Python's
+    ``tempfile`` and the processes a page starts inherit), and the notebook's
+    folder is listed: after the last cell, both must be as they were
+    (:func:`_files_left_behind`). Other programs on the machine use the
+    system's temp folder at the same time; the kernel's own folder sees only
+    what the notebook wrote.
+    """
     if not _is_nbval(item):
         yield
         return
-    old = os.environ.get("LESSONLIB_STATIC_BUILD")
+    saved = {k: os.environ.get(k) for k in ("LESSONLIB_STATIC_BUILD", "TMPDIR")}
     os.environ["LESSONLIB_STATIC_BUILD"] = "1"
+    if item.cell_num == 0:
+        folder = Path(str(item.parent.fspath)).parent
+        tmp = Path(tempfile.mkdtemp(prefix="nbtmp-", dir=item.config._executed_dir))  # removed with it
+        item.config._nb_files[Path(str(item.parent.fspath))] = (tmp, folder, _listing(folder))
+        os.environ["TMPDIR"] = str(tmp)
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("LESSONLIB_STATIC_BUILD", None)
-        else:
-            os.environ["LESSONLIB_STATIC_BUILD"] = old
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+#: Left in a notebook's folder by Python or Jupyter themselves, not by the page.
+_NOT_THE_PAGES = {"__pycache__", ".ipynb_checkpoints"}
+
+
+def _listing(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*")
+            if not _NOT_THE_PAGES & set(p.relative_to(folder).parts)}
+
+
+def _files_left_behind(config, path: Path) -> list[str]:
+    """What the notebook at ``path`` left in its temp folder and its own folder (``[]``: nothing)."""
+    tmp, folder, before = config._nb_files.pop(path)
+    left = [f"in the temp folder: {p.relative_to(tmp)}" for p in sorted(tmp.iterdir()) if not _NOT_LEFT.match(p.name)]
+    left += [f"in {folder.name}/: {name}" for name in sorted(_listing(folder) - before)]
+    return left
+
+
+#: Not counted as left behind:
+#: - ``torchinductor_<user>``: torch's compile cache, one folder a user, reused by every run (it does not pile up);
+#: - ``pymp-*``: the folder multiprocessing makes for its fork server's socket (the distributed pages'
+#:   ``launch``), removed by multiprocessing's exit handler, which a killed kernel (nbval kills it) skips.
+#:   It belongs to the process, not to the page; see issue 26, "the kernel dies, the helpers stay".
+_NOT_LEFT = re.compile(r"torchinductor_[\w.-]+$|pymp-\w+$")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -179,11 +220,19 @@ def pytest_runtest_makereport(item, call):
         run["outputs"][item.cell_num] = copy.deepcopy(item.test_outputs or [])
     if not report.passed or (report.when == "setup" and report.skipped):
         run["ok"] = False
-    if report.when != "teardown":
-        return
     nb = item.parent.nb
     n_code = sum(c.cell_type == "code" for c in nb.cells)
-    if item.cell_num == n_code - 1:  # the notebook's last code cell is done
+    if report.when != "teardown":
+        return
+    if item.cell_num == n_code - 1:  # the notebook's last code cell is done, and its kernel shut down
+        if path in item.config._nb_files:
+            # Running a notebook leaves no files behind: its last cell's teardown fails if it did.
+            left = _files_left_behind(item.config, path)
+            if left and report.passed:
+                report.outcome = "failed"
+                report.longrepr = (f"{path.name} left files behind once its kernel had shut down (a page removes "
+                                   "what it writes, explicitly):\n" + "\n".join(left))
+                run["ok"] = False
         _keep_executed(item.config, path, nb, run)
 
 

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -126,8 +127,10 @@ def answer_texts(nb) -> list[str]:
                 continue
             soup = BeautifulSoup(html, "html.parser")
             found += [e.get_text(" ") for e in soup.select(".wtc-explanation")]
-            for data in soup.select("script[type='application/json']"):
-                for verdict in json.loads(data.string or "{}").get("verdicts", []):
+            for data in soup.select("script.wtc-data"):  # base64 JSON (lessonlib.book.quiz._encode)
+                d = json.loads(base64.b64decode(data.string or "e30="))
+                found += [BeautifulSoup(d.get(k) or "", "html.parser").get_text(" ") for k in ("answer", "explanation")]
+                for verdict in d.get("verdicts", []):
                     found.append(re.sub(r"^(Correct\.|Not quite\.)\s*", "", verdict[1]))
     return sorted({re.sub(r"\s+", " ", t).strip() for t in found if len(t.strip()) >= 25})
 

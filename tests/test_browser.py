@@ -16,6 +16,7 @@ saying how to install it (scripts/test.sh installs it when run as root).
 """
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
@@ -42,7 +43,7 @@ LAYOUT = "layout"  # looked[LAYOUT]: what the contrast and clipping tests read, 
 _PAGE_AUDIT = """() => ({
   brokenImages: Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src),
   figuresWithoutAlt: Array.from(document.querySelectorAll('.cell_output img'))
-      .filter(i => !i.alt || i.alt.startsWith('_images/')).map(i => i.src),
+      .filter(i => !i.alt || /(^|\/)_images\//.test(i.alt)).map(i => i.src),  // Sphinx's alt: the file's path
   emptyOutputs: Array.from(document.querySelectorAll('.cell_output'))
       .filter(e => e.innerText.trim() === '' && !e.querySelector('img,svg,canvas,iframe,input,select,details'))
       .map(e => e.outerHTML.slice(0, 200)),
@@ -74,6 +75,11 @@ def _first_page_with(site, looked, kind):
     return Visit(context, base + path).ready()
 
 
+def _data(box) -> dict:
+    """A quiz's data, decoded as its script does (base64 of JSON: the page holds no answer as text)."""
+    return json.loads(base64.b64decode(box.locator("script.wtc-data").text_content()))
+
+
 def _verdict(box):
     fb = box.locator(".wtc-feedback")
     return fb.get_attribute("data-correct") == "true", fb.inner_text()
@@ -83,7 +89,7 @@ def test_choice_quiz_in_the_book_answers_wrong_then_right_like_python(site, look
     page = _first_page_with(site, looked, "single")
     box = page.locator(".wtc-quiz[data-kind=single]").first
     # The verdicts Python computed for every choice when the page was built.
-    data = json.loads(box.locator("script[type='application/json']").text_content())
+    data = _data(box)
     radios = box.locator("input[type=radio]")
     seen = set()
     order = sorted(range(radios.count()), key=lambda i: data["verdicts"][i][0])  # wrong first, then right
@@ -100,12 +106,12 @@ def test_choice_quiz_in_the_book_answers_wrong_then_right_like_python(site, look
 def test_numeric_quiz_in_the_book_answers_wrong_then_right_like_python(site, looked):
     page = _first_page_with(site, looked, "numeric")
     box = page.locator(".wtc-quiz[data-kind=numeric]").first
-    data = json.loads(box.locator("script[type='application/json']").text_content())
+    data = _data(box)
     # Rebuild the Python quiz from what the page embeds and compare verdicts.
-    quiz = Numeric("q", answer=data["answer"], tolerance=data["tolerance"])
+    quiz = Numeric("q", answer=data["answer_value"], tolerance=data["tolerance"])
     quiz.messages = lambda: data["messages"]  # the texts, with the quiz's units, as built
-    wrong = f"{data['answer'] + 10 * data['tolerance'] + 1:g}"
-    right = f"{data['answer']:g}"
+    wrong = f"{data['answer_value'] + 10 * data['tolerance'] + 1:g}"
+    right = f"{data['answer_value']:g}"
     for typed, expect in ((wrong, False), (right, True)):
         box.locator("input[type=text]").fill(typed)
         box.locator("button.wtc-check").click()
@@ -134,13 +140,21 @@ def test_code_is_at_most_a_third_of_the_prose_on_every_lesson_page(looked, built
     assert len(rows) == 18 and not over, f"visible code above 1/3 of the prose: {over}\n{table}"
 
 
-_QUIZ_SECRETS = r"""() => Array.from(document.querySelectorAll('.wtc-quiz')).map(box => {
-  const d = JSON.parse(box.querySelector("script[type='application/json']").textContent);
+#: A quiz's encoded data (lessonlib.book.quiz._encode), decoded as its script does.
+_DECODE = r"""const decode = box => { const b = atob(box.querySelector('script.wtc-data').textContent.trim());
+  return JSON.parse(new TextDecoder().decode(Uint8Array.from(b, c => c.charCodeAt(0)))); };"""
+
+_QUIZ_SECRETS = r"""() => { """ + _DECODE + r"""
+ return Array.from(document.querySelectorAll('.wtc-quiz')).map(box => {
+  const d = decode(box);
   const ex = box.querySelector('.wtc-explanation');
   const right = (d.verdicts || []).filter(v => v[0]).map(v => v[1].replace(/^Correct\.\s*/, ''));
-  return {kind: d.kind, explanationVisible: !!ex && ex.checkVisibility(),
-          explanation: ex ? ex.innerText.trim() : '', rightFeedback: right.filter(t => t.length > 12)};
-})"""
+  const plain = s => { const e = document.createElement('div'); e.innerHTML = s; return e.textContent.trim(); };
+  return {kind: d.kind, explanationVisible: !!ex && ex.checkVisibility(), html: box.innerHTML,
+          secrets: [plain(d.answer), plain(d.explanation || '')].filter(t => t.length > 12),
+          rightFeedback: right.filter(t => t.length > 12)};
+ });
+}"""
 
 
 @pytest.mark.parametrize("path", [p for p in PAGES if p.startswith("chapters/")])
@@ -148,10 +162,11 @@ def test_no_quiz_answer_is_visible_before_answering(looked, path):
     seen = looked[path]
     quizzes, visible, tree, answers = seen["quizzes"], seen["visible"], seen["tree"], seen["predictions"]
     for q in quizzes:
-        assert not q["explanationVisible"], f"{path}: an explanation shows before any answer: {q['explanation'][:80]}"
-        for text in q["rightFeedback"]:
-            assert text not in visible, f"{path}: the right choice's feedback is on the page: {text[:80]}"
-    for a in answers:  # prediction prompts: in a closed <details>, neither shown nor in the accessibility tree
+        assert not q["explanationVisible"], f"{path}: an explanation shows before any answer"
+        for text in q["rightFeedback"] + q["secrets"]:
+            assert text not in visible, f"{path}: a quiz's answer or right feedback is on the page: {text[:80]}"
+            assert text[:40] not in q["html"], f"{path}: a quiz's HTML holds its answer: {text[:80]}"
+    for a in answers:  # prediction prompts: revealed by their script on a click, not in the page before
         assert a and a not in visible and a[:40] not in tree, f"{path}: a prediction's answer shows: {a}"
 
 
@@ -233,8 +248,9 @@ def _first_look(page, path):
         seen["visible"] = page.locator("body").inner_text()
         seen["tree"] = page.locator("body").aria_snapshot()
         seen["predictions"] = page.evaluate(
-            "() => Array.from(document.querySelectorAll('.wtc-prediction .wtc-explanation'))"
-            ".map(e => e.textContent.trim().slice(0, 60))")
+            "() => { " + _DECODE + " return Array.from(document.querySelectorAll('.wtc-prediction')).map(box => {"
+            " const e = document.createElement('div'); e.innerHTML = decode(box).answer;"
+            " return e.textContent.trim().slice(0, 60); }); }")
     if path in LESSONS:
         seen["code_prose"] = page.evaluate(CODE_PROSE_JS)
         first = page.locator(".cell_output pre").first
@@ -247,7 +263,7 @@ def _first_look(page, path):
 # ---------------------------------------------------------------------------
 
 _PREPARE = """() => {
-  document.querySelectorAll('.wtc-box details').forEach(d => d.open = true);
+  document.querySelectorAll('.wtc-prediction button.wtc-reveal').forEach(b => b.click());
   document.querySelectorAll('.wtc-quiz').forEach((q, i) => {
     const inputs = q.querySelectorAll('input[type=radio],input[type=checkbox]');
     if (inputs.length) inputs[i % inputs.length].checked = true;
@@ -293,7 +309,11 @@ _CONTRAST = """() => {
   return rows;
 }"""
 
+#: The smallest text a figure may show on a phone, in CSS px (lessonlib.book.plots.PHONE_MIN_FONT_PT gives 8.4).
+READABLE_PX = 8
+
 _CLIPPED = """() => {
+  const narrow = window.innerWidth <= 700;  // lessonlib.book.plots.PHONE_MAX_WIDTH
   const article = document.querySelector('article.bd-article') || document.querySelector('main');
   const right = article.getBoundingClientRect().right;
   const scrolls = e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
@@ -308,17 +328,28 @@ _CLIPPED = """() => {
     if (r.width > 0 && r.right > right + 1) out.push('sticks out by ' + Math.round(r.right - right) + ' px: ' + el.outerHTML.slice(0, 120));
     else if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0 && !scrolls(el) && st.overflowX !== 'visible')
       out.push('cut off inside: ' + el.outerHTML.slice(0, 120));
+    // On a phone a scroll box hides what is past its edge (a table's last column, a printed line's end):
+    // every table, printed output and code block must fit the screen instead.
+    else if (narrow && scrolls(el) && el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0)
+      out.push('cut off inside a scroll box by ' + (el.scrollWidth - el.clientWidth) + ' px: ' + el.outerHTML.slice(0, 120));
   }
   const figures = [];
   for (const img of article.querySelectorAll('.cell_output img')) {
     const r = img.getBoundingClientRect();
     if (r.right > right + 1) out.push('figure wider than the page: ' + img.alt.slice(0, 60));
+    // The smallest text of the version shown (lessonlib.book.plots.Figure), in CSS px as drawn.
+    const phone = img.currentSrc !== img.src, font = img.dataset[phone ? 'phoneFontPx' : 'fontPx'];
+    if (narrow && r.width > 0 && img.naturalWidth) {
+      if (!font) out.push('figure without its text size (not shown with lessonlib.book.plots.show): ' + img.alt.slice(0, 60));
+      else if (Number(font) * r.width / img.naturalWidth < READABLE)
+        out.push('figure text ' + (Number(font) * r.width / img.naturalWidth).toFixed(1) + ' CSS px on a phone: ' + img.alt.slice(0, 60));
+    }
     if (img.parentElement.tagName.toLowerCase() === 'picture' && img.naturalWidth)
       figures.push({alt: img.alt.slice(0, 50), phone: img.currentSrc !== img.src,
                     scale: r.width / img.naturalWidth});
   }
   return {clipped: out, figures};
-}"""
+}""".replace("READABLE", str(READABLE_PX))
 
 
 def _to_dark(page):

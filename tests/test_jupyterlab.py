@@ -12,8 +12,10 @@ Screenshots go to _build/screenshots/.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -39,22 +41,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    base = tmp_path_factory.mktemp("lab")
-    source = ce.bare_repository(base / "course.git")
-    venv = ce.make_venv(base / "venv", "8", extra=("jupyterlab",))
+def _settings(venv: Path) -> None:
     # No "get notified about official Jupyter news?" toast over the page (and no request for it).
     settings = venv / "share" / "jupyter" / "lab" / "settings"
     settings.mkdir(parents=True, exist_ok=True)
     (settings / "overrides.json").write_text(json.dumps(
         {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}))
-    work = base / "work"
-    work.mkdir()
-    shutil.copy(NOTEBOOK, work / NOTEBOOK.name)
+
+
+def _env(venv: Path, base: Path, **extra) -> dict:
+    return {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(base), "JUPYTER_PLATFORM_DIRS": "1", **extra}
+
+
+def _serve_lab(venv: Path, base: Path, work: Path, env: dict):
+    """Start ``jupyter lab`` from ``venv`` on ``work``; returns (process, url, log file) once it answers."""
     port = _free_port()
-    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(base), "LESSONLIB_SOURCE": source,
-           "JUPYTER_PLATFORM_DIRS": "1"}
     log = open(base / "lab.log", "w")
     proc = subprocess.Popen(
         [str(venv / "bin" / "jupyter"), "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
@@ -63,25 +64,42 @@ def lab(tmp_path_factory):
         + (["--allow-root"] if os.geteuid() == 0 else []),
         env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2)
+            return proc, url, log
+        except OSError:
+            if proc.poll() is not None:
+                log.close()
+                pytest.fail("jupyter lab exited:\n" + (base / "lab.log").read_text()[-3000:])
+            time.sleep(0.5)
+    _stop(proc, log)
+    pytest.fail("jupyter lab did not start in 120 s")
+
+
+def _stop(proc, log) -> None:
+    proc.terminate()
     try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail("jupyter lab exited:\n" + (base / "lab.log").read_text()[-3000:])
-                time.sleep(0.5)
-        else:
-            pytest.fail("jupyter lab did not start in 120 s")
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    base = tmp_path_factory.mktemp("lab")
+    source = ce.bare_repository(base / "course.git")
+    venv = ce.make_venv(base / "venv", "8", extra=("jupyterlab",))
+    _settings(venv)
+    work = base / "work"
+    work.mkdir()
+    shutil.copy(NOTEBOOK, work / NOTEBOOK.name)
+    proc, url, log = _serve_lab(venv, base, work, _env(venv, base, LESSONLIB_SOURCE=source))
+    try:
         yield url, work
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        _stop(proc, log)
 
 
 _ALL_RAN = """() => {
@@ -136,7 +154,7 @@ def _run_all_and_wait(page, saved: Path, timeout_s=600) -> list[dict]:
 def _answer_single_choice(page):
     box = page.locator(".wtc-quiz[data-kind=single]").first
     box.scroll_into_view_if_needed()
-    data = json.loads(box.locator("script[type='application/json']").text_content())
+    data = json.loads(base64.b64decode(box.locator("script.wtc-data").text_content()))
     verdicts = [v[0] for v in data["verdicts"]]
     results = []
     for i in (verdicts.index(False), verdicts.index(True)):  # wrong first, then right
@@ -192,4 +210,140 @@ def test_run_answer_slide_and_reopen_in_jupyterlab(lab):
         box, results = _answer_single_choice(page)
         assert results == ["false", "true"], "the reopened notebook's quiz does not answer"
         page.screenshot(path=str(SHOTS / "jupyterlab-reopened.png"))
+    assert not errors, errors
+
+
+# ----- executed notebooks opened in JupyterLab alone: untrusted, and by keyboard ----------------
+
+#: A page whose quizzes need nothing from the page's run: they are rebuilt here from its cells.
+QUIZ_PAGE = ROOT / "chapters" / "01-forward-vs-training" / "01-prediction-vs-step.ipynb"
+
+
+def _page_quizzes() -> list:
+    """The quizzes and the prediction of ``QUIZ_PAGE``, built from its cells as the page builds them."""
+    import ast
+
+    import nbformat
+
+    from lessonlib.book import quiz
+
+    names = {k: getattr(quiz, k) for k in ("Choice", "SingleChoice", "MultipleSelect", "Numeric", "Prediction")}
+    found = []
+    for cell in nbformat.read(QUIZ_PAGE, as_version=4).cells:
+        if cell.cell_type == "code" and any(f"{k}(" in cell.source for k in names if k != "Choice"):
+            tree = ast.parse(cell.source)
+            ns = dict(names)
+            exec(compile(ast.Module(tree.body[:-1], []), "cell", "exec"), ns)
+            found.append(eval(compile(ast.Expression(tree.body[-1].value), "cell", "eval"), ns))
+    assert len(found) >= 4, found
+    return found
+
+
+def _executed(path: Path, objects) -> None:
+    """A notebook whose code cells already show ``objects`` (as a kernel's display would), unsigned."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    for i, obj in enumerate(objects):
+        cell = nbformat.v4.new_code_cell(f"# object {i}", execution_count=i + 1)
+        cell.outputs = [nbformat.v4.new_output("display_data", data=obj._repr_mimebundle_())]
+        nb.cells.append(cell)
+    nbformat.write(nb, path)
+
+
+@pytest.fixture(scope="module")
+def bare_lab(tmp_path_factory):
+    """JupyterLab alone (no torch, no lessonlib: the notebooks it opens are executed already).
+
+    Set LAB_VENV=path/to/venv to reuse a venv that has jupyterlab and ipykernel (local loops only).
+    """
+    import sys
+
+    base = tmp_path_factory.mktemp("bare-lab")
+    venv = Path(os.environ.get("LAB_VENV") or base / "venv")
+    if not (venv / "bin" / "jupyter-lab").exists():
+        ce.run([sys.executable, "-m", "venv", str(venv)])
+        ce.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "jupyterlab", "ipykernel"], timeout=1200)
+    _settings(venv)
+    work = base / "work"
+    work.mkdir()
+    env = _env(venv, base)
+    proc, url, log = _serve_lab(venv, base, work, env)
+    try:
+        yield url, work, venv, env
+    finally:
+        _stop(proc, log)
+
+
+def _open(b, url: str, name: str, width: int = 1280):
+    page = b.new_page(viewport={"width": width, "height": 900})
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{url}/lab/tree/{name}?token={TOKEN}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell .jp-OutputArea-output", timeout=120_000)
+    page.wait_for_timeout(2000)  # the outputs render after the cells
+    return page, errors
+
+
+def test_an_untrusted_notebook_shows_no_answer_in_jupyterlab(bare_lab):
+    # An executed notebook from elsewhere (a download from Colab, a classmate's run) opens untrusted:
+    # JupyterLab drops its outputs' scripts and strips their `hidden` attributes.
+    url, work, _, _ = bare_lab
+    quizzes = _page_quizzes()
+    _executed(work / "untrusted.ipynb", quizzes)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with browser() as b:
+        page, errors = _open(b, url, "untrusted.ipynb")
+        boxes = page.locator(".wtc-box")
+        assert boxes.count() == len(quizzes)
+        assert page.locator(".wtc-box script").count() == 0, "untrusted, so its outputs' scripts are dropped"
+        boxes.first.scroll_into_view_if_needed()
+        page.screenshot(path=str(SHOTS / "jupyterlab-untrusted.png"))
+        text = page.locator(".jp-Notebook").inner_text()
+        assert text.count("Run this cell") == len(quizzes)
+        for q in quizzes:
+            secrets = [q.answer] if hasattr(q, "answer") and isinstance(q.answer, str) else []
+            if hasattr(q, "answer_html"):
+                secrets.append(q.answer_html())
+            secrets += [q.explanation] if getattr(q, "explanation", "") else []
+            secrets += [c.feedback for c in getattr(q, "choices", []) if c.feedback]
+            for secret in secrets:
+                plain = re.sub(r"<[^>]+>", "", secret)
+                assert plain[:40] not in text, f"an untrusted notebook shows: {plain[:80]}"
+    assert not errors, errors
+
+
+def test_arrow_keys_move_a_calculator_slider_and_a_choice_in_jupyterlab(bare_lab):
+    # In command mode JupyterLab takes the arrow keys to move between cells, unless the widget keeps them.
+    from lessonlib.book.interactive import Explorer
+
+    url, work, venv, env = bare_lab
+    calc = Explorer(lambda devices: f"{devices} devices", {"devices": [1, 2, 4, 8, 16]}, title="Calculator")
+    choice = next(q for q in _page_quizzes() if type(q).__name__ == "SingleChoice")
+    _executed(work / "keys.ipynb", [calc, choice])
+    ce.run([str(venv / "bin" / "jupyter"), "trust", str(work / "keys.ipynb")], env=env)  # our own run: trusted
+    with browser() as b:
+        page, errors = _open(b, url, "keys.ipynb")
+        active = "() => [...document.querySelectorAll('.jp-Notebook .jp-Cell')].findIndex(c => c.classList.contains('jp-mod-active'))"
+        # By element id: an untrusted notebook's outputs (another tab) keep no ids, and their inputs are disabled.
+        calc_id, quiz_id = (re.search(r'id="(wtc-[0-9a-f]+)"', o.static_html()).group(1) for o in (calc, choice))
+        slider = page.locator(f"#{calc_id} input[type=range]")
+        slider.click()  # focus, as a reader's click does; the slider starts at its first value
+        slider.fill("0")
+        cell = page.evaluate(active)
+        for key, value in (("ArrowRight", "1"), ("ArrowRight", "2"), ("ArrowLeft", "1")):
+            page.keyboard.press(key)
+            assert slider.input_value() == value, f"{key} did not move the slider"
+            assert page.evaluate(active) == cell, f"{key} moved to another cell"
+        assert page.locator(f"#{calc_id} .wtc-output").inner_text() == "2 devices"
+        quiz = page.locator(f"#{quiz_id}")
+        quiz.scroll_into_view_if_needed()
+        radios = quiz.locator("input[type=radio]")
+        radios.nth(0).click()
+        cell = page.evaluate(active)
+        page.keyboard.press("ArrowDown")
+        assert radios.nth(1).is_checked(), "ArrowDown did not move to the next choice"
+        assert page.evaluate(active) == cell, "ArrowDown moved to another cell"
+        page.screenshot(path=str(SHOTS / "jupyterlab-keys.png"))
     assert not errors, errors

@@ -136,3 +136,56 @@ def test_every_measurement_call_stays_visible(path):
                     for m in MEASURES.finditer(c.source)]
     assert not hidden_calls, f"{path.name}: measurements hidden from the reader: {hidden_calls}"
     assert any(MEASURES.search(s) for s in visible), f"{path.name}: no measurement in sight"
+
+
+# ----- MyST-only syntax: the book renders it, Jupyter and Colab show it raw --------------------
+
+#: Markdown that only MyST understands, each with what Jupyter and Colab would show instead.
+MYST_ONLY = {
+    "a directive (```{name} or :::{name})": re.compile(r"^\s*(`{3,}|~{3,}|:{3,})\s*\{[^}\n]*\}", re.M),
+    "a role ({name}`text`)": re.compile(r"(?<![\w`\\])\{[A-Za-z][\w:+.-]*\}`"),
+    "a target ((label)=)": re.compile(r"^\s*\([^()\s]+\)=\s*$", re.M),
+    "a substitution ({{ name }})": re.compile(r"\{\{\s*[A-Za-z_][\w.]*\s*\}\}"),
+    "a MyST comment (% at the start of a line)": re.compile(r"^%(\s|$)", re.M),
+    "a block break (+++)": re.compile(r"^\+\+\+", re.M),
+    "a colon fence (:::)": re.compile(r"^\s*:{3,}", re.M),
+}
+
+
+def myst_only(markdown: str) -> list[str]:
+    """The MyST-only constructs in ``markdown``, as ``"what: the line"``."""
+    found = []
+    for what, pattern in MYST_ONLY.items():
+        for m in pattern.finditer(markdown):
+            line = markdown[markdown.rfind("\n", 0, m.start()) + 1:].split("\n", 1)[0]
+            found.append(f"{what}: {line.strip()[:100]}")
+    return found
+
+
+def test_myst_only_finds_each_construct_and_passes_plain_markdown():
+    assert myst_only("```{note}\nA note.\n```") and myst_only(":::{tip}\nx\n:::")
+    assert myst_only("See {ref}`the table <tab>`.") and myst_only("It is {math}`x`.")
+    assert myst_only("(sec-memory)=\n## Memory") and myst_only("Hi {{ name }}.") and myst_only("% hidden\ntext")
+    plain = ("> **Note.** A blockquote reads the same everywhere.\n\nThe activation `a{i}` of layer *i*; "
+             "$\\frac{a}{b}$ and `{x}` in code; 40 % of the time.\n\n```python\nd = {1: 2}\n```")
+    assert myst_only(plain) == []
+
+
+def _prose_sources(nb):
+    """Markdown cells, and the Markdown that ``say`` cells write (an f-string: ``{{`` is one brace)."""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            yield i, cell.source
+        elif cell.cell_type == "code" and re.search(r"^say\(", cell.source, re.M):
+            yield i, cell.source.replace("{{", "{").replace("}}", "}")
+
+
+NOTEBOOKS = CHAPTERS + sorted((ROOT / "exercises").rglob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(ROOT)) for p in NOTEBOOKS])
+def test_no_myst_only_syntax_in_markdown(path):
+    # Admonitions are blockquotes ("> **Note.** ..."): MyST, JupyterLab and Colab all render those.
+    nb = nbformat.read(path, as_version=4)
+    bad = [f"cell {i}: {f}" for i, src in _prose_sources(nb) for f in myst_only(src)]
+    assert not bad, f"{path.name}: MyST-only syntax, shown raw in Jupyter and Colab:\n" + "\n".join(bad)

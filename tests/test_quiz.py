@@ -1,6 +1,7 @@
 """Quizzes: grading, malformed definitions, the live widget, and the static page."""
 from __future__ import annotations
 
+import html as html_lib
 import itertools
 import json
 
@@ -146,7 +147,31 @@ def test_prediction_reveals_on_click():
     assert "stalls" not in w.answer.value
     w.button.click()
     assert "stalls" in w.answer.value
-    assert "<details>" in p.static_html()
+    assert "stalls" not in p.static_html()  # encoded, revealed by the script (see below)
+
+
+def _secrets(quiz) -> list[str]:
+    """Every text a quiz must not show before it is answered: answer, explanation, feedback, verdicts."""
+    if isinstance(quiz, Prediction):
+        return [quiz.answer]
+    out = [quiz.answer_html()] + ([quiz.explanation] if quiz.explanation else [])
+    if isinstance(quiz, Numeric):
+        return out + [part for m in quiz.messages().values() for part in m.split("{x}") if len(part.strip()) > 3]
+    return out + [c.feedback for c in quiz.choices if c.feedback] + [quiz.check(0).feedback, "Correct.", "Not quite."]
+
+
+@pytest.mark.parametrize("make", [single, multiple, numeric,
+                                  lambda: Prediction("Does pure bf16 training learn?", "It stalls: updates round away.")])
+def test_static_html_holds_no_answer_in_plain_form(make):
+    # JupyterLab shows an untrusted notebook's outputs without their scripts and strips `hidden`:
+    # whatever the HTML holds as text, hidden or not, a reader sees there. So it holds none of it.
+    quiz = make()
+    page = quiz._repr_mimebundle_()["text/html"]
+    for secret in _secrets(quiz):
+        for part in (secret, html_lib.escape(secret)):
+            assert part.strip() not in page, f"{type(quiz).__name__}: {part!r} is in the HTML"
+    assert "wtc-noscript" in page and "Run this cell" in page  # what shows where the script cannot run
+    assert "hidden" not in quiz.static_html().split("<script")[0]  # nothing relies on the hidden attribute
 
 
 def test_display_bundle_is_self_contained_html_without_a_widget_model():
@@ -255,3 +280,80 @@ def test_static_quiz_hides_the_answer_until_right_or_revealed_in_chromium(tmp_pa
         assert not box.locator(".wtc-answer").is_visible() and s.explanation in box.inner_text()
         box.locator("button.wtc-reveal").click()
         assert box.locator(".wtc-answer").is_visible()
+
+
+def _page(tmp_path, body: str) -> None:
+    (tmp_path / "q.html").write_text("<!doctype html><html><head><link rel=\"icon\" href=\"data:,\"></head>"
+                                     f"<body>{body}</body></html>")
+
+
+@pytest.mark.browser
+@pytest.mark.slow  # starts Chromium
+def test_without_scripts_no_answer_shows_and_a_line_says_to_run_the_cell(tmp_path):
+    # What an untrusted notebook or a plain viewer shows: the HTML without its scripts, `hidden` ignored.
+    from lessonlib.book.interactive import _STYLE
+
+    p = Prediction("Does pure bf16 training learn?", "It stalls: updates round away.")
+    quizzes = (single(), multiple(), numeric(), p)
+    shown = "<style>[hidden]{display:block!important}</style>"  # as if `hidden` were stripped
+    _page(tmp_path, _STYLE + shown + "".join(q.static_html() for q in quizzes))
+    with serve(tmp_path) as base, browser() as b:
+        ctx = b.new_context(java_script_enabled=False)
+        page = ctx.new_page()
+        page.goto(base + "q.html")
+        text = page.locator("body").inner_text()
+        for q in quizzes:
+            for secret in _secrets(q):
+                assert secret.strip() not in text, secret
+        assert text.count("Run this cell") == len(quizzes)
+        ctx.close()
+
+
+@pytest.mark.browser
+@pytest.mark.slow  # starts Chromium
+def test_prediction_reveals_its_answer_on_click_in_chromium(tmp_path):
+    from lessonlib.book.interactive import _STYLE
+
+    p = Prediction("Does pure bf16 training learn?", "It <em>stalls</em>: updates round away.")
+    _page(tmp_path, _STYLE + p.static_html())
+    with serve(tmp_path) as base, browser() as b:
+        page = b.new_page()
+        page.goto(base + "q.html")
+        box = page.locator(".wtc-prediction")
+        assert "stalls" not in box.inner_text() and "Run this cell" not in box.inner_text()
+        box.locator("button.wtc-reveal").click()
+        assert "It stalls: updates round away." in box.inner_text()
+        assert box.locator(".wtc-explanation em").inner_text() == "stalls"
+
+
+@pytest.mark.browser
+@pytest.mark.slow  # starts Chromium
+def test_arrow_keys_move_a_slider_and_a_choice_and_stay_inside_the_widget(tmp_path):
+    # JupyterLab and Notebook 7 handle keydown on the document (bubbling): a key that reaches it
+    # moves to another cell instead of moving the slider. Here a document listener stands in for them.
+    from lessonlib.book.interactive import _STYLE
+
+    e = Explorer(lambda a: f"a={a}", {"a": [1, 2, 3, 4]}, title="t")
+    s = single()
+    _page(tmp_path, _STYLE + e.static_html() + s.static_html()
+          + "<script>window.reached=[];document.addEventListener('keydown',e=>window.reached.push(e.key));</script>")
+    with serve(tmp_path) as base, browser() as b:
+        page = b.new_page()
+        page.goto(base + "q.html")
+        slider = page.locator(".wtc-explorer input[type=range]")
+        slider.focus()
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("ArrowRight")
+        assert slider.input_value() == "2" and page.locator(".wtc-explorer .wtc-output").inner_text() == "a=3"
+        page.keyboard.press("ArrowLeft")
+        assert slider.input_value() == "1"
+        radios = page.locator(".wtc-quiz input[type=radio]")
+        radios.nth(0).check()
+        page.keyboard.press("ArrowDown")
+        assert radios.nth(1).is_checked()
+        page.keyboard.press("d")
+        assert page.evaluate("window.reached") == []
+        page.keyboard.press("Shift+Enter")  # still runs the cell in JupyterLab
+        assert [k for k in page.evaluate("window.reached") if k != "Shift"] == ["Enter"]
+        box = page.locator(".wtc-quiz")
+        assert box.get_attribute("data-lm-suppress-shortcuts") == "true"

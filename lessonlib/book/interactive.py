@@ -7,8 +7,11 @@ script and deterministic element ids. The same fragment works
 * in the built book (myst-nb copies it into the page);
 * in JupyterLab 4 and Notebook 7, which run the inline script of a trusted
   output, and show it again, still working, when the notebook is reopened
-  without a kernel (an untrusted notebook shows it without its script: the
-  question and choices, no answer);
+  without a kernel. An untrusted notebook (one executed elsewhere: downloaded
+  from Colab, shared by a classmate) is shown without its outputs' scripts and
+  with their ``hidden`` attributes stripped, so nothing secret may sit in the
+  HTML, hidden or not: a quiz carries its answers encoded and shows a "run this
+  cell" line there (see :mod:`lessonlib.book.quiz`);
 * in Colab, which runs each output's scripts in its own frame.
 
 Why not a live ipywidget by default: a saved ipywidget output carries only a
@@ -51,6 +54,11 @@ def static_text(name: str) -> str:
     return resources.files("lessonlib.book").joinpath("static", name).read_text(encoding="utf-8")
 
 
+def script_text(name: str) -> str:
+    """The script ``lessonlib/book/static/<name>`` without its ``//`` comment lines (they stay in the file)."""
+    return "".join(line for line in static_text(name).splitlines(keepends=True) if not line.startswith("//"))
+
+
 _STYLE = "<style>\n" + static_text("widgets.css") + "</style>\n"
 
 
@@ -77,6 +85,9 @@ def script_json(data: Any) -> str:
         raise ValueError("data holds NaN or infinity, which JSON cannot store") from None
     except RecursionError:
         raise ValueError("data refers to itself, which JSON cannot store") from None
+
+
+_KEYS = script_text("keys.js")
 
 
 class Interactive:
@@ -268,4 +279,4 @@ function upd(){{var k=0;for(var i=0;i<d.sizes.length;i++){{var c=document.getEle
 var j=parseInt(c.value,10);k=k*d.sizes[i]+j;var o=document.getElementById(id+"-c"+i+"-v");if(o){{o.textContent=d.labels[i][j];}}}}
 document.getElementById(id+"-out").innerHTML=d.outputs[d.index[k]];}}
 for(var i=0;i<d.sizes.length;i++){{var c=document.getElementById(id+"-c"+i);c.addEventListener("input",upd);c.addEventListener("change",upd);}}
-}})();</script></div>"""
+}})();{_KEYS % {"uid": uid}}</script></div>"""

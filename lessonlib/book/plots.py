@@ -12,8 +12,10 @@ from ..checks import reads as _reads
 import base64
 import html
 import io
+import textwrap
 
 import matplotlib.pyplot as plt
+from matplotlib.text import Text
 
 from ..checks import choice, count, instance, mapping, number, positive, sequence, text
 
@@ -32,26 +34,40 @@ COLORS = {
 }
 
 
-#: Screens at most this wide (CSS px) get the stacked version of a multi-panel figure.
+#: Screens at most this wide (CSS px) get a figure's phone version.
 PHONE_MAX_WIDTH = 700
+#: Resolution of every figure's PNG (pixels per inch).
+DPI = 110
+#: A phone version's width (inches): 506 px at :data:`DPI`, shown about 350 CSS px wide on a
+#: 390-px phone, so a point of text is about 1.05 CSS px there.
+PHONE_WIDTH_IN = 4.6
+#: No text of a phone version is smaller than this (points): 8.4 CSS px on a 390-px phone.
+PHONE_MIN_FONT_PT = 8
 
 
 class Figure:
     """A rendered figure with alt text; displays as PNG (Jupyter) and <img alt> (book).
 
-    ``phone_png``, when given, is the same figure with its panels stacked in
-    one column; the HTML rendering picks it on narrow screens (``<picture>``),
-    so a multi-panel figure stays readable on a phone.
+    ``phone_png``, when given, is the same figure drawn for a phone (panels
+    stacked in one column, :data:`PHONE_WIDTH_IN` wide, no text under
+    :data:`PHONE_MIN_FONT_PT`); the HTML rendering picks it on narrow screens
+    (``<picture>``). ``font_px`` and ``phone_font_px`` are the smallest text of
+    each PNG, in its pixels: the browser test turns them into CSS px as shown.
     """
 
-    def __init__(self, png: bytes, alt: str, phone_png: bytes | None = None):
+    def __init__(self, png: bytes, alt: str, phone_png: bytes | None = None, font_px: float | None = None,
+                 phone_font_px: float | None = None):
         self.png = instance("png", png, bytes, "PNG bytes")
         self.alt = text("alt", alt)
         self.phone_png = instance("phone_png", phone_png, (bytes, type(None)), "PNG bytes or None")
+        self.font_px = None if font_px is None else positive("font_px", font_px)
+        self.phone_font_px = None if phone_font_px is None else positive("phone_font_px", phone_font_px)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         b64 = base64.b64encode(self.png).decode()
-        img = (f'<img src="data:image/png;base64,{b64}" alt="{html.escape(self.alt, quote=True)}" '
+        fonts = "".join(f' data-{name}="{v:.1f}"' for name, v in
+                        (("font-px", self.font_px), ("phone-font-px", self.phone_font_px)) if v is not None)
+        img = (f'<img src="data:image/png;base64,{b64}" alt="{html.escape(self.alt, quote=True)}"{fonts} '
                f'style="max-width:100%;height:auto">')
         if self.phone_png:
             phone = base64.b64encode(self.phone_png).decode()
@@ -62,7 +78,7 @@ class Figure:
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     return buf.getvalue()
 
 
@@ -98,19 +114,65 @@ def stack_panels(fig) -> bool:
     return True
 
 
-def show(fig, alt: str):
+def _texts(fig) -> list:
+    if not callable(getattr(fig, "findobj", None)) or not callable(getattr(fig, "savefig", None)):
+        raise TypeError(f"fig must be a matplotlib figure, got {fig!r:.80}")
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def font_px(fig) -> float:
+    """The smallest visible text of ``fig``, in pixels of its PNG (at :data:`DPI`)."""
+    return min((t.get_fontsize() for t in _texts(fig)), default=10.0) * DPI / 72
+
+
+def for_phone(fig) -> bool:
+    """Redraw ``fig`` for a phone: panels in one column (:func:`stack_panels`), at most
+    :data:`PHONE_WIDTH_IN` wide, titles and axis labels wrapped to that width, and no text smaller
+    than :data:`PHONE_MIN_FONT_PT`. Returns False (and changes nothing) when the figure is
+    already narrow enough and has a single column of panels.
+    """
+    stacked = stack_panels(fig)
+    width, height = fig.get_size_inches()
+    if not stacked and width <= PHONE_WIDTH_IN:
+        return False
+    if width > PHONE_WIDTH_IN:
+        fig.set_size_inches(PHONE_WIDTH_IN, height * max(1.0, 0.8 * width / PHONE_WIDTH_IN) ** 0.5)
+    for t in _texts(fig):
+        if t.get_fontsize() < PHONE_MIN_FONT_PT:
+            t.set_fontsize(PHONE_MIN_FONT_PT)
+    titles = [ax.title for ax in fig.axes] + [ax.xaxis.label for ax in fig.axes]
+    titles += [fig._suptitle] if getattr(fig, "_suptitle", None) is not None else []
+    for t in titles:
+        # about 0.55 em a character: the characters that fit on one line of the figure's width
+        chars = max(20, int(PHONE_WIDTH_IN * 72 / (0.55 * t.get_fontsize())))
+        if len(t.get_text()) > chars:
+            t.set_text("\n".join(textwrap.wrap(t.get_text().replace("\n", " "), chars)))
+    fig.tight_layout()
+    return True
+
+
+def show(fig, alt: str, phone=None):
     """Render ``fig`` to PNG with alt text ``alt`` and close it; the return value displays it.
 
-    A figure with panels side by side also gets a stacked version for phones
-    (:func:`stack_panels`).
+    A figure wider than a phone also gets a phone version (:func:`for_phone`),
+    or ``phone``, a figure the page drew for phones itself (closed too).
     """
     text("alt", alt)
-    if not callable(getattr(fig, "savefig", None)):
-        raise TypeError(f"fig must be a matplotlib figure, got {fig!r:.80}")
-    wide = _png(fig)
-    phone = _png(fig) if stack_panels(fig) else None
+    for name, f in (("fig", fig), ("phone", phone)):
+        if f is not None and not callable(getattr(f, "savefig", None)):
+            raise TypeError(f"{name} must be a matplotlib figure, got {f!r:.80}")
+    if fig is None:
+        raise TypeError("fig must be a matplotlib figure, got None")
+    wide, wide_font = _png(fig), font_px(fig)
+    if phone is not None:
+        small, small_font = _png(phone), font_px(phone)
+        plt.close(phone)
+    elif for_phone(fig):
+        small, small_font = _png(fig), font_px(fig)
+    else:
+        small = small_font = None
     plt.close(fig)
-    return Figure(wide, alt, phone)
+    return Figure(wide, alt, small, wide_font, small_font)
 
 
 def stacked_bars(data: dict, title: str, ylabel: str, scale: float = 1.0, ax=None, colors: dict | None = None,

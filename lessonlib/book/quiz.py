@@ -5,9 +5,9 @@ units), feedback for each choice, and an explanation. A wrong answer gets a
 hint only (that choice's feedback, or "too high"/"too low" with the units);
 the answer and the explanation appear after a right answer or a click on
 "Show answer", never before.
-Displayed as the last expression of a cell, a quiz shows standard ipywidgets
-in Jupyter and Colab, and a self-contained HTML + inline-JS version in the
-static book (see :mod:`lessonlib.book.interactive`).
+Displayed as the last expression of a cell, a quiz shows one self-contained
+HTML + inline-JS version in the book, JupyterLab / Notebook 7 and Colab (see
+:mod:`lessonlib.book.interactive`); :meth:`widget` gives the live ipywidgets one.
 
 The grading logic lives only here, in :meth:`check`. The static page embeds
 the verdict and feedback that :meth:`check` gives for every possible choice
@@ -16,6 +16,15 @@ same answer as Python. A numeric quiz embeds its answer, tolerance and the
 three messages; the one comparison ``|x - answer| <= tolerance`` is the only
 logic the script repeats.
 
+No answer is in the page as text: the verdicts, the feedback, the answer and
+the explanation travel base64-encoded (:func:`_encode`) in a data element that
+only the quiz's script decodes, on a right answer or "Show answer". Where the
+script does not run (an untrusted notebook, whose outputs JupyterLab shows
+without their scripts and without ``hidden`` attributes; nbconvert without
+JavaScript; a plain viewer), the reader sees the question, the choices and a
+"run this cell" line, and no answer. Base64 is a wrapper, not a lock: it keeps
+answers out of sight, not out of reach of a reader who decodes them on purpose.
+
 Kinds: :class:`SingleChoice`, :class:`MultipleSelect`, :class:`Numeric` and
 :class:`Prediction` (a "What do you think happens?" prompt whose answer is
 revealed on click). Question, choice, feedback and explanation strings may
@@ -23,13 +32,14 @@ contain simple HTML.
 """
 from __future__ import annotations
 
+import base64
 import html
 import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from ..checks import amount, flag, number, sequence, text
-from .interactive import Interactive, script_json, stable_id, static_text
+from .interactive import Interactive, script_json, script_text, stable_id
 
 
 @dataclass(frozen=True)
@@ -264,7 +274,7 @@ class Numeric(Interactive):
         units = f" <span>{self.units}</span>" if self.units else ""
         field = (f'<input type="text" inputmode="decimal" id="{uid}-x" aria-label="your answer" '
                  f'placeholder="a number">{units}')
-        data = {"kind": "numeric", "answer": self.answer, "tolerance": self.tolerance, "messages": self.messages()}
+        data = {"kind": "numeric", "answer_value": self.answer, "tolerance": self.tolerance, "messages": self.messages()}
         return _static_box(uid, self, field, data)
 
 
@@ -296,10 +306,10 @@ class Prediction(Interactive):
 
     def static_html(self) -> str:
         uid = stable_id("prediction", self.question)
-        # <details> reveals without any script at all.
-        return (f'<div class="wtc-box wtc-prediction" id="{uid}"><div class="wtc-title">What do you think happens?</div>'
-                f"<div>{self.question}</div><details><summary>Reveal answer</summary>"
-                f'<div class="wtc-explanation">{self.answer}</div></details></div>')
+        return (f'<div class="wtc-box wtc-prediction" id="{uid}" data-kind="prediction">'
+                f'<div class="wtc-title">What do you think happens?</div><div>{self.question}</div>'
+                + _NOSCRIPT.format(what="reveal the answer") + _data_and_script(uid, {"kind": "prediction", "answer": self.answer})
+                + "</div>")
 
 
 # ----- shared rendering ---------------------------------------------------
@@ -354,18 +364,31 @@ def _explanation_html(quiz, answer_line: bool = True) -> str:
             f"{body}</div>")
 
 
-_SCRIPT = "<script>" + "".join(l for l in static_text("quiz.js").splitlines(keepends=True) if not l.startswith("//")) + "</script>"
+_SCRIPT = "<script>" + script_text("quiz.js") + script_text("keys.js") + "</script>"
+
+#: Shown where the quiz's script cannot run; the script removes it (it also adds the buttons).
+_NOSCRIPT = ('<div class="wtc-noscript"><em>Run this cell (Shift+Enter) to {what}: '
+             "this view does not run the quiz's script, so it shows no answers.</em></div>")
+
+
+def _encode(data: dict) -> str:
+    """``data`` as base64 of its UTF-8 JSON: what the page carries instead of answers in plain text.
+
+    Decoded by ``static/quiz.js`` (``atob`` and ``TextDecoder``). NaN, infinity and
+    objects JSON cannot hold are refused as in :func:`~lessonlib.book.interactive.script_json`.
+    """
+    return base64.b64encode(script_json(data).encode("utf-8")).decode("ascii")
+
+
+def _data_and_script(uid: str, data: dict) -> str:
+    return (f'<script type="text/plain" class="wtc-data" id="{uid}-data">{_encode(data)}</script>'
+            + _SCRIPT % {"uid": uid})
 
 
 def _static_box(uid: str, quiz, inputs_html: str, data: dict) -> str:
-    # The answer and explanation are in the page but hidden (not rendered, not in the
-    # accessibility tree) until a right answer or a click on "Show answer".
-    ex = f'<div class="wtc-explanation" id="{uid}-ex" hidden><div class="wtc-answer">{quiz.answer_html()}</div>' + (
-        f"<div>{quiz.explanation}</div>" if quiz.explanation else "") + "</div>"
+    # No answer, explanation or feedback in the HTML: they are in the encoded data, and the
+    # script builds the buttons, the feedback line and the explanation (see the module docstring).
+    data = dict(data, answer=quiz.answer_html(), explanation=quiz.explanation)
     return (f'<div class="wtc-box wtc-quiz" id="{uid}" data-kind="{data["kind"]}">'
             f'<div class="wtc-title">{quiz.question}</div>{inputs_html}'
-            f'<div><button type="button" class="wtc-check">Check</button>'
-            f'<button type="button" class="wtc-reveal">Show answer</button></div>'
-            f'<div class="wtc-feedback" id="{uid}-fb" aria-live="polite"></div>{ex}'
-            f'<script type="application/json" id="{uid}-data">{script_json(data)}</script>'
-            + _SCRIPT % {"uid": uid} + "</div>")
+            + _NOSCRIPT.format(what="check your answer") + _data_and_script(uid, data) + "</div>")

@@ -6,7 +6,7 @@ cell is one call. Inputs are the page's own results; nothing is measured here.
 """
 from __future__ import annotations
 
-from ..checks import reads as _reads
+import textwrap
 
 import matplotlib.pyplot as plt
 
@@ -16,6 +16,7 @@ from ..calc.goodput import goodput
 from ..calc.pipeline import pipeline_bubble_fraction
 from ..calc.goodput import check_runs
 from ..checks import amount, counts, count, mapping, positive, sequence, share as check_share, text
+from ..checks import reads as _reads
 from ..measure.distributed.data_parallel import DataParallelRow
 from .plots import show
 
@@ -138,6 +139,18 @@ def allreduce_volume_figure(grad_bytes: int, ns, name: str):
 MAX_GANTT_STAGES, MAX_GANTT_MICRO = 16, 32
 
 
+def _gantt(ax, tasks, stages: int, fontsize: float) -> None:
+    cmap = plt.get_cmap("tab10")
+    for t in tasks:
+        ax.broken_barh([(t["start"], t["end"] - t["start"])], (t["stage"] - 0.4, 0.8),
+                       facecolors=cmap(t["microbatch"] % 10), edgecolor="white",
+                       alpha=1.0 if t["kind"] == "F" else 0.55)
+        ax.text((t["start"] + t["end"]) / 2, t["stage"], f"{t['kind']}{t['microbatch']}", ha="center",
+                va="center", fontsize=fontsize, clip_on=True)
+    ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
+    ax.invert_yaxis()
+
+
 @_reads("tasks")
 def pipeline_schedule_figure(tasks: list, stages: int, micro: int, idle: float):
     """Gantt chart of a pipeline schedule (``lessonlib.calc.pipeline.pipeline_schedule``'s tasks).
@@ -160,20 +173,24 @@ def pipeline_schedule_figure(tasks: list, stages: int, micro: int, idle: float):
                 and isinstance(t["microbatch"], int) and 0 <= t["microbatch"] < micro):
             raise ValueError(f"tasks[{i}] has stage {t['stage']!r:.20} and microbatch {t['microbatch']!r:.20}; "
                              f"stages is {stages} and micro {micro}")
+    title = (f"GPipe schedule: {stages} stages, {micro} micro-batches (F = forward, B = backward); "
+             f"white gaps are the bubble, {idle:.0%} of the time")
+    xlabel = "time (units of one micro-batch's forward pass on one stage)"
     fig, ax = plt.subplots(figsize=(11, 3.2))
-    cmap = plt.get_cmap("tab10")
-    for t in tasks:
-        ax.broken_barh([(t["start"], t["end"] - t["start"])], (t["stage"] - 0.4, 0.8),
-                       facecolors=cmap(t["microbatch"] % 10), edgecolor="white",
-                       alpha=1.0 if t["kind"] == "F" else 0.55)
-        ax.text((t["start"] + t["end"]) / 2, t["stage"], f"{t['kind']}{t['microbatch']}", ha="center",
-                va="center", fontsize=7)
-    ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
-    ax.invert_yaxis()
-    ax.set(xlabel="time (units of one micro-batch's forward pass on one stage)", ylabel="device",
-           title=f"GPipe schedule: {stages} stages, {micro} micro-batches (F = forward, B = backward); "
-                 f"white gaps are the bubble, {idle:.0%} of the time")
-    return show(fig, alt=f"Gantt chart of {stages} pipeline stages. Forward tasks of {micro} micro-batches move "
+    _gantt(ax, tasks, stages, fontsize=7)
+    ax.set(xlabel=xlabel, ylabel="device", title=title)
+    # A phone gets the same time line cut into rows, each wide enough to read its labels.
+    end = max(t["end"] for t in tasks)
+    rows = max(1, min(4, round(end / 12)))
+    phone, axes = plt.subplots(rows, 1, figsize=(4.6, 0.5 + (0.45 * stages + 0.5) * rows), squeeze=False)
+    for i, pax in enumerate(axes[:, 0]):
+        _gantt(pax, tasks, stages, fontsize=8)
+        pax.set_xlim(end * i / rows, end * (i + 1) / rows)
+        pax.set_ylabel("device")
+    axes[-1, 0].set_xlabel(textwrap.fill(xlabel, 45))
+    phone.suptitle(textwrap.fill(title, 50), fontsize=10)
+    phone.tight_layout()
+    return show(fig, phone=phone, alt=f"Gantt chart of {stages} pipeline stages. Forward tasks of {micro} micro-batches move "
                 f"diagonally from stage 0 to stage {stages - 1}, then backward tasks, twice as long, move back to "
                 "stage 0. Each stage is idle at the start and the end of each phase: the triangular gaps are the "
                 "pipeline bubble.")
