@@ -192,20 +192,30 @@ def _listing(folder: Path) -> set[str]:
             if not _NOT_THE_PAGES & set(p.relative_to(folder).parts)}
 
 
+#: How long the processes a killed kernel started (``launch``'s fork server) may take to clean up after it, s.
+#: The fork server notices its caller's death through a pipe and removes the caller's ``pymp-*`` folder as it
+#: exits; that takes well under a second here, so 10 s bounds a slow, loaded machine without hiding a leak.
+CLEANUP_GRACE_S = 10.0
+
+
 def _files_left_behind(config, path: Path) -> list[str]:
     """What the notebook at ``path`` left in its temp folder and its own folder (``[]``: nothing)."""
+    import time
+
     tmp, folder, before = config._nb_files.pop(path)
-    left = [f"in the temp folder: {p.relative_to(tmp)}" for p in sorted(tmp.iterdir()) if not _NOT_LEFT.match(p.name)]
-    left += [f"in {folder.name}/: {name}" for name in sorted(_listing(folder) - before)]
-    return left
+    deadline = time.monotonic() + CLEANUP_GRACE_S
+    while True:
+        left = [f"in the temp folder: {p.relative_to(tmp)}" for p in sorted(tmp.iterdir())
+                if not _NOT_LEFT.match(p.name)]
+        left += [f"in {folder.name}/: {name}" for name in sorted(_listing(folder) - before)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 #: Not counted as left behind:
 #: - ``torchinductor_<user>``: torch's compile cache, one folder a user, reused by every run (it does not pile up);
-#: - ``pymp-*``: the folder multiprocessing makes for its fork server's socket (the distributed pages'
-#:   ``launch``), removed by multiprocessing's exit handler, which a killed kernel (nbval kills it) skips.
-#:   It belongs to the process, not to the page; see issue 26, "the kernel dies, the helpers stay".
-_NOT_LEFT = re.compile(r"torchinductor_[\w.-]+$|pymp-\w+$")
+_NOT_LEFT = re.compile(r"torchinductor_[\w.-]+$")
 
 
 @pytest.hookimpl(hookwrapper=True)
