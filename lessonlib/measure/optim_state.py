@@ -55,7 +55,7 @@ def _whole(where: str, value, steps: int) -> int:
     """A step count (an int, or a one-element tensor holding a whole number) from 1 to ``steps``."""
     v = _real(where, value, 1)
     if not v.is_integer() or v > steps:
-        _refuse(where, value, f"it must be a whole number from 1 to {steps} (the run's steps)")
+        _refuse(where, v, f"it must be a whole number from 1 to {steps} (the run's steps)")
     return int(v)
 
 
@@ -148,10 +148,11 @@ def check_adam_state(optimizer: dict, groups, steps: int) -> int:
         if not isinstance(entry, dict) or set(entry) != need:
             raise CheckpointError(f"{at} must hold exactly {sorted(need)} (Adam's state for one parameter), got "
                                   f"{sorted(entry) if isinstance(entry, dict) else type(entry).__name__}")
-        taken.add(_whole(f"{at}.step", entry["step"], steps))
-        if len(taken) > 1:
-            raise CheckpointError(f"{at}.step = {entry['step']!r}, but another parameter's is {min(taken)!r}: "
-                                  f"every parameter takes every step")
+        mine = _whole(f"{at}.step", entry["step"], steps)
+        if taken and mine not in taken:
+            raise CheckpointError(f"{at}.step = {mine}, but another parameter's is {taken.pop()}: every parameter "
+                                  f"takes every step")
+        taken.add(mine)
         _moment(f"{at}.exp_avg", entry["exp_avg"], shapes[k], False)
         sq = _moment(f"{at}.exp_avg_sq", entry["exp_avg_sq"], shapes[k], True)
         if amsgrad[k] and (_moment(f"{at}.max_exp_avg_sq", entry["max_exp_avg_sq"], shapes[k], True) < sq).any():
