@@ -42,6 +42,10 @@ def _real(where: str, value, low: float = -math.inf, *, above: bool = False, bel
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         _refuse(where, value, "it must be a real number")
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond a float's range, e.g. 10**400
+        value = math.copysign(math.inf, value)
     if not math.isfinite(value):
         _refuse(where, value, "it must be finite")
     if value < low or (above and value == low) or value >= below:
@@ -115,7 +119,7 @@ def check_adam_state(optimizer: dict, groups, steps: int) -> int:
             if key not in pg:
                 raise CheckpointError(f"{at} has no {key!r}")
         ids = list(range(first, first + len(want)))
-        if pg["params"] != ids:
+        if not isinstance(pg["params"], list) or pg["params"] != ids:
             raise CheckpointError(f"{at}.params = {pg['params']!r}, but the model's group {i} has "
                                   f"{len(want)} parameters, numbered {ids[:1]}...{ids[-1:]}")
         shapes.update({k: tuple(s) for k, s in zip(ids, want)})

@@ -61,6 +61,16 @@ def _words(where: str, keys, n: int):
                               f"Mersenne-Twister words")
 
 
+def _finite(value) -> bool:
+    """A finite real number, not a bool (an int beyond a float's range counts as infinite)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # math.isfinite(10**400) converts to a float first
+        return False
+
+
 def _position(where: str, pos) -> None:
     if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= MT_WORDS:
         raise CheckpointError(f"the RNG state's {where} = {pos!r} is impossible: it must be a whole number "
@@ -119,7 +129,7 @@ def check_rng_state(state) -> dict:
     if isinstance(n["has_gauss"], bool) or not isinstance(n["has_gauss"], int) or n["has_gauss"] not in (0, 1):
         raise CheckpointError(f"the RNG state's numpy.has_gauss = {n['has_gauss']!r} is impossible: it must be 0 or 1")
     g = n["cached_gaussian"]
-    if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g):
+    if not _finite(g):
         raise CheckpointError(f"the RNG state's numpy.cached_gaussian = {g!r} is impossible: it must be a "
                               f"finite number")
     want = {"version", "state", "gauss_next"}
@@ -132,7 +142,7 @@ def check_rng_state(state) -> dict:
     _words("python.state", p["state"], MT_WORDS + 1)
     _position("python.state[624]", int(p["state"][MT_WORDS]))
     g = p["gauss_next"]
-    if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g)):
+    if g is not None and not _finite(g):
         raise CheckpointError(f"the RNG state's python.gauss_next = {g!r} is impossible: it must be None or "
                               f"a finite number")
     return state

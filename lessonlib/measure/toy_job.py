@@ -69,7 +69,10 @@ def check_state(state: dict, steps: int) -> dict:
             raise CheckpointError(f"scheduler has no {key!r}: the toy job's schedule is a StepLR")
     # StepLR multiplies the rate by gamma at each boundary: at most MAX_STEPS roundings of 2**-53 each,
     # so a relative 1e-9 separates rounding from a rate that does not belong to this step.
-    lr = sched["base_lrs"][0] * sched["gamma"] ** (taken // sched["step_size"])
+    try:
+        lr = sched["base_lrs"][0] * sched["gamma"] ** (taken // sched["step_size"])
+    except OverflowError:  # a gamma above 1 over many boundaries: no finite rate is that rate
+        lr = math.inf
     if not math.isclose(sched["_last_lr"][0], lr, rel_tol=1e-9, abs_tol=1e-300):
         raise CheckpointError(f"scheduler._last_lr[0] = {sched['_last_lr'][0]!r} is impossible: a StepLR from "
                               f"{sched['base_lrs'][0]!r} with gamma {sched['gamma']!r} every {sched['step_size']} "
