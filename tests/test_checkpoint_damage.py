@@ -161,6 +161,103 @@ def _set(key, value, sub=None):
     return change
 
 
+def _at(*path, value=None, apply=None):
+    """Set (or ``apply`` a function to) the entry at ``path`` inside the state: a value valid in kind, impossible
+    in value or together with the rest. The file is re-saved with valid checksums: only check_state can tell."""
+    def change(state):
+        *parents, last = path
+        holder = state
+        for key in parents:
+            holder = holder[key]
+        holder[last] = apply(holder[last]) if apply is not None else value
+    return _rewrite(change)
+
+
+def _group(key, value):
+    return _at("optimizer", "param_groups", 0, key, value=value)
+
+
+def _two_groups(state):
+    group = state["optimizer"]["param_groups"][0]
+    state["optimizer"]["param_groups"] = [dict(group, params=[0, 1, 2]), dict(group, params=[3, 4, 5])]
+
+
+def _drop_param_state(state):
+    del state["optimizer"]["state"][4]
+
+
+def _schedule_at_rate(lr):
+    """The group's rate and the schedule's last rate both set to ``lr``: they agree, but not with StepLR's plan."""
+    def change(state):
+        state["optimizer"]["param_groups"][0]["lr"] = lr
+        state["scheduler"]["_last_lr"] = [lr]
+    return change
+
+
+NAN, INF = float("nan"), float("inf")
+#: Valid one by one, impossible as values or together (issue 27): the entry each is refused by, named.
+IMPOSSIBLE = {
+    # Adam's hyper-parameters
+    "optimizer lr = -1": (_group("lr", -1.0), "optimizer.param_groups[0].lr = -1.0"),
+    "optimizer lr = nan": (_group("lr", NAN), "optimizer.param_groups[0].lr = nan"),
+    "optimizer lr = inf": (_group("lr", INF), "optimizer.param_groups[0].lr = inf"),
+    "optimizer eps = nan": (_group("eps", NAN), "optimizer.param_groups[0].eps = nan"),
+    "optimizer eps = 0": (_group("eps", 0.0), "optimizer.param_groups[0].eps = 0.0"),
+    "optimizer beta1 = 1": (_group("betas", (1.0, 0.999)), "optimizer.param_groups[0].betas[0] = 1.0"),
+    "optimizer beta2 = -0.1": (_group("betas", (0.9, -0.1)), "optimizer.param_groups[0].betas[1] = -0.1"),
+    "optimizer betas of 3": (_group("betas", (0.9, 0.99, 0.999)), "optimizer.param_groups[0].betas = "),
+    "optimizer weight_decay = inf": (_group("weight_decay", INF), "optimizer.param_groups[0].weight_decay = inf"),
+    "optimizer weight_decay = -0.01": (_group("weight_decay", -0.01), "param_groups[0].weight_decay = -0.01"),
+    "optimizer amsgrad = 'yes'": (_group("amsgrad", "yes"), "optimizer.param_groups[0].amsgrad = 'yes'"),
+    # param groups against the model
+    "two param groups for a one-group optimizer": (_rewrite(_two_groups), "optimizer.param_groups holds 2 groups"),
+    "a param group with 5 of 6 parameters": (_group("params", [0, 1, 2, 3, 4]), "optimizer.param_groups[0].params"),
+    # Adam's state tensors against their parameters and the step
+    "exp_avg of the wrong shape": (_at("optimizer", "state", 2, "exp_avg", value=torch.zeros(64, 16)),
+                                   "optimizer.state[2].exp_avg has shape (64, 16)"),
+    "exp_avg with a NaN": (_at("optimizer", "state", 0, "exp_avg", apply=lambda t: t.index_fill(0, torch.tensor([3]),
+                                                                                                NAN)),
+                           "optimizer.state[0].exp_avg holds 16 non-finite"),
+    "exp_avg_sq negative": (_at("optimizer", "state", 1, "exp_avg_sq", apply=lambda t: -t),
+                            "optimizer.state[1].exp_avg_sq holds negative"),
+    "Adam step = nan": (_at("optimizer", "state", 3, "step", value=torch.tensor(NAN)),
+                        "optimizer.state[3].step = nan"),
+    "Adam step 11 at run step 10": (_at("optimizer", "state", 0, "step", value=torch.tensor(11.0)),
+                                    "optimizer.state[0].step = 11.0 is impossible"),
+    "Adam steps that differ": (_at("optimizer", "state", 5, "step", value=torch.tensor(9.0)),
+                               "optimizer.state[5].step = 9, but another"),
+    "Adam state missing for one parameter": (_rewrite(_drop_param_state), "no entry for parameters [4]"),
+    # the schedule against the optimizer and the step
+    "scheduler last_epoch = -1": (_at("scheduler", "last_epoch", value=-1), "scheduler.last_epoch = -1"),
+    "scheduler last_epoch 7 at step 10": (_at("scheduler", "last_epoch", value=7), "scheduler.last_epoch = 7"),
+    "scheduler _step_count = 3": (_at("scheduler", "_step_count", value=3), "scheduler._step_count = 3"),
+    "scheduler gamma = nan": (_at("scheduler", "gamma", value=NAN), "scheduler.gamma = nan"),
+    "scheduler base_lrs not the group's initial_lr": (_at("scheduler", "base_lrs", value=[0.5]),
+                                                      "scheduler.base_lrs[0] = 0.5"),
+    "scheduler _last_lr not the group's lr": (_at("scheduler", "_last_lr", value=[0.1]), "scheduler._last_lr[0] = 0.1"),
+    "rate off StepLR's plan (group and schedule agree)": (_rewrite(_schedule_at_rate(0.1)),
+                                                          "scheduler._last_lr[0] = 0.1 is impossible: a StepLR"),
+    # the model's weights
+    "a weight of the wrong shape": (_at("model", "3.weight", value=torch.zeros(64, 65)), "model.3.weight must be"),
+    "an infinite bias": (_at("model", "6.bias", value=torch.tensor([INF])), "model.6.bias holds non-finite"),
+    # RNG states
+    "numpy has_gauss = inf": (_at("rng", "numpy", "has_gauss", value=INF), "numpy.has_gauss = inf"),
+    "numpy has_gauss = 2": (_at("rng", "numpy", "has_gauss", value=2), "numpy.has_gauss = 2"),
+    "numpy cached_gaussian = nan": (_at("rng", "numpy", "cached_gaussian", value=NAN), "numpy.cached_gaussian = nan"),
+    "numpy pos = 625": (_at("rng", "numpy", "pos", value=625), "numpy.pos = 625"),
+    "numpy pos = -1": (_at("rng", "numpy", "pos", value=-1), "numpy.pos = -1"),
+    "numpy key of 623 words": (_at("rng", "numpy", "keys", apply=lambda t: t[:623]), "numpy.keys must be"),
+    "numpy key word >= 2**32": (_at("rng", "numpy", "keys", apply=lambda t: t + 2**32), "numpy.keys holds values"),
+    "numpy kind = 'PCG64'": (_at("rng", "numpy", "kind", value="PCG64"), "numpy.kind = 'PCG64'"),
+    "torch RNG state as int64": (_at("rng", "torch", apply=lambda t: t.long()), "'s torch must be a 1-D uint8"),
+    "torch RNG state cut short": (_at("rng", "torch", apply=lambda t: t[:-8]), "'s torch must be a 1-D uint8"),
+    "python RNG version 2": (_at("rng", "python", "version", value=2), "python.version = 2"),
+    "python RNG position 700": (_at("rng", "python", "state", apply=lambda t: t.index_fill(0, torch.tensor([624]),
+                                                                                           700)),
+                                "python.state[624] = 700"),
+    "python gauss_next = inf": (_at("rng", "python", "gauss_next", value=INF), "python.gauss_next = inf"),
+}
+
 CASES = {
     # truncation at several offsets
     "truncated to 0 bytes": (_truncate(0.0), "not a checksummed checkpoint"),
@@ -190,6 +287,7 @@ CASES = {
     "step 5 renamed to step 10": (_older_renamed, "holds step 5 of run"),
     "'model' entry of another run, re-signed": (_entry_from_other_run(False), "'model' entry fails its SHA-256"),
     "'model' entry of another run, plain SHA-256": (_entry_from_other_run(True), "'model' entry fails its SHA-256"),
+    **IMPOSSIBLE,
 }
 
 
@@ -244,3 +342,70 @@ def test_the_malicious_pickle_never_runs(runs, tmp_path, capfd):
     with pytest.raises(pickle.UnpicklingError):
         checkpoint.load_checkpoint(recovery.newest_checkpoint(run))
     assert "should never run" not in capfd.readouterr().out
+
+
+def test_a_malformed_rng_state_is_refused_before_any_generator_is_restored(runs):
+    """numpy's has_gauss=inf used to pass the check and then fail inside np.random.set_state with a raw
+    OverflowError, after torch's generator had already been replaced."""
+    import copy
+    import random
+
+    import numpy as np
+
+    state = copy.deepcopy(checkpoint.load_checkpoint(recovery.newest_checkpoint(runs / "stopped"))["rng"])
+    state["numpy"]["has_gauss"] = float("inf")
+    torch.manual_seed(123)
+    np.random.seed(123)
+    random.seed(123)
+    before = torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+    with pytest.raises(recovery.CheckpointError, match=r"numpy\.has_gauss = inf is impossible"):
+        recovery.restore_rng_state(state)
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert (np.random.get_state()[1] == before[1]).all() and random.getstate() == before[2]
+
+
+def test_checkpoints_of_a_weights_only_resume_resume_again(tmp_path):
+    """restore="weights" starts optimizer and schedule afresh, so its checkpoints count fewer optimizer steps
+    than run steps: possible, and resumed (only more steps than the run, or a mismatch between them, is not)."""
+    run = tmp_path / "run"
+    recovery.train(run, steps=STEPS, save_every=EVERY, stop_after=5, out=io.StringIO())
+    recovery.train(run, steps=STEPS, save_every=EVERY, stop_after=10, resume=True, restore="weights",
+                   out=io.StringIO())
+    state = checkpoint.load_checkpoint(recovery.newest_checkpoint(run))
+    assert state["step"] == 10 and state["optimizer"]["state"][0]["step"] == 5 == state["scheduler"]["last_epoch"]
+    recovery.check_state(state, STEPS)
+    out = io.StringIO()
+    recovery.train(run, steps=STEPS, save_every=EVERY, resume=True, out=out)
+    assert "resumed 10 from checkpoint-00000010.pt" in out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("opt", ["adam-amsgrad-two-groups", "adamw"])
+def test_the_optimizer_checks_accept_real_states_and_refuse_a_broken_maximum(opt):
+    """A positive control for the general checks: real Adam states (two groups, amsgrad; AdamW) pass,
+    and AMSGrad's running maximum below the second moment is refused."""
+    from lessonlib.measure import optim_state
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    params = list(model.parameters())
+    if opt == "adamw":
+        optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    else:
+        optimizer = torch.optim.Adam([{"params": params[:2]}, {"params": params[2:], "lr": 1e-3}], lr=1e-2,
+                                     amsgrad=True)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    groups = [[tuple(p.shape) for p in g["params"]] for g in optimizer.param_groups]
+    assert optim_state.check_adam_state(optimizer.state_dict(), groups, 0) == 0
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(5, 3)).pow(2).mean().backward()
+        optimizer.step()
+        scheduler.step()
+    sd = optimizer.state_dict()
+    assert optim_state.check_adam_state(sd, groups, 3) == 3
+    optim_state.check_scheduler_state(scheduler.state_dict(), sd, 3)
+    with pytest.raises(recovery.CheckpointError, match=r"scheduler\.last_epoch = 3 is impossible: it must be 2"):
+        optim_state.check_scheduler_state(scheduler.state_dict(), sd, 2)
+    if opt != "adamw":
+        sd["state"][1]["max_exp_avg_sq"] = sd["state"][1]["exp_avg_sq"] / 2
+        with pytest.raises(recovery.CheckpointError, match=r"optimizer\.state\[1\]\.max_exp_avg_sq is below"):
+            optim_state.check_adam_state(sd, groups, 3)

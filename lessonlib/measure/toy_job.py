@@ -7,7 +7,10 @@ what a valid saved state of it holds (:func:`check_state`).
 """
 from __future__ import annotations
 
+import math
+
 from ..checks import count, instance
+from .optim_state import check_adam_state, check_scheduler_state
 from .rng_state import check_rng_state
 from .run_folder import CheckpointError
 
@@ -27,7 +30,15 @@ def check_state(state: dict, steps: int) -> dict:
     A checkpoint can pass its checksum and still be wrong: written by a buggy
     job, or edited by hand. Before anything is restored: every part present;
     ``1 <= step <= steps``; a data cursor with ``epoch >= 0`` and
-    ``0 <= position <= N_EXAMPLES``; a complete RNG state.
+    ``0 <= position <= N_EXAMPLES``; the model's weights finite and of the
+    job's shapes; an Adam state for exactly those parameters, with possible
+    hyper-parameters and moments, that has taken 1 to ``step`` steps
+    (:func:`~lessonlib.measure.optim_state.check_adam_state`; fewer than
+    ``step`` after a ``restore="weights"`` resume); a StepLR schedule at that
+    same step, whose rate is ``initial_lr * gamma ** (taken // step_size)``
+    (:func:`~lessonlib.measure.optim_state.check_scheduler_state`);
+    a well-formed RNG state (:func:`~lessonlib.measure.rng_state.check_rng_state`).
+    The message names the entry, e.g. ``optimizer.param_groups[0].lr``.
     """
     instance("state", state, dict, "a dict (a loaded checkpoint)")
     steps = count("steps", steps, maximum=MAX_STEPS)
@@ -45,8 +56,55 @@ def check_state(state: dict, steps: int) -> dict:
         v = data[key]
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
             raise CheckpointError(f"the data cursor's {key} {v!r} is impossible: it must be from 0 to {top}")
+    shapes = _check_model(state["model"])
+    # Optimizer and schedule step together; a resume with restore="weights" starts both afresh, so they may
+    # count fewer steps than the run, never more, and never none (a checkpoint is saved after a step).
+    taken = check_adam_state(state["optimizer"], [list(shapes.values())], step)
+    if taken == 0:
+        raise CheckpointError(f"optimizer.state is empty, but a checkpoint of step {step} is saved after an "
+                              f"optimizer step")
+    sched = check_scheduler_state(state["scheduler"], state["optimizer"], taken)
+    for key in ("gamma", "step_size", "base_lrs", "_last_lr"):
+        if key not in sched:
+            raise CheckpointError(f"scheduler has no {key!r}: the toy job's schedule is a StepLR")
+    # StepLR multiplies the rate by gamma at each boundary: at most MAX_STEPS roundings of 2**-53 each,
+    # so a relative 1e-9 separates rounding from a rate that does not belong to this step.
+    try:
+        lr = sched["base_lrs"][0] * sched["gamma"] ** (taken // sched["step_size"])
+    except OverflowError:  # a gamma above 1 over many boundaries: no finite rate is that rate
+        lr = math.inf
+    if not math.isclose(sched["_last_lr"][0], lr, rel_tol=1e-9, abs_tol=1e-300):
+        raise CheckpointError(f"scheduler._last_lr[0] = {sched['_last_lr'][0]!r} is impossible: a StepLR from "
+                              f"{sched['base_lrs'][0]!r} with gamma {sched['gamma']!r} every {sched['step_size']} "
+                              f"steps is at {lr!r} after step {taken}")
     check_rng_state(state["rng"])
     return state
+
+
+def _model_shapes() -> dict:
+    """The parameters of :func:`_build`'s model by state-dict name: Linear layers at 0, 3, 6 (ReLU, Dropout between)."""
+    widths, shapes = JOB_CONFIG["layers"], {}
+    for i, (fan_in, fan_out) in enumerate(zip(widths, widths[1:])):
+        shapes[f"{3 * i}.weight"], shapes[f"{3 * i}.bias"] = (fan_out, fan_in), (fan_out,)
+    return shapes
+
+
+def _check_model(model) -> dict:
+    """The job's parameter shapes, after checking that ``model`` holds exactly them, finite."""
+    import torch
+
+    shapes = _model_shapes()
+    if not isinstance(model, dict) or list(model) != list(shapes):
+        raise CheckpointError(f"model must hold the entries {list(shapes)} (the toy job's layers), got "
+                              f"{list(model) if isinstance(model, dict) else type(model).__name__}")
+    for name, shape in shapes.items():
+        w = model[name]
+        if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or tuple(w.shape) != shape:
+            got = f"{w.dtype} of shape {tuple(w.shape)}" if isinstance(w, torch.Tensor) else repr(w)
+            raise CheckpointError(f"model.{name} must be a float32 tensor of shape {shape}, got {got}")
+        if not torch.isfinite(w).all():
+            raise CheckpointError(f"model.{name} holds non-finite values")
+    return shapes
 
 
 def _build(seed: int, steps: int):
