@@ -27,6 +27,7 @@ import copy
 
 from ...checks import count as check_count
 from ..rounds import MAX_ROUNDS
+from ..compat import require_all
 from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
@@ -212,6 +213,7 @@ def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16
     ddp_batch = check_count("ddp_batch", ddp_batch)
     if ddp_batch % world_size:
         raise ValueError(f"ddp_batch {ddp_batch} does not divide evenly by world_size={world_size}")
+    require_all('fully_shard', 'comm_debug_mode')  # before starting processes: one clear error on an older torch
     per_rank = launch(_comm_worker, world_size,
                       args=(sizes, checks, rounds, check_count("ddp_hidden", ddp_hidden), ddp_batch, dict(fsdp)),
                       timeout=timeout, progress_total=3 * world_size, desc=f"communication on {world_size} processes")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 
 from ...checks import count as check_count, instance as check_instance, sequence as check_sequence
+from ..compat import require_all
 from .launch import launch
 from .quiet import known_warnings_silenced
 
@@ -256,6 +257,7 @@ def run_pipelines(specs, timeout: float = 240.0) -> list:
     if not checked:
         raise ValueError("specs must hold at least one run")
     world = max(s["world_size"] for s in checked)
+    require_all('pipeline_stage')  # before starting processes: one clear error on an older torch
     per_rank = launch(_pipeline_worker, world, args=(checked,), timeout=timeout,
                       progress_total=sum(s["world_size"] * len(s["configs"]) for s in checked),
                       desc=f"pipelines on {world} processes")

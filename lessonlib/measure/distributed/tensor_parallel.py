@@ -28,6 +28,7 @@ from ...checks import count as check_count, instance as check_instance, sequence
 from ..memory import SavedTensorCounter
 from ..models import MAX_PARAMS, MAX_SEQ_LEN, Dropout
 from ...checks import fraction_below_one as check_fraction
+from ..compat import require_all
 from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
@@ -217,5 +218,6 @@ def run_tensor_parallel(world_size: int = 2, mlp=(4, 64, 128), block=(2, 128, 25
     b2, s2, h2, a2 = (check_count(n, v) for n, v in zip(("batch", "seq", "hidden", "heads"), block))
     if a2 % world_size or h2 % world_size:
         raise ValueError(f"world_size={world_size} must divide the layer's heads ({a2}) and hidden ({h2})")
+    require_all('comm_debug_mode')  # before starting processes: one clear error on an older torch
     return launch(_tp_worker, world_size, args=((batch, seq, hidden), (b2, s2, h2, a2)), timeout=timeout,
                   progress_total=2 * world_size, desc=f"tensor parallel on {world_size} processes")
