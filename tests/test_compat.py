@@ -125,12 +125,14 @@ def test_min_torch_is_the_newest_capability_the_pages_need():
 
 
 @pytest.mark.parametrize("version, lacking", [
+    ("2.7.1", {"pipeline_stage"}),
+    ("2.6.0", {"fully_shard", "pipeline_stage"}),
     ("2.5.1", {"fully_shard", "pipeline_stage"}),
     ("2.4.1", {"fully_shard", "pipeline_stage", "mem_tracker", "comm_debug_mode"}),
-    ("2.6.0", set()),
+    ("2.8.0", set()),
 ])
 def test_missing_judges_unimported_modules_by_the_torch_that_brought_them(monkeypatch, version, lacking):
-    """On 2.5 torch.distributed.fsdp is there but has no fully_shard: the setup cell must still name it
+    """On 2.5 torch.distributed.fsdp is there but has no fully_shard (on 2.6 not for CPU processes): the setup cell must still name it
     without importing the module (it judges by the release), as the issue's table shows."""
     for cap in compat.FEATURES.values():  # as on a fresh kernel: nothing imported yet
         for mod in [m for m in sys.modules if m == cap.module]:
@@ -167,6 +169,14 @@ def test_requires_refuses_bad_names():
         compat.requires("fully_shard", "fsdp")
 
 
+def test_a_fully_shard_that_cannot_run_on_cpu_processes_is_missing(monkeypatch):
+    """torch 2.6: fully_shard imports, then fails on gloo with 'Stream' object has no attribute 'record_event'."""
+    assert compat.feature("fully_shard") is not None
+    monkeypatch.delattr(torch.cpu.Stream, "record_event")
+    assert compat.feature("fully_shard") is None
+    assert "fully_shard" in compat.missing()
+
+
 def test_a_pipeline_stage_that_needs_example_inputs_is_missing(monkeypatch):
     """torch 2.4/2.5: PipelineStage(..., input_args) -- there, but not usable as lessonlib calls it."""
     import torch.distributed.pipelining as pp
@@ -178,8 +188,16 @@ def test_a_pipeline_stage_that_needs_example_inputs_is_missing(monkeypatch):
     assert compat.feature("pipeline_stage") is pp.PipelineStage
     monkeypatch.setattr(pp, "PipelineStage", OldStage)
     assert compat.feature("pipeline_stage") is None
-    with pytest.raises(compat.Unavailable, match=r"pipeline schedules .*torch >= 2\.6"):
+    with pytest.raises(compat.Unavailable, match=r"pipeline schedules .*torch >= 2\.8"):
         compat.require_all("pipeline_stage")
+
+
+def test_pipelines_whose_1f1b_deadlocks_on_gloo_are_missing(monkeypatch):
+    """torch 2.6 and 2.7.1: Schedule1F1B hangs on gloo (run here); 2.8's fix added _wait_batch_p2p."""
+    import torch.distributed.pipelining.schedules as schedules
+
+    monkeypatch.delattr(schedules, "_wait_batch_p2p")
+    assert compat.feature("pipeline_stage") is None
 
 
 def test_the_distributed_runs_refuse_before_starting_processes(monkeypatch):

@@ -1,9 +1,9 @@
 """PyTorch capabilities that are private, or newer than some torch a reader may have.
 
-lessonlib declares ``torch>=2.6`` (pyproject.toml, :data:`MIN_TORCH`): the
+lessonlib declares ``torch>=2.8`` (pyproject.toml, :data:`MIN_TORCH`): the
 oldest release on which every page measures everything, derived from the APIs
-below (the newest of them arrived in 2.6) and checked once in a real venv
-(README, "Which torch"). A notebook's setup cell installs lessonlib without
+below (the newest of them works from 2.8) and checked in real venvs with 2.6.0,
+2.7.1 and 2.8.0 (README, "Which torch"). A notebook's setup cell installs lessonlib without
 touching the torch it finds (Colab keeps its own), so a page can still meet an
 older torch. Each capability is therefore looked up when it is used, never at
 import, and a page that needs a missing one prints a "skipped on this torch"
@@ -16,9 +16,10 @@ name                   API                                            since  whe
                        ``.MemTracker`` (private)                             (a GPU reads torch.cuda)
 ``comm_debug_mode``    ``torch.distributed.tensor.debug``             2.5    collectives logged with
                        ``.CommDebugMode``                                    their bytes
-``fully_shard``        ``torch.distributed.fsdp.fully_shard``         2.6    sharded training (FSDP2)
-``pipeline_stage``     ``torch.distributed.pipelining.PipelineStage``  2.6    pipeline schedules
-                       without ``input_args``
+``fully_shard``        ``torch.distributed.fsdp.fully_shard``         2.7    sharded training (FSDP2)
+                       on CPU processes too (2.6: GPUs only)
+``pipeline_stage``     ``torch.distributed.pipelining.PipelineStage``  2.8    pipeline schedules
+                       without ``input_args`` (2.6), 1F1B on gloo (2.8)
 ``flop_counter``       ``torch.utils.flop_counter.FlopCounterMode``   2.1    FLOP counts
 ``checkpoint_early_``  ``torch.utils.checkpoint                       2.1    (none: early stop stays at
 ``stop``               .set_checkpoint_early_stop``                          torch's default)
@@ -44,16 +45,31 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: The oldest torch on which every page measures everything (pyproject.toml says the same).
-MIN_TORCH = "2.6"
+MIN_TORCH = "2.8"
 
 
-def _needs_no_input_args(cls) -> bool:
-    """torch 2.4 and 2.5's PipelineStage needs ``input_args`` (example inputs); 2.6 infers the shapes."""
+def _pipelines_run_on_gloo(cls) -> bool:
+    """Whether PipelineStage and its schedules work as lessonlib uses them, on CPU processes too.
+
+    torch 2.4 and 2.5's PipelineStage needs ``input_args`` (example inputs); 2.6 infers the shapes.
+    Up to 2.7, ``Schedule1F1B`` deadlocks on gloo (run here: 2.6.0 and 2.7.1 hang in
+    ``_step_microbatches``): its ``_batch_p2p`` waited for one of gloo's several works. The fix
+    (pytorch#152938, in 2.8) added ``schedules._wait_batch_p2p``, which is what is looked for.
+    """
     try:
         p = inspect.signature(cls.__init__).parameters.get("input_args")
     except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
         return False
-    return p is None or p.default is not inspect.Parameter.empty
+    schedules = sys.modules.get("torch.distributed.pipelining.schedules")
+    return (p is None or p.default is not inspect.Parameter.empty) and hasattr(schedules, "_wait_batch_p2p")
+
+
+def _shards_on_a_cpu(fully_shard) -> bool:
+    """torch 2.6's fully_shard runs on GPUs only: on CPU processes (gloo, where the course's runs go
+    without one GPU per process) it calls ``torch.cpu.Stream.record_event``, which arrived in 2.7."""
+    import torch
+
+    return hasattr(getattr(torch, "cpu", None), "Stream") and hasattr(torch.cpu.Stream, "record_event")
 
 
 @dataclass(frozen=True)
@@ -83,11 +99,11 @@ FEATURES: dict[str, Capability] = {
                               "the CPU peak memory of a step", devices=("cpu",)),
     "comm_debug_mode": Capability("torch.distributed.tensor.debug", "CommDebugMode", "2.5",
                                   "collectives logged with their bytes"),
-    "fully_shard": Capability("torch.distributed.fsdp", "fully_shard", "2.6",
-                              "sharded training with fully_shard (FSDP2)"),
-    "pipeline_stage": Capability("torch.distributed.pipelining", "PipelineStage", "2.6",
-                                 "pipeline schedules (a PipelineStage that infers its shapes)",
-                                 usable=_needs_no_input_args),
+    "fully_shard": Capability("torch.distributed.fsdp", "fully_shard", "2.7",
+                              "sharded training with fully_shard (FSDP2)", usable=_shards_on_a_cpu),
+    "pipeline_stage": Capability("torch.distributed.pipelining", "PipelineStage", "2.8",
+                                 "pipeline schedules (PipelineStage inferring its shapes, 1F1B on gloo)",
+                                 usable=_pipelines_run_on_gloo),
     "flop_counter": Capability("torch.utils.flop_counter", "FlopCounterMode", "2.1", "FLOP counts"),
     "checkpoint_early_stop": Capability("torch.utils.checkpoint", "set_checkpoint_early_stop", "2.1",
                                         "recomputation with early stop switched off"),
