@@ -165,8 +165,10 @@ def test_the_cpu_peak_tracker_is_not_required_on_a_gpu(monkeypatch, capsys):
 def test_requires_refuses_bad_names():
     with pytest.raises(ValueError, match="names must name at least one"):
         compat.requires()
-    with pytest.raises(ValueError, match="name must be one of"):
+    with pytest.raises(ValueError, match="names must be one of"):
         compat.requires("fully_shard", "fsdp")
+    with pytest.raises(ValueError, match="devices must name"):
+        compat.Capability("torch", "nn", "2.0", "x", devices=("tpu",))
 
 
 def test_a_fully_shard_that_cannot_run_on_cpu_processes_is_missing(monkeypatch):

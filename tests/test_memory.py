@@ -371,6 +371,7 @@ def test_warm_up_makes_the_first_matmuls_once_per_device(monkeypatch):
         return real_ones(*shape, requires_grad=requires_grad)
 
     monkeypatch.setattr(torch, "ones", ones)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
     monkeypatch.setattr(memory, "_WARM", set())
     memory.warm_up("cuda:1")

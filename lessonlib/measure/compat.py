@@ -88,6 +88,16 @@ class Capability:
     devices: tuple = ("cpu", "cuda")
     usable: object = None
 
+    def __post_init__(self):
+        from ..checks import function, sequence, text
+
+        for field in ("module", "attr", "since", "what"):
+            text(field, getattr(self, field))
+        if not all(d in ("cpu", "cuda") for d in sequence("devices", self.devices)):
+            raise ValueError(f"devices must name 'cpu' and/or 'cuda', got {self.devices!r:.80}")
+        if self.usable is not None:
+            function("usable", self.usable)
+
     @property
     def api(self) -> str:
         return f"{self.module}.{self.attr}"
@@ -114,9 +124,9 @@ class Unavailable(RuntimeError):
     """This torch lacks a feature a measurement needs; the message names it."""
 
 
-def _check_name(name) -> str:
+def _check_name(name, arg: str = "name") -> str:
     if not isinstance(name, str) or name not in FEATURES:
-        raise ValueError(f"name must be one of {sorted(FEATURES)}, got {name!r:.60}")
+        raise ValueError(f"{arg} must be one of {sorted(FEATURES)}, got {name!r:.60}")
     return name
 
 
@@ -148,7 +158,9 @@ def require(name: str):
 def require_all(*names: str) -> None:
     """:func:`require` each of ``names``: what a library function calls before it starts processes."""
     for n in names:
-        require(_check_name(n))
+        _check_name(n, "names")
+    for n in names:
+        require(n)
 
 
 def requires(*names: str, device=None) -> bool:
@@ -164,7 +176,7 @@ def requires(*names: str, device=None) -> bool:
     if not names:
         raise ValueError("names must name at least one capability, e.g. requires('fully_shard')")
     for n in names:
-        _check_name(n)
+        _check_name(n, "names")
     from .device import as_device
 
     kind = as_device("device", device).type

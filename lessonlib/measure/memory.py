@@ -278,6 +278,8 @@ def warm_up(device) -> None:
     device = as_device("device", device)
     if device.type != "cuda":
         return
+    if not torch.cuda.is_available():
+        raise ValueError(f"device is {str(device)!r} but torch.cuda.is_available() is False")
     key = device.index if device.index is not None else torch.cuda.current_device()
     if key in _WARM:
         return
