@@ -125,11 +125,13 @@ def test_min_torch_is_the_newest_capability_the_pages_need():
 
 
 @pytest.mark.parametrize("version, lacking", [
+    ("2.10.0", {"pipeline_stage"}),
+    ("2.8.0", {"pipeline_stage"}),
     ("2.7.1", {"pipeline_stage"}),
     ("2.6.0", {"fully_shard", "pipeline_stage"}),
     ("2.5.1", {"fully_shard", "pipeline_stage"}),
     ("2.4.1", {"fully_shard", "pipeline_stage", "mem_tracker", "comm_debug_mode"}),
-    ("2.8.0", set()),
+    ("2.11.0", set()),
 ])
 def test_missing_judges_unimported_modules_by_the_torch_that_brought_them(monkeypatch, version, lacking):
     """On 2.5 torch.distributed.fsdp is there but has no fully_shard (on 2.6 not for CPU processes): the setup cell must still name it
@@ -190,7 +192,7 @@ def test_a_pipeline_stage_that_needs_example_inputs_is_missing(monkeypatch):
     assert compat.feature("pipeline_stage") is pp.PipelineStage
     monkeypatch.setattr(pp, "PipelineStage", OldStage)
     assert compat.feature("pipeline_stage") is None
-    with pytest.raises(compat.Unavailable, match=r"pipeline schedules .*torch >= 2\.8"):
+    with pytest.raises(compat.Unavailable, match=r"pipeline schedules .*torch >= 2\.11"):
         compat.require_all("pipeline_stage")
 
 
@@ -302,3 +304,18 @@ def test_a_page_on_a_torch_without_a_capability_runs_and_says_what_it_skipped(mo
     cap = compat.FEATURES[hide]
     assert f"pages skip:\n- {cap.what} (needs {cap.api}, torch >= {cap.since})" in text[0]  # the setup cell
     assert any(t.startswith(f"skipped on this torch: {cap.what}") for t in text[1:]), text
+
+
+def test_pipelines_that_refuse_fewer_microbatches_than_stages_are_missing(monkeypatch):
+    """torch 2.7.1 and 2.8.0 (run here): ScheduleGPipe(stage, n_microbatches=1) on 2 stages raises
+    ValueError; the pipelines page runs exactly that (the bubble at its largest)."""
+    import torch.distributed.pipelining.schedules as schedules
+
+    def refuse(self, stage, n_microbatches, *a, **k):
+        if n_microbatches < stage.num_stages:
+            raise ValueError(f"Number of microbatches ({n_microbatches}) must be greater than or equal to "
+                             f"the number of stages ({stage.num_stages}).")
+
+    assert compat.feature("pipeline_stage") is not None
+    monkeypatch.setattr(schedules.ScheduleGPipe, "__init__", refuse)
+    assert compat.feature("pipeline_stage") is None

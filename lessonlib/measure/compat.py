@@ -1,9 +1,9 @@
 """PyTorch capabilities that are private, or newer than some torch a reader may have.
 
-lessonlib declares ``torch>=2.8`` (pyproject.toml, :data:`MIN_TORCH`): the
+lessonlib declares ``torch>=2.11`` (pyproject.toml, :data:`MIN_TORCH`): the
 oldest release on which every page measures everything, derived from the APIs
-below (the newest of them works from 2.8) and checked in real venvs with 2.6.0,
-2.7.1 and 2.8.0 (README, "Which torch"). A notebook's setup cell installs lessonlib without
+below (the newest of them works from 2.11) and checked in real venvs
+(README, "Which torch"). A notebook's setup cell installs lessonlib without
 touching the torch it finds (Colab keeps its own), so a page can still meet an
 older torch. Each capability is therefore looked up when it is used, never at
 import, and a page that needs a missing one prints a "skipped on this torch"
@@ -18,8 +18,9 @@ name                   API                                            since  whe
                        ``.CommDebugMode``                                    their bytes
 ``fully_shard``        ``torch.distributed.fsdp.fully_shard``         2.7    sharded training (FSDP2)
                        on CPU processes too (2.6: GPUs only)
-``pipeline_stage``     ``torch.distributed.pipelining.PipelineStage``  2.8    pipeline schedules
-                       without ``input_args`` (2.6), 1F1B on gloo (2.8)
+``pipeline_stage``     ``torch.distributed.pipelining.PipelineStage``  2.11   pipeline schedules
+                       without ``input_args`` (2.6), 1F1B on gloo
+                       (2.8), GPipe with 1 micro-batch (2.11)
 ``flop_counter``       ``torch.utils.flop_counter.FlopCounterMode``   2.1    FLOP counts
 ``checkpoint_early_``  ``torch.utils.checkpoint                       2.1    (none: early stop stays at
 ``stop``               .set_checkpoint_early_stop``                          torch's default)
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: The oldest torch on which every page measures everything (pyproject.toml says the same).
-MIN_TORCH = "2.8"
+MIN_TORCH = "2.11"
 
 
 def _pipelines_run_on_gloo(cls) -> bool:
@@ -61,7 +62,28 @@ def _pipelines_run_on_gloo(cls) -> bool:
     except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
         return False
     schedules = sys.modules.get("torch.distributed.pipelining.schedules")
-    return (p is None or p.default is not inspect.Parameter.empty) and hasattr(schedules, "_wait_batch_p2p")
+    return ((p is None or p.default is not inspect.Parameter.empty) and hasattr(schedules, "_wait_batch_p2p")
+            and _gpipe_takes_fewer_microbatches_than_stages(schedules))
+
+
+def _gpipe_takes_fewer_microbatches_than_stages(schedules) -> bool:
+    """The pipelines page runs GPipe with 1 micro-batch on 2 stages (the bubble at its largest).
+
+    From 2.7 to 2.10 every single-stage schedule refused fewer micro-batches than
+    stages (pytorch#144702, a guard against a 1F1B hang; run here: 2.7.1 and 2.8.0
+    raise ValueError; 2.10.0's source has the check, 2.11.0's has it in 1F1B alone). Asked of the schedule itself,
+    with a stand-in stage: the check comes before anything else uses the stage.
+    """
+    class _Stage:
+        num_stages, has_backward = 2, False
+
+    try:
+        schedules.ScheduleGPipe(_Stage(), n_microbatches=1)
+    except ValueError:
+        return False
+    except Exception:  # past the check, at something the stand-in lacks
+        return True
+    return True
 
 
 def _shards_on_a_cpu(fully_shard) -> bool:
@@ -111,8 +133,8 @@ FEATURES: dict[str, Capability] = {
                                   "collectives logged with their bytes"),
     "fully_shard": Capability("torch.distributed.fsdp", "fully_shard", "2.7",
                               "sharded training with fully_shard (FSDP2)", usable=_shards_on_a_cpu),
-    "pipeline_stage": Capability("torch.distributed.pipelining", "PipelineStage", "2.8",
-                                 "pipeline schedules (PipelineStage inferring its shapes, 1F1B on gloo)",
+    "pipeline_stage": Capability("torch.distributed.pipelining", "PipelineStage", "2.11",
+                                 "pipeline schedules (GPipe with 1 micro-batch, 1F1B on gloo)",
                                  usable=_pipelines_run_on_gloo),
     "flop_counter": Capability("torch.utils.flop_counter", "FlopCounterMode", "2.1", "FLOP counts"),
     "checkpoint_early_stop": Capability("torch.utils.checkpoint", "set_checkpoint_early_stop", "2.1",
