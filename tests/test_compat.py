@@ -165,8 +165,7 @@ def test_the_cpu_peak_tracker_is_not_required_on_a_gpu(monkeypatch, capsys):
 
 
 def test_requires_refuses_bad_names():
-    with pytest.raises(ValueError, match="names must name at least one"):
-        compat.requires()
+    assert compat.requires() is True  # nothing required
     with pytest.raises(ValueError, match="names must be one of"):
         compat.requires("fully_shard", "fsdp")
     with pytest.raises(ValueError, match="devices must name"):
