@@ -7,11 +7,16 @@ For each notebook it prints one line:
 * pass or fail (every cell ran, the notebook's own asserts included);
 * ledger / CUDA peak: for each training step the notebook measured with
   ``measure_training_memory``, the ledger's total (weights + gradients +
-  optimizer state + saved activations) over ``torch.cuda.max_memory_allocated``
-  during that step (the ledger's ``peak``): how much of the real peak the
-  inventory explains. Several steps: the smallest and largest ratio;
+  optimizer state + saved activations) over the ledger's ``peak`` (the model,
+  optimizer and inputs, plus ``torch.cuda.max_memory_allocated`` over what was
+  allocated before the step, read after cuBLAS's workspace was made):
+  how much of the real peak the inventory explains. Several steps: the
+  smallest and largest ratio;
 * step / prediction: the median training-step to prediction time ratio of each
-  ``time_training_step`` call (CUDA events on a GPU).
+  ``time_training_step`` call (CUDA events on a GPU);
+* claims: the claims a page asserts only on the device where they were
+  established (a CPU) and records elsewhere (``record("claim", name=...,
+  held=...)``): how many held on this GPU, and the name of each that did not.
 
 "-" means the notebook made no such measurement. Design: the notebooks are
 not asked for anything. lessonlib's measurement helpers append a JSON line per
@@ -79,6 +84,15 @@ def summarize(records: list[dict]) -> tuple[str, str]:
     return _span(ledger, ".2f"), _span(timing, ".1f")
 
 
+def claims(records: list[dict]) -> str:
+    """The claims column: "-" without any, "2/2", or "1/2, not: <name>" from a notebook's CUDA records."""
+    found = [r for r in records if r["kind"] == "claim" and r.get("device") == "cuda"]
+    if not found:
+        return "-"
+    failed = [str(r.get("name")) for r in found if not r.get("held")]
+    return f"{len(found) - len(failed)}/{len(found)}" + (f", not: {'; '.join(failed)}" if failed else "")
+
+
 def main(argv: list[str]) -> int:
     name = cuda_device()
     if name is None:
@@ -88,7 +102,7 @@ def main(argv: list[str]) -> int:
 
     paths = [Path(a).resolve() for a in argv] or sorted((ROOT / "chapters").glob("*/*.ipynb"))
     print(f"CUDA device: {name}")
-    print(f"{'notebook':52} {'result':6} {'ledger/peak':>12} {'step/pred':>10} {'seconds':>8}")
+    print(f"{'notebook':52} {'result':6} {'ledger/peak':>12} {'step/pred':>10} {'seconds':>8}  claims held")
     failed = 0
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         for i, path in enumerate(paths):
@@ -96,11 +110,12 @@ def main(argv: list[str]) -> int:
             t0 = time.perf_counter()
             ok, why = run_notebook(path, rec)
             secs = time.perf_counter() - t0
-            ledger, timing = summarize(read(rec))
+            records = read(rec)
+            ledger, timing = summarize(records)
             failed += not ok
             rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-            print(f"{str(rel):52} {'pass' if ok else 'FAIL':6} {ledger:>12} {timing:>10} {secs:8.1f}"
-                  + (f"   {why}" if why else ""), flush=True)
+            print(f"{str(rel):52} {'pass' if ok else 'FAIL':6} {ledger:>12} {timing:>10} {secs:8.1f}  "
+                  f"{claims(records)}" + (f"   {why}" if why else ""), flush=True)
     print(f"{len(paths) - failed} of {len(paths)} notebooks passed")
     return 1 if failed else 0
 

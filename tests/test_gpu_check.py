@@ -53,3 +53,22 @@ def test_summary_uses_cuda_records_only():
             {"kind": "timing", "device": "cuda", "step_over_prediction": 3.46}]
     assert gpu_check.summarize(recs) == ("0.80..0.90", "3.5")
     assert gpu_check.summarize([]) == ("-", "-")
+
+
+def test_claims_column_names_each_claim_that_did_not_hold_on_the_gpu():
+    recs = [{"kind": "claim", "device": "cuda", "name": "optimizer share falls with the batch", "held": False},
+            {"kind": "claim", "device": "cuda", "name": "peak below the sum of the rows", "held": True},
+            {"kind": "claim", "device": "cpu", "name": "ignored: not the GPU", "held": False}]
+    assert gpu_check.claims(recs) == "1/2, not: optimizer share falls with the batch"
+    assert gpu_check.claims(recs[1:2]) == "1/1"
+    assert gpu_check.claims([{"kind": "ledger", "device": "cuda", "total": 1, "peak": 2}]) == "-"
+
+
+def test_pages_record_the_claims_they_assert_only_on_a_cpu():
+    """Each page claim asserted only where it was established records itself, so a GPU run reports it."""
+    import nbformat
+
+    for page in ("03-distributed-speedup/01-amdahl.ipynb", "02-two-checkpoints/02-memory-against-compute.ipynb",
+                 "01-forward-vs-training/02-memory-inventory.ipynb"):
+        src = "\n".join(c.source for c in nbformat.read(ROOT / "chapters" / page, 4).cells)
+        assert 'if device.type == "cpu"' in src and 'record("claim", name=' in src, page

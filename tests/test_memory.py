@@ -338,3 +338,60 @@ def test_tensor_parallel_activation_formula():
 def test_tensor_parallel_bad_input(t):
     with pytest.raises(ValueError, match="tensor_parallel"):
         activation_bytes_per_layer(2048, 1, 4096, 32, tensor_parallel=t)
+
+
+def test_on_a_gpu_cublas_is_warmed_up_before_the_peak_is_read(monkeypatch):
+    """The first matmul's cuBLAS workspace (tens of MiB) must not land inside the first step measured:
+    with a fake torch.cuda, peak_memory warms the device up before it reads where the step starts."""
+    from lessonlib.measure import memory
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: calls.append("synchronize"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: calls.append("allocated") or 40_000_000)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: calls.append("max") or 40_000_500)
+    monkeypatch.setattr(memory, "warm_up", lambda d: calls.append(f"warm_up {d}"))
+    result, peak = memory.peak_memory(lambda: calls.append("fn") or 7, device="cuda")
+    assert result == 7
+    order = [calls.index(c) for c in ("warm_up cuda:0", "allocated", "reset", "fn", "max")]
+    assert order == sorted(order), calls
+    # Nothing tracked: start 0; the 40 MB already on the device (another model, the workspace) is in neither part.
+    assert (peak.start, peak.peak) == (0, 500)
+
+
+def test_warm_up_makes_the_first_matmuls_once_per_device(monkeypatch):
+    from lessonlib.measure import memory
+
+    made, real_ones = [], torch.ones
+
+    def ones(*shape, device=None, dtype=None, requires_grad=False):  # a CPU tensor standing in for the GPU's
+        made.append((str(device), dtype))
+        return real_ones(*shape, requires_grad=requires_grad)
+
+    monkeypatch.setattr(torch, "ones", ones)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    monkeypatch.setattr(memory, "_WARM", set())
+    memory.warm_up("cuda:1")
+    memory.warm_up("cuda:1")
+    memory.warm_up("cpu")  # nothing to warm up
+    assert made == [("cuda:1", torch.float32), ("cuda:1", torch.float16), ("cuda:1", torch.bfloat16)]
+
+
+def test_tracked_bytes_count_what_the_cpu_tracker_counts():
+    """The GPU peak's start: the tracked modules' weights, buffers and gradients, the optimizer's state
+    and the inputs, each storage once, on the measured device only."""
+    from lessonlib.measure.memory import _tracked_bytes
+
+    model = models.ForecastMLP(window=8, hidden=16, layers=2)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(4, 8)
+    w = sum(p.numel() * 4 for p in model.parameters())
+    assert _tracked_bytes((model, opt, x, x), torch.device("cpu")) == w + x.numel() * 4
+    model(x).sum().backward()
+    opt.step()
+    state = memory_measure.optimizer_state_bytes(opt)
+    assert _tracked_bytes((model, opt, x), torch.device("cpu")) == 2 * w + state + x.numel() * 4
+    assert _tracked_bytes((model, opt, x), torch.device("meta")) == 0

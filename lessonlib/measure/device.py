@@ -145,10 +145,11 @@ def environment_report(device: torch.device | str | None = None) -> str:
     memory statistics on a GPU, the wall clock and torch's thread count on a CPU;
     the third gives torch's and Python's versions. A page that runs something on
     the CPU regardless (a subprocess job, a two-process gloo run) says so where it does.
-    On a torch that lacks a feature of :mod:`lessonlib.measure.compat`, one more
-    line says what this runtime cannot measure.
+    On a torch that lacks a capability of :mod:`lessonlib.measure.compat`, more
+    lines follow: one naming the torch that has them all, then one per missing
+    capability (what a page skips, the API, the torch that brought it).
     """
-    from .compat import missing
+    from .compat import MIN_TORCH, missing
 
     device = as_device("device", device)
     if device.type == "cuda":
@@ -160,5 +161,7 @@ def environment_report(device: torch.device | str | None = None) -> str:
               f"torch {torch.__version__} | Python {platform.python_version()}")
     lacking = missing()
     if lacking:
-        report += "\nnot measured with this torch: " + "; ".join(lacking.values())
+        report += (f"\ntorch {torch.__version__} lacks {len(lacking)} of what the pages measure"
+                   f" (all there from torch {MIN_TORCH}); pages skip:")
+        report += "".join(f"\n- {why}" for why in lacking.values())
     return report

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.utils._pytree
+from torch.utils._pytree import tree_flatten  # (tree_leaves is newer than torch 2.1)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..checks import flag, function, instance, sequence
@@ -96,8 +96,9 @@ class MemoryLedger:
     optimizer_state:  bytes of every tensor in ``optimizer.state`` after the step
     activations:      bytes saved for backward (saved_tensors_hooks), de-duplicated
                       by storage, parameters excluded
-    peak:             peak bytes during the step, or None when no tracker is
-                      available. GPU: ``torch.cuda.max_memory_allocated``, the
+    peak:             peak bytes during the step (model, optimizer and inputs,
+                      plus what the step allocated), or None when no tracker is
+                      available. GPU: from ``torch.cuda.max_memory_allocated``, the
                       allocator's own peak. CPU: MemTracker's peak, which counts
                       tensors only - a lower bound: scratch buffers that kernels
                       allocate inside themselves (convolution's im2col buffer,
@@ -141,7 +142,7 @@ class _CreatedStorages(TorchDispatchMode):
         self.older: set = set()
 
     def _see(self, tree, into):
-        for t in torch.utils._pytree.tree_leaves(tree):
+        for t in tree_flatten(tree)[0]:
             if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
                 try:
                     key = _storage_key(t)[0]
@@ -294,9 +295,9 @@ def optimizer_state_bytes(optimizer) -> int:
 class PeakMemory:
     """Bytes held when a piece of work started, and the most held while it ran.
 
-    start:  bytes held at the start (GPU: everything allocated on the device;
-            CPU: the tensors of the tracked modules, optimizers and tensors)
-    peak:   the highest bytes held during the work, counted the same way
+    start:  bytes held at the start: the tensors of the tracked modules, optimizers
+            and tensors (``track``), on either device
+    peak:   start + the most the work allocated on top of it at any moment
     """
 
     start: int
@@ -308,16 +309,61 @@ class PeakMemory:
         return self.peak - self.start
 
 
+_WARM: set = set()
+
+
+def warm_up(device) -> None:
+    """Make the device's one-off allocations now, before any peak is read (once per device; no-op on CPU).
+
+    A CUDA device's first matrix product creates cuBLAS's handle and its
+    workspace (tens of MiB on recent GPUs, allocated through PyTorch's caching
+    allocator and kept). Inside a measurement that workspace would land in the
+    peak of whatever step came first, against a step of a few MiB.
+    """
+    from .device import as_device
+
+    device = as_device("device", device)
+    if device.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(f"device is {str(device)!r} but torch.cuda.is_available() is False")
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key in _WARM:
+        return
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):  # cuBLAS and cuBLASLt paths
+        a = torch.ones(16, 16, device=device, dtype=dtype, requires_grad=True)
+        (a @ a).sum().backward()
+    torch.cuda.synchronize(device)
+    _WARM.add(key)
+
+
+def _tracked_bytes(track, device) -> int:
+    """Bytes of the tensors of ``track`` on ``device``: modules' parameters, buffers and
+    gradients, optimizers' state, plain tensors; a storage counts once."""
+    tensors = []
+    for obj in track:
+        if isinstance(obj, torch.nn.Module):
+            tensors += [*obj.parameters(), *obj.buffers()]
+            tensors += [p.grad for p in obj.parameters() if p.grad is not None]
+        elif isinstance(obj, torch.optim.Optimizer):
+            tensors += [v for s in obj.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        elif isinstance(obj, torch.Tensor):
+            tensors.append(obj)
+    return _tensor_bytes(t for t in tensors if t.device == device)
+
+
 def peak_memory(fn, device=None, track=()):
     """Run ``fn()`` and measure its peak memory: returns ``(fn's result, PeakMemory or None)``.
 
-    The one peak-memory primitive of the course. On a GPU it uses
-    ``torch.cuda.max_memory_allocated`` (all tensors on the device count). On
-    a CPU it uses PyTorch's ``torch.distributed._tools.mem_tracker.MemTracker``
-    (private, but the only deterministic CPU peak PyTorch offers), which
-    counts the modules, optimizers and tensors in ``track`` plus everything
-    allocated inside ``fn``; the result is None when the tracker is missing
-    from the torch build.
+    The one peak-memory primitive of the course. Both devices count the same
+    thing: the tensors of ``track`` (modules, optimizers, tensors) at the start,
+    plus the most ``fn`` allocated on top at any moment. On a GPU the added part
+    is ``torch.cuda.max_memory_allocated`` over what was allocated before ``fn``,
+    read after :func:`warm_up` (so cuBLAS's workspace, and any other tensor on
+    the device, is in neither part). On a CPU it is PyTorch's
+    ``torch.distributed._tools.mem_tracker.MemTracker`` (private, but the only
+    deterministic CPU peak PyTorch offers); the result is None when the torch
+    build lacks it (``lessonlib.measure.compat``, capability ``mem_tracker``).
     """
     function("fn", fn)
     track = sequence("track", track, allow_empty=True)
@@ -328,12 +374,15 @@ def peak_memory(fn, device=None, track=()):
 
     device = as_device("device", device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
+        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        warm_up(device)
         torch.cuda.synchronize(device)
-        start = torch.cuda.memory_allocated(device)
+        before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
+        start = _tracked_bytes(track, device)
         result = fn()
         torch.cuda.synchronize(device)
-        return result, PeakMemory(int(start), int(torch.cuda.max_memory_allocated(device)))
+        return result, PeakMemory(start, start + max(0, int(torch.cuda.max_memory_allocated(device)) - int(before)))
     from .compat import feature
 
     MemTracker = feature("mem_tracker")  # private API: None on a torch without it
@@ -361,10 +410,10 @@ def measure_training_memory(model, inputs, targets, loss_fn, optimizer, track_pe
     ``loss_fn(outputs, targets)`` returns a scalar. Gradients are cleared
     first (``set_to_none``); the model's weights are updated by the step.
 
-    Returns a :class:`MemoryLedger` (bytes). ``peak`` comes from
-    ``torch.cuda.max_memory_allocated`` on a GPU and from the private
-    ``torch.distributed._tools.mem_tracker.MemTracker`` on a CPU; it is None
-    when neither is available or ``track_peak`` is False. On a CPU it is
+    Returns a :class:`MemoryLedger` (bytes). ``peak`` is :func:`peak_memory`'s,
+    tracking the model, the optimizer and the inputs: the same count on both
+    devices; it is None on a CPU whose torch lacks MemTracker, or when
+    ``track_peak`` is False. On a CPU it is
     "tensors only, a lower bound": memory that kernels allocate for their own
     scratch work is missing from it.
     """

@@ -60,8 +60,13 @@ class _OpsSeen(TorchDispatchMode):
 
 
 def _uncounted(ops) -> list:
-    from torch.utils.flop_counter import flop_registry  # (2.1, like FlopCounterMode: only when counting)
+    import torch.utils.flop_counter as fc
 
+    # flop_registry arrived in torch 2.2; 2.1 calls the same table flop_mapping. Without either
+    # this check cannot tell what is counted, and warns about nothing.
+    flop_registry = getattr(fc, "flop_registry", None) or getattr(fc, "flop_mapping", None) or {}
+    if not flop_registry:
+        return []
     names = set()
     for op in ops:
         if op in flop_registry or op.overloadpacket in flop_registry:

@@ -14,10 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._pytree import tree_flatten
 
 from ...checks import text as check_text
+from ..compat import base_class
+
+# torch.distributed.tensor.debug arrived in torch 2.5: without it this module still imports, and
+# CollectiveLog() raises compat.Unavailable naming it (pages check compat.requires first).
+CommDebugMode = base_class("comm_debug_mode")
 
 __all__ = ["Collective", "CollectiveLog", "collective_kind"]
 

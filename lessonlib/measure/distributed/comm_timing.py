@@ -27,6 +27,7 @@ import copy
 
 from ...checks import count as check_count, mapping as check_mapping, sequence as check_sequence
 from ..rounds import MAX_ROUNDS
+from ..compat import require_all
 from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
@@ -249,6 +250,7 @@ def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16
 
     ddp_hidden = check_forecast_hidden("ddp_hidden", ddp_hidden)
     fsdp = _fsdp_config(fsdp)
+    require_all('fully_shard', 'comm_debug_mode')  # before starting processes: one clear error on an older torch
     per_rank = launch(_comm_worker, world_size,
                       args=(sizes, checks, rounds, ddp_hidden, ddp_batch, fsdp),
                       timeout=timeout, progress_total=3 * world_size, desc=f"communication on {world_size} processes")

@@ -24,6 +24,7 @@ import copy
 
 from ...checks import (count as check_count, instance as check_instance, positive as check_positive,
                        sequence as check_sequence)
+from ..compat import require_all
 from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
@@ -217,6 +218,7 @@ def run_sharding(world_sizes=(2, 4), steps: int = 4, global_batch: int = 8, lr: 
     for n in sizes:
         if global_batch % n:
             raise ValueError(f"global_batch {global_batch} does not divide evenly by {n} processes")
+    require_all('fully_shard', 'comm_debug_mode')  # before starting processes: one clear error on an older torch
     per_rank = launch(_sharding_worker, sizes[-1], args=(sizes, steps, global_batch, lr), timeout=timeout,
                       progress_total=sum(sizes), desc=f"sharding on {', '.join(map(str, sizes))} processes")
     return {n: [r[n] for r in per_rank[:n]] for n in sizes}

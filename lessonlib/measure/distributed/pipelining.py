@@ -23,6 +23,7 @@ import time
 
 from ...checks import count as check_count, instance as check_instance, mapping as check_mapping, \
     sequence as check_sequence
+from ..compat import require_all
 from .launch import launch
 from .quiet import known_warnings_silenced
 
@@ -269,6 +270,7 @@ def run_pipelines(specs, timeout: float = 240.0) -> list:
         except (ValueError, TypeError) as err:
             raise type(err)(f"specs[{i}]: {err}") from None
     world = max(s["world_size"] for s in checked)
+    require_all('pipeline_stage')  # before starting processes: one clear error on an older torch
     per_rank = launch(_pipeline_worker, world, args=(checked,), timeout=timeout,
                       progress_total=sum(s["world_size"] * len(s["configs"]) for s in checked),
                       desc=f"pipelines on {world} processes")

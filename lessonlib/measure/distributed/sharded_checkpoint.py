@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from ...checks import count as check_count, path as check_path, positive as check_positive
+from ..compat import require_all
 from .launch import launch
 from .fsdp import _batch, _build, _shard
 from .quiet import known_warnings_silenced
@@ -91,6 +92,7 @@ def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 
     path = check_path("path", path)
     lr = check_positive("lr", lr, maximum=MAX_LR)  # lr=1e30 trained into a NaN-filled checkpoint
     path.mkdir(parents=True, exist_ok=True)
+    require_all('fully_shard')  # before starting processes: one clear error on an older torch
     per_rank = launch(_save_worker, world_size, args=(str(path), steps, global_batch, lr), timeout=timeout,
                       progress_total=world_size, desc=f"sharded save from {world_size} processes")
     r0 = per_rank[0]

@@ -28,6 +28,7 @@ from ...checks import count as check_count, instance as check_instance, sequence
 from ..memory import SavedTensorCounter
 from ..models import MAX_PARAMS, MAX_SEQ_LEN, Dropout
 from ...checks import fraction_below_one as check_fraction
+from ..compat import require_all
 from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
@@ -248,5 +249,6 @@ def run_tensor_parallel(world_size: int = 2, mlp=(4, 64, 128), block=(2, 128, 25
         if n > MAX_ACTIVATION_VALUES:
             raise ValueError(f"{what} is {n:,} values in one activation, more than the {MAX_ACTIVATION_VALUES:,} "
                              "a run of the course holds")
+    require_all('comm_debug_mode')  # before starting processes: one clear error on an older torch
     return launch(_tp_worker, world_size, args=((batch, seq, hidden), (b2, s2, h2, a2)), timeout=timeout,
                   progress_total=2 * world_size, desc=f"tensor parallel on {world_size} processes")
