@@ -17,74 +17,7 @@ from torch.utils._pytree import tree_flatten  # (tree_leaves is newer than torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..checks import flag, function, instance, sequence
-
-
-def _check_step_args(model, inputs, loss_fn=None, optimizer=None, targets=None) -> tuple:
-    """Check a model, its inputs (a tensor or a tuple of tensors) and the optional loss and optimizer.
-
-    Returns ``inputs`` as a tuple of arguments for ``model``. Raises
-    ``TypeError``/``ValueError`` naming the argument.
-    """
-    instance("model", model, torch.nn.Module, "a torch.nn.Module")
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
-    if not args:
-        raise ValueError("inputs must not be an empty tuple")
-    for a in args:
-        instance("inputs", a, torch.Tensor, "a torch.Tensor or a tuple of tensors")
-    if loss_fn is not None:
-        function("loss_fn", loss_fn)
-        instance("targets", targets, (torch.Tensor, tuple, type(None)),
-                 "a torch.Tensor (what loss_fn compares the output with) or None")
-    if optimizer is not None:
-        instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
-        check_optimizer_of(optimizer, model)
-    return args
-
-
-def check_optimizer_of(optimizer, model) -> None:
-    """Refuse an ``optimizer`` that updates tensors other than ``model``'s parameters (one built
-    for another model, or for a copy): its step would leave ``model`` unchanged and its state
-    would not be the model's. An optimizer over some of the parameters (fine-tuning) is fine."""
-    instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
-    instance("model", model, torch.nn.Module, "a torch.nn.Module")
-    own = {id(p) for p in model.parameters()}
-    theirs = [p for group in optimizer.param_groups for p in group["params"]]
-    if not theirs:
-        raise ValueError("optimizer has no parameters to update")
-    foreign = sum(id(p) not in own for p in theirs)
-    if foreign:
-        raise ValueError(f"optimizer updates {foreign} of its {len(theirs)} tensors that are not model's parameters: "
-                         "build it from this model, e.g. torch.optim.Adam(model.parameters())")
-
-
-def check_targets_fit(output, targets, name: str = "targets") -> None:
-    """Refuse ``targets`` whose shape cannot be compared with the model's ``output``.
-
-    Values to regress (a floating-point tensor) must have the output's shape
-    exactly: an MSE between (8, 1) and (8,) or (8, 3) broadcasts silently into
-    a wrong loss. Class indices (an integer tensor) must have the output's shape
-    without its class dimension (the last, or the second as in
-    ``cross_entropy``'s (N, C, ...) layout). Tuples and non-tensors are left to
-    the loss function.
-    """
-    from ..checks import text
-
-    text("name", name)
-    if not isinstance(output, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        return
-    out, tgt = tuple(output.shape), tuple(targets.shape)
-    if targets.is_floating_point() or targets.is_complex():
-        if tgt != out:
-            raise ValueError(f"{name} has shape {tgt} but the model's output has shape {out}: values to regress "
-                             f"must have the output's shape (a loss would broadcast them into a wrong number)")
-        return
-    if targets.dtype == torch.bool:
-        return
-    dropped = {out[:-1]} | ({out[:1] + out[2:]} if len(out) >= 2 else set())
-    if tgt not in dropped:
-        raise ValueError(f"{name} has shape {tgt} but the model's output has shape {out}: class indices must have "
-                         f"the output's shape without its class dimension, {' or '.join(map(str, sorted(dropped)))}")
-
+from .step_args import check_optimizer_of, check_step_args, check_targets_fit  # noqa: F401 (also imported from here)
 
 
 @dataclass
@@ -264,7 +197,7 @@ def measure_activations(model, inputs, targets=None, loss_fn=None) -> SavedTenso
     dtype, bytes). No backward is run; the
     graph is freed when the result goes out of scope.
     """
-    args = _check_step_args(model, inputs, loss_fn, targets=targets)
+    args = check_step_args(model, inputs, loss_fn, targets=targets)
     counter = SavedTensorCounter(exclude=list(model.parameters())).watch(model)
     with counter:
         out = model(*args)
@@ -417,7 +350,7 @@ def measure_training_memory(model, inputs, targets, loss_fn, optimizer, track_pe
     "tensors only, a lower bound": memory that kernels allocate for their own
     scratch work is missing from it.
     """
-    args = _check_step_args(model, inputs, loss_fn, optimizer, targets)
+    args = check_step_args(model, inputs, loss_fn, optimizer, targets)
     function("loss_fn", loss_fn)
     instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
     track_peak = flag("track_peak", track_peak)

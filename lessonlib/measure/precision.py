@@ -105,9 +105,10 @@ def mixed_precision_step(model, inputs, targets, loss_fn, lr: float = 1e-3) -> d
     """
     import copy
 
-    from .memory import _check_step_args, check_targets_fit, optimizer_state_bytes
+    from .memory import optimizer_state_bytes
+    from .step_args import check_step_args, check_targets_fit
 
-    (inputs,) = _check_step_args(model, inputs, loss_fn, targets=targets)
+    (inputs,) = check_step_args(model, inputs, loss_fn, targets=targets)
     if loss_fn is None:
         raise TypeError("loss_fn must be callable, got None")
     lr = positive("lr", lr, maximum=MAX_LR)

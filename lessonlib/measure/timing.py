@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..checks import count as check_count, flag as check_flag
 from .device import MAX_THREADS
-from .memory import _check_step_args, check_targets_fit
+from .step_args import check_step_args, check_targets_fit
 from .rounds import time_rounds
 
 #: The most rounds (and warm-up rounds) :func:`time_training_step` runs.
@@ -122,7 +122,7 @@ def count_flops(model, inputs, targets=None, loss_fn=None, strict: bool = False)
     ``ValueError`` is raised instead.
     """
     strict = check_flag("strict", strict)
-    args = _check_step_args(model, inputs, loss_fn, targets=targets)
+    args = check_step_args(model, inputs, loss_fn, targets=targets)
     seen = _OpsSeen()
     FlopCounterMode = require("flop_counter")
     with FlopCounterMode(display=False) as fc, seen:
@@ -192,7 +192,7 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
     ``num_threads`` sets torch's CPU threads for the measurement (1 by default:
     steadier; None keeps the current setting). The model's weights are updated.
     """
-    args = _check_step_args(model, inputs, loss_fn, optimizer, targets)
+    args = check_step_args(model, inputs, loss_fn, optimizer, targets)
     if loss_fn is None or optimizer is None:
         raise TypeError("loss_fn and optimizer are needed to time a training step, got None")
     rounds = check_count("rounds", rounds, maximum=MAX_ROUNDS)
