@@ -160,7 +160,7 @@ def _code_cell(title, body: str, metadata) -> nbformat.NotebookNode:
 
 def rewrite(nb) -> list[str]:
     """Split the prose cells of ``nb`` in place; returns notes of what it did or left."""
-    notes, cells, touched = [], [], set()
+    notes, cells, touched, dropped_import = [], [], set(), False
     for i, cell in enumerate(nb.cells):
         tags = set(cell.metadata.get("tags", []))
         if cell.cell_type != "code" or tags != {"remove-input"} or not re.search(r"\bsay\(", cell.source):
@@ -181,6 +181,7 @@ def rewrite(nb) -> list[str]:
             # No paragraph needs the values: keep what the preamble assigns for later cells,
             # less the import of say that nothing here calls any more.
             code_preamble = re.sub(r"^from lessonlib\.book(?:\.prose)? import say\n?", "", preamble, flags=re.M).strip("\n")
+            dropped_import = dropped_import or code_preamble != preamble.strip("\n")
             if code_preamble:
                 cells.append(_code_cell(title, code_preamble, cell.metadata))
                 notes.append(f"cell {i}: its statements stay in a hidden cell without text")
@@ -195,8 +196,8 @@ def rewrite(nb) -> list[str]:
                 cells.append(_code_cell(title, body, cell.metadata))
                 code_preamble = None
             touched.add(id(cells[-1]))
-    # A later cell may call say with the import that a removed preamble held.
-    _keep_say_importable(cells)
+    if dropped_import:  # a later cell may call say with the import that a removed preamble held
+        _keep_say_importable(cells)
     # New Markdown joins the Markdown cells next to it (two untouched neighbours stay apart).
     merged = []
     for cell in cells:
