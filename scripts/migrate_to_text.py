@@ -2,6 +2,7 @@
 
     python scripts/migrate_to_text.py            # all chapter and exercise notebooks
     python scripts/migrate_to_text.py --check    # say what it would change; exit 1 if anything
+    python scripts/migrate_to_text.py --verify[=REV]  # after a run: every notebook against git's copy (HEAD)
 
 For each notebook of ``chapters/`` and ``exercises/`` it
 
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sync_pages  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+REV = "HEAD"  # --verify compares with this revision (--verify=REV)
 HIDDEN = {"cellView": "form", "jupyter": {"source_hidden": True}, "tags": ["remove-input"]}
 LITERAL = re.compile(r'^(?P<prefix>[rRfFbBuU]{0,2})(?P<quote>"""|\'\'\')(?P<body>.*)(?P=quote)$', re.S)
 LIST_ITEM = re.compile(r"^(?:[-*+]|\d+[.)])\s")
@@ -266,9 +268,46 @@ def migrate(path: Path, check: bool) -> list[str]:
     return [f"{path.relative_to(ROOT)}: {n}" for n in notes] + [f"wrote {c}" for c in changed]
 
 
+def verify(paths: list[Path]) -> list[str]:
+    """Differences between each notebook and its copy in git's HEAD, other than what the
+    migration does on purpose (cell ids, outputs, language_info, the jupytext metadata, a
+    trailing newline) and the prose cells it split (it reports those)."""
+    import subprocess
+
+    problems = []
+    for path in paths:
+        rel = path.relative_to(ROOT)
+        try:
+            old = nbformat.reads(subprocess.run(["git", "show", f"{REV}:{rel}"], cwd=ROOT, check=True,
+                                                capture_output=True, text=True).stdout, as_version=4)
+        except subprocess.CalledProcessError:
+            problems.append(f"{rel}: not in HEAD")
+            continue
+        rewrite(old)  # the intended change
+        new = nbformat.read(path, as_version=4)
+        def cells(nb):
+            return [(c.cell_type, c.source.rstrip("\n"), dict(c.metadata)) for c in nb.cells]
+        a, b = cells(old), cells(new)
+        if a != b:
+            bad = [i for i, (x, y) in enumerate(zip(a, b)) if x != y] or [min(len(a), len(b))]
+            problems.append(f"{rel}: {len(a)} cells expected, {len(b)} found; first difference at cell {bad[0]}")
+        meta_old = {k: v for k, v in old.metadata.items() if k not in ("language_info", "jupytext")}
+        meta_new = {k: v for k, v in new.metadata.items() if k != "jupytext"}
+        if meta_old != meta_new:
+            problems.append(f"{rel}: notebook metadata differs: {meta_old} != {meta_new}")
+    return problems
+
+
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     paths = [Path(a).resolve() for a in argv[1:] if not a.startswith("--")] or notebooks()
+    verify_at = [a for a in argv if a.startswith("--verify")]
+    if verify_at:
+        global REV
+        REV = verify_at[0].partition("=")[2] or "HEAD"
+        problems = verify(paths)
+        print("\n".join(problems) or f"{len(paths)} notebooks: every cell as in {REV} (or as the split intends)")
+        return 1 if problems else 0
     out = []
     for path in paths:
         out += migrate(path, check)
