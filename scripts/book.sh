@@ -31,6 +31,11 @@ def setup(app):
     for name in ("sphinx_multitoc_numbering", "sphinx-mathjax-offline"):
         if name in app.extensions:
             app.extensions[name].parallel_read_safe = app.extensions[name].parallel_write_safe = True
+    # Sphinx reads the pages in chunks of consecutive names, $JOBS chunks at a time; a
+    # last, smaller chunk starts when the first one ends. Pages without code (the
+    # Markdown pages) go last, so that tail is short.
+    app.connect("env-before-read-docs", lambda app, env, docnames: docnames.sort(
+        key=lambda d: not str(env.doc2path(d)).endswith(".ipynb")))
 PY
 sphinx-build -b html -E -a -j "$JOBS" -W -n --keep-going -d _build/.doctrees . _build/html
 echo
