@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the HTML book (executing every notebook) and say where to open it.
-# Usage: bash scripts/book.sh
+# Usage: bash scripts/book.sh        (JOBS=N sets how many notebooks run at once; default: the CPU count, at most 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,6 +8,35 @@ bash scripts/setup.sh
 # Warnings are errors; a failing cell fails the build (nb_execution_raise_on_error).
 # Progress bars are silent in the static pages (lessonlib.progress).
 export LESSONLIB_STATIC_BUILD=1
-jupyter-book build . --all -W -n --keep-going
+# One thread per library, as scripts/test.sh runs the notebooks: two pages run at once.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
+# The notebooks execute while Sphinx reads them, so reading them in parallel
+# (`sphinx-build -j`; every extension of the book is parallel-safe) runs that
+# many notebooks at once. `jupyter-book build` has no such switch: it writes its
+# Sphinx configuration from _config.yml (`jupyter-book config sphinx`: a conf.py
+# that lives only for the build; .gitignore names it), then sphinx-build runs
+# with it as `jupyter-book build --all -W -n --keep-going` would. Sphinx reads in
+# parallel only when every extension says it may, and reports one that says
+# nothing as a warning: sphinx_jupyterbook_latex (jupyter-book adds it for PDF
+# builds) has nothing to do in HTML and goes; sphinx_multitoc_numbering and
+# sphinx-mathjax-offline say nothing, and are safe (the first numbers sections
+# after all pages are read, the second copies MathJax when the build ends).
+cpus=$(getconf _NPROCESSORS_ONLN)  # (nproc would follow OMP_NUM_THREADS)
+JOBS=${JOBS:-$(( cpus < 2 ? cpus : 2 ))}
+trap 'rm -f conf.py' EXIT
+jupyter-book config sphinx . >/dev/null
+cat >> conf.py <<'PY'
+extensions = [e for e in extensions if e != "sphinx_jupyterbook_latex"]
+def setup(app):
+    for name in ("sphinx_multitoc_numbering", "sphinx-mathjax-offline"):
+        if name in app.extensions:
+            app.extensions[name].parallel_read_safe = app.extensions[name].parallel_write_safe = True
+    # Sphinx reads the pages in chunks of consecutive names, $JOBS chunks at a time; a
+    # last, smaller chunk starts when the first one ends. Pages without code (the
+    # Markdown pages) go last, so that tail is short.
+    app.connect("env-before-read-docs", lambda app, env, docnames: docnames.sort(
+        key=lambda d: not str(env.doc2path(d)).endswith(".ipynb")))
+PY
+sphinx-build -b html -E -a -j "$JOBS" -W -n --keep-going -d _build/.doctrees . _build/html
 echo
 echo "The book is built. Open: file://$PWD/_build/html/index.html"

@@ -18,7 +18,7 @@ import pytest
 
 import colab_env as ce
 from conftest import ROOT, course_notebooks
-import nbtools
+import sync_pages
 
 NOTEBOOKS = course_notebooks()
 CASES = [(w, p) for w in ce.IPYWIDGETS for p in NOTEBOOKS]  # one venv at a time, notebooks in sequence
@@ -110,7 +110,7 @@ def test_live_widgets_work_with_this_ipywidgets(runtimes, widgets):
 def test_setup_cell_in_a_clone_uses_the_checkout(runtimes, tmp_path):
     """Run from a folder of the checkout, the setup cell imports the checkout's lessonlib."""
     venv, _ = runtimes("8")
-    code = nbtools.setup_cell_source() + "\nimport lessonlib; print('FROM', lessonlib.__file__)"
+    code = sync_pages.setup_cell_source() + "\nimport lessonlib; print('FROM', lessonlib.__file__)"
     out = ce.run([str(venv / "bin" / "python"), "-c", code], cwd=ROOT / "chapters",
                  env={"PATH": "/usr/bin:/bin", "LESSONLIB_SOURCE": "/nonexistent"})
     assert f"FROM {ROOT}/lessonlib/__init__.py" in out

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT, course_notebooks
-import nbtools
+import sync_pages
 
 NOTEBOOKS = course_notebooks()
 IDS = [str(p.relative_to(ROOT)) for p in NOTEBOOKS]
@@ -19,7 +19,7 @@ def test_there_are_notebooks_to_check():
 
 def test_repository_url_is_written_once_in_config():
     text = (ROOT / "_config.yml").read_text()
-    url = nbtools.repository_url()
+    url = sync_pages.repository_url()
     assert url.startswith("https://github.com/")
     assert text.count(url) == 1
     assert re.search(r"^\s+colab_url:\s*https://colab\.research\.google\.com\s*$", text, re.M)
@@ -30,9 +30,9 @@ def test_first_cell_is_the_setup_cell_naming_the_configured_url(path):
     nb = nbformat.read(path, as_version=4)
     first = nb.cells[0]
     assert first.cell_type == "code"
-    assert first.source == nbtools.setup_cell_source(), (
-        f"{path.name}: the first cell must be the shared setup cell (scripts/nbtools.py)")
-    assert f"git+{nbtools.repository_url()}" in first.source
+    assert first.source == sync_pages.setup_cell_source(), (
+        f"{path.name}: the first cell must be the shared setup cell (scripts/sync_pages.py)")
+    assert f"git+{sync_pages.repository_url()}" in first.source
     # Hidden in all three places: book (tag), JupyterLab (source_hidden), Colab (form).
     assert "hide-input" in first.metadata.get("tags", [])
     assert first.metadata.get("jupyter", {}).get("source_hidden") is True

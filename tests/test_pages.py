@@ -4,8 +4,8 @@
 - a hidden cell is hidden in all three places at once: a book tag (``remove-input``
   or ``hide-input``), ``metadata.jupyter.source_hidden`` (JupyterLab, Notebook 7),
   and Colab's form (a first line ``# @title ...`` and ``metadata.cellView == "form"``);
-- prose cells (``say``), quiz and prediction cells, and checks (``assert`` only) are hidden;
-- ``scripts/pages.py`` has nothing left to do (the notebooks are in the form it writes).
+- prose cells (``say``), quiz and prediction cells, and checks (``assert`` only) are hidden.
+(tests/test_text_sources.py checks the same markers in the pages' text sources.)
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-import pages
 
 CHAPTERS = sorted((ROOT / "chapters").rglob("*.ipynb"))
 IDS = [str(p.relative_to(ROOT)) for p in CHAPTERS]
@@ -53,7 +52,7 @@ def test_no_glue_role_in_markdown_pages(path):
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
 def test_every_hidden_cell_is_hidden_in_all_three_places(path):
     nb = nbformat.read(path, as_version=4)
-    # Cell 0 is the shared setup cell, written by scripts/nbtools.py (tests/test_notebook_setup.py).
+    # Cell 0 is the shared setup cell (scripts/sync_pages.py; tests/test_notebook_setup.py).
     for i, cell in enumerate(nb.cells[1:], start=1):
         if cell.cell_type != "code":
             continue
@@ -87,38 +86,6 @@ def test_prose_quiz_and_check_cells_are_hidden(path):
             kind = "visible assert"
         if kind:
             assert all(markers(cell).values()), f"{path.name} cell {i} ({kind}) is visible:\n{cell.source[:200]}"
-
-
-@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
-def test_pages_script_has_nothing_left_to_do(path):
-    nb = nbformat.read(path, as_version=4)
-    before = nbformat.writes(nb)
-    notes = pages.rewrite(nb)
-    assert not [n for n in notes if n.startswith("ERROR")], notes
-    assert nbformat.writes(nb) == before, f"run: python scripts/pages.py {path.relative_to(ROOT)}"
-
-
-def test_pages_script_turns_a_glued_paragraph_into_hidden_prose():
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("setup"),
-        nbformat.v4.new_code_cell("from lessonlib.book import glue\nx = int.__add__(1, 2)  # a call: stays in sight\n"
-                                  "glue(\"x_pct\", 100 * x)\nassert x == 3"),
-        nbformat.v4.new_markdown_cell("## Heading\n\nIt is {glue:text}`x_pct:.1f` % ($\\frac{a}{b}$).\n\nPlain."),
-    ])
-    assert pages.rewrite(nb) == []
-    sources = [c.source for c in nb.cells]
-    assert sources[1] == "x = int.__add__(1, 2)  # a call: stays in sight\nfrom lessonlib.book import say"
-    assert sources[2].startswith("# @title Check") and "assert x == 3" in sources[2]
-    assert sources[3] == "## Heading"
-    prose = sources[4]
-    assert "x_pct = 100 * x" in prose and "{x_pct:.1f} %" in prose and "\\frac{{a}}{{b}}" in prose
-    assert sources[5] == "Plain."
-    ns = {}
-    exec(sources[1].replace("from lessonlib.book import say", ""), ns)
-    shown = []
-    ns["say"] = shown.append
-    exec(prose, ns)
-    assert shown[0].strip() == "It is 300.0 % ($\\frac{a}{b}$)."
 
 
 #: Calls that measure something. They are the lesson: they stay in sight.
