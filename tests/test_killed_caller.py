@@ -17,9 +17,11 @@ they have been handed to another parent; its temp folder is a private one.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -86,12 +88,14 @@ def _semaphores(pids) -> set[str]:
 
 @pytest.mark.parametrize("when, sig, group", [("running", signal.SIGKILL, False), ("running", signal.SIGTERM, False),
                                               ("idle", signal.SIGKILL, False), ("running", signal.SIGKILL, True)])
-def test_a_killed_caller_leaves_nothing(tmp_path, when, sig, group):
+def test_a_killed_caller_leaves_nothing(tmp_path, request, when, sig, group):
     """Killed alone (``group`` false: the out-of-memory killer, ``kill PID``), or with its process group
     (Jupyter's restart, which first signals the group): nothing it started outlives it."""
     marker = f"lessonlib-test-{uuid.uuid4().hex}"
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    # The caller's temp folder is short and fresh: multiprocessing binds its fork server's socket inside it,
+    # and a Unix socket's path must stay under 108 bytes (pytest's tmp_path under xdist is longer).
+    tmp = Path(tempfile.mkdtemp(prefix="kc-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     folder = tmp_path / "pids"
     folder.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp), LESSONLIB_TEST_MARKER=marker,
