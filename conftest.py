@@ -11,10 +11,16 @@ also marked ``slow``, and so are the few unit tests that start processes
 ends with a table of seconds by phase (with two workers the phases overlap, so
 the table adds up to more than the run's wall time).
 
-With ``-n 2`` (pytest-xdist, as ``scripts/test.sh`` runs it), tests/lanes.py
-schedules the workers: one runs the notebooks, the book and the browser tests
-in that order, in one process; the other takes everything else, and both share
-what is left.
+Two workers share the run with pytest-xdist's own scheduler for groups
+(``pytest -n 2 --dist loadgroup``, as ``scripts/test.sh`` runs it): a group
+goes whole, in order, to one worker. The notebooks, the book build and
+the browser tests are one group (the lane, ``LANE``): the book renders the
+outputs nbval kept in that process. Every other test module is a group of its
+own (its fixtures are built once), unless its tests name their own
+``xdist_group`` (each Colab-like notebook is one). The lane goes out first, then
+the groups likely to be long, so that no long one is left to run alone at the end.
+(With ``-n 2`` alone, xdist shares single tests: the lane is split and the book
+build executes the notebooks nbval ran on the other worker: slower, still right.)
 
 Each notebook runs once. nbval is the notebook test; this file keeps the
 outputs of every notebook whose cells all passed under nbval in this run, and
@@ -37,7 +43,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "tests"))  # tests/lanes.py: the scheduler for `pytest -n 2`
 
 # phase -> (order, markers added)
 PHASES = {
@@ -70,46 +75,64 @@ def phase_of(item) -> str:
     return "unit"
 
 
+#: The xdist_group of the tests that must run in order in one process: the notebooks under nbval,
+#: then the book build (which renders nbval's outputs, kept in that process), then the browser tests.
+LANE = "notebooks-book-browser"
+LANE_PHASES = ("notebooks", "book", "browser")
+
+
+def xdist_group_of(item, phase: str) -> str:
+    """The unit ``pytest -n 2 --dist loadgroup`` keeps on one worker: the lane, or else the group a
+    test names itself (``pytest.mark.xdist_group``), or else its module (its fixtures are built once)."""
+    if phase in LANE_PHASES:
+        return LANE
+    own = item.get_closest_marker("xdist_group")
+    if own:
+        return own.args[0] if own.args else own.kwargs["name"]
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     config._phase_of = {}
+    groups = {}
     for item in items:
         phase = phase_of(item)
         config._phase_of[item.nodeid] = phase
+        item.user_properties.append(("phase", phase))  # for the controller's table (it does not collect)
         names = set(PHASES[phase][1])
         if "built_book" in getattr(item, "fixturenames", ()):
             names.add("book")  # the browser tests need the built book too
         for name in sorted(names):
             item.add_marker(name)
+        group = groups[item] = xdist_group_of(item, phase)
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
     # Stable: keeps each notebook's cells, and each module's tests, in order.
     items.sort(key=lambda it: PHASES[phase_of(it)][0])
-    phases_file = getattr(config, "workerinput", {}).get("lessonlib_phases_file")
-    if phases_file:  # an xdist worker: tell the controller's scheduler (tests/lanes.py) each test's phase
-        from lanes import unit_of, write_phases
-
-        long_units: dict[str, int] = {}
+    if getattr(config.option, "loadgroup", False):  # an xdist worker of `--dist loadgroup`
+        # xdist hands the units out in the order they first appear (pytest_configure turns off its
+        # reordering by size): the lane first, to the first worker; then the units with the most
+        # slow tests (each starts processes, grades or builds something), and among equals those of
+        # the smallest modules (a module with one slow test builds an environment for it), so that
+        # no long unit is left to run alone at the end.
+        slow, size = {}, {}
         for it in items:
-            if phase_of(it) in ("exercises", "environments") or (phase_of(it) == "unit"
-                                                                 and it.get_closest_marker("slow")):
-                long_units[unit_of(it.nodeid)] = long_units.get(unit_of(it.nodeid), 0) + 1
-        write_phases(phases_file, config._phase_of, long_units)
+            slow[groups[it]] = slow.get(groups[it], 0) + bool(it.get_closest_marker("slow"))
+            module = it.nodeid.split("::", 1)[0]
+            size[module] = size.get(module, 0) + 1
+        first = {}
+        for i, it in enumerate(items):
+            first.setdefault(groups[it], (groups[it] != LANE, -slow[groups[it]],
+                                          size[it.nodeid.split("::", 1)[0]], i))
+        items.sort(key=lambda it: first[groups[it]])
 
 
-# ---------------------------------------------------------------------------
-# two workers (pytest -n 2, as scripts/test.sh runs it): see tests/lanes.py
-# ---------------------------------------------------------------------------
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):
-    node.workerinput["lessonlib_phases_file"] = str(node.config._lanes_dir / "phases.json")
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") != "load":
-        return None  # an explicit --dist other than the default keeps xdist's own
-    from lanes import LaneScheduling
-
-    return LaneScheduling(config, log, phases_file=str(config._lanes_dir / "phases.json"))
+def pytest_collection_finish(session):
+    """Fail loudly if xdist dropped the groups (pytest-xdist#1386: with pytest 9.2 it silently does)."""
+    if getattr(session.config.option, "loadgroup", False) and not all("@" in it.nodeid for it in session.items):
+        raise pytest.UsageError("pytest-xdist ignored the xdist_group marks (pytest-xdist#1386, pytest 9.2): "
+                                "install the versions constraints.txt pins (bash scripts/setup.sh)")
 
 
 def pytest_runtest_logreport(report):
@@ -117,7 +140,7 @@ def pytest_runtest_logreport(report):
     config = _CONFIG.get("config")
     if config is None:
         return
-    phase = getattr(config, "_phase_of", {}).get(report.nodeid, "unit")
+    phase = dict(report.user_properties).get("phase", "unit")
     config._phase_seconds[phase] = config._phase_seconds.get(phase, 0.0) + report.duration
     if report.when == "call":
         config._phase_counts[phase] = config._phase_counts.get(phase, 0) + 1
@@ -144,12 +167,13 @@ _CONFIG: dict = {}
 
 def pytest_configure(config):
     _CONFIG["config"] = config
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False  # the units go out in the order collected (above)
     config._phase_seconds, config._phase_counts = {}, {}
     config._executed_notebooks = {}  # repository-relative path -> executed .ipynb path
     config._nb_runs = {}             # notebook path -> {"outputs": {cell_num: outputs}, "ok": bool}
     config._nb_files = {}            # notebook path -> (its kernel's TMPDIR, its folder, the folder's listing)
     config._executed_dir = Path(tempfile.mkdtemp(prefix="lessonlib-executed-"))
-    config._lanes_dir = config._executed_dir  # the controller's: where workers write the phases
 
 
 @pytest.hookimpl(hookwrapper=True)

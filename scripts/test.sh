@@ -3,7 +3,9 @@
 # through the grader, the book build with warnings as errors (from the notebooks
 # nbval just executed), the built pages in headless Chromium; then the tests that
 # build extra environments (Colab-like venvs, JupyterLab, nbgrader), timed on
-# their own. Two pytest workers share the two cores: tests/lanes.py says how.
+# their own. Two pytest workers share the two cores with pytest-xdist's --dist loadgroup:
+# the notebooks, the book and the browser tests in order on one, the rest by module on both
+# (conftest.py says how).
 # Each pytest run prints a table of seconds by phase; this script adds the
 # set-up and the totals.
 # Usage: bash scripts/test.sh [extra pytest arguments]
@@ -22,23 +24,24 @@ export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296
 # ratios within one run, so their checks hold on one thread as on two.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 WORKERS=${WORKERS:-2}
+XDIST=(-n "$WORKERS" --dist loadgroup)
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
 if [ $# -gt 0 ]; then
   rc=0
-  python -m pytest -n "$WORKERS" "$@" || rc=$?
+  python -m pytest "${XDIST[@]}" "$@" || rc=$?
   echo "set-up ${setup} s, pytest $((SECONDS - start - setup)) s, total $((SECONDS - start)) s (exit ${rc}; load: $(load))"
   exit $rc
 fi
 
 rc=0
 t=$SECONDS
-python -m pytest -n "$WORKERS" -m "not environments" || rc=$?
+python -m pytest "${XDIST[@]}" -m "not environments" || rc=$?
 suite=$((SECONDS - t))
 echo "the course's suite: set-up ${setup} s + pytest ${suite} s = $((setup + suite)) s (exit ${rc}; load: $(load))"
 rc_env=0
 t=$SECONDS
-python -m pytest -n "$WORKERS" -m environments || rc_env=$?
+python -m pytest "${XDIST[@]}" -m environments || rc_env=$?
 envs=$((SECONDS - t))
 echo "set-up ${setup} s, the course's suite ${suite} s, environments ${envs} s, total $((SECONDS - start)) s" \
      "(exit ${rc}, ${rc_env}; load: $(load))"

@@ -34,13 +34,18 @@ def run(cmd, **kw):
     return proc.stdout
 
 
-def make_venv(where: Path, widgets: str, extra: tuple[str, ...] = ()) -> Path:
-    """A fresh venv (no system site-packages) with a kernelspec named ``colablike``."""
+def make_venv(where: Path, widgets: str, extra: tuple[str, ...] = (), torch: bool = True) -> Path:
+    """A fresh venv (no system site-packages) with one ``widgets`` version of ipywidgets.
+
+    With ``torch`` (the default) it is a Colab-like runtime: torch, ipykernel and matplotlib too,
+    and a kernelspec named ``colablike``. Without, it holds ipywidgets and what it needs only.
+    """
     run([sys.executable, "-m", "venv", str(where)])
     py = where / "bin" / "python"
-    run([str(py), "-m", "pip", "install", "-q", TORCH, "ipykernel", "matplotlib", IPYWIDGETS[widgets], *extra],
-        timeout=1200)
-    run([str(py), "-m", "ipykernel", "install", "--prefix", str(where), "--name", "colablike"])
+    runtime = (TORCH, "ipykernel", "matplotlib") if torch else ()
+    run([str(py), "-m", "pip", "install", "-q", *runtime, IPYWIDGETS[widgets], *extra], timeout=1200)
+    if torch:
+        run([str(py), "-m", "ipykernel", "install", "--prefix", str(where), "--name", "colablike"])
     return where
 
 

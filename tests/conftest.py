@@ -12,6 +12,31 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
+def toc_files() -> list[str]:
+    """Every page ``_toc.yml`` lists (its root page aside), in reading order, without suffix (``chapters/01-x/02-y``).
+
+    Tests discover the pages from here: adding a page is adding its line to ``_toc.yml``.
+    """
+    import yaml
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                yield node["file"]
+            for value in node.values():
+                yield from walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from walk(value)
+
+    return list(walk(yaml.safe_load((ROOT / "_toc.yml").read_text())))
+
+
+def chapter_notebooks() -> list[Path]:
+    """The lesson pages: every notebook ``_toc.yml`` lists under ``chapters/``."""
+    return [ROOT / f"{f}.ipynb" for f in toc_files() if f.startswith("chapters/") and (ROOT / f"{f}.ipynb").exists()]
+
+
 def course_notebooks() -> list[Path]:
     """Every notebook of the book: chapters and exercises."""
     return sorted(

@@ -17,7 +17,9 @@ def test_every_toc_entry_became_a_page(built_book):
 
 
 def test_no_page_references_a_cdn(built_book):
-    for page in built_book.rglob("*.html"):
+    pages = sorted(built_book.rglob("*.html"))
+    assert pages, f"no pages in {built_book}"
+    for page in pages:
         text = page.read_text(errors="replace")
         for m in re.finditer(r"""<script[^>]+src=["'](https?:)?//""", text):
             raise AssertionError(f"{page.name} loads a remote script: {text[m.start():m.start()+160]}")

@@ -69,7 +69,8 @@ def test_what_used_to_hang_or_pass_silently_is_refused_at_once():
     with pytest.raises(ValueError, match="batch_per_device must be a whole number"):
         plan_html("1.3B", "adam", "mixed", "8" * 10**6, 2048, "none", 80)  # no 1.3 GB string first
     assert time.process_time() - t0 < 5  # refused before any work (CPU time: immune to a busy machine)
-    assert MAX_EVENTS == 2_000_000
+    with pytest.raises(ValueError, match="trials"):  # the simulation's cap applies to its trials too
+        simulate_overhead(3600, 60, 86400, 10 * 86400, trials=MAX_EVENTS + 1)
 
 
 @pytest.mark.parametrize("value", [np.int64(4), np.int32(4), 4.0, np.float64(4.0), 4])

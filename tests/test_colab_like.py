@@ -1,16 +1,30 @@
-"""Every notebook in a Colab-like runtime: a clean venv with ipywidgets 7.7 and with 8.x.
+"""Every notebook once in a Colab-like runtime, and the live widgets under each ipywidgets version.
 
-For each ipywidgets version one fresh venv holds only torch (the pinned CPU
-wheel), ipykernel, ipywidgets and matplotlib. Each chapter and exercise
-notebook is copied to a folder outside the checkout and executed there; its
-setup cell installs lessonlib the way it does on Colab, from a local bare
-repository standing in for the GitHub URL (LESSONLIB_SOURCE). The result is
-rendered as plain Jupyter renders it (nbconvert, no myst-nb), and the test
-asserts: no raw ``{glue`` role; no quiz answer in the visible text; numbers
-written from the run appear (Markdown output); torch and ipywidgets unchanged.
+The Colab-like runtime is one fresh venv with only torch (the pinned CPU
+wheel), ipykernel, matplotlib and the ipywidgets Colab ships (7.7). Each
+chapter and exercise notebook is copied to a folder outside the checkout and
+executed there; its setup cell installs lessonlib the way it does on Colab,
+from a local bare repository standing in for the GitHub URL
+(LESSONLIB_SOURCE). The result is rendered as plain Jupyter renders it
+(nbconvert, no myst-nb), and the test asserts: no quiz answer in the visible
+text; numbers written from the run appear (Markdown output); torch and
+ipywidgets unchanged. (No raw ``{glue}`` role: tests/test_pages.py checks the
+sources.)
+
+The ipywidgets matrix runs only what differs between the versions: no page
+calls ``.widget()`` (a page's quizzes and calculators are HTML and JavaScript,
+the same under both), so ``test_live_widgets_work_with_this_ipywidgets`` builds
+``quiz.widget()`` and ``Explorer.widget()`` in a venv holding only that
+ipywidgets, once for 7.7 and once for 8.
+
+With ``pytest -n 2`` each notebook is its own unit, so both workers share
+them; the runtime is built once, by whichever worker needs it first (a file
+lock), and the other reuses it.
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import re
 import textwrap
 
@@ -20,9 +34,11 @@ import colab_env as ce
 from conftest import ROOT, course_notebooks
 import sync_pages
 
-NOTEBOOKS = course_notebooks()
-CASES = [(w, p) for w in ce.IPYWIDGETS for p in NOTEBOOKS]  # one venv at a time, notebooks in sequence
-IDS = [f"ipywidgets{w}-{p.stem}" for w, p in CASES]
+#: The ipywidgets Colab ships: the notebooks run under it.
+COLAB_WIDGETS = "7"
+# one unit each under `pytest -n 2 --dist loadgroup` (conftest.py), so that both workers share them
+NOTEBOOKS = [pytest.param(p, id=p.stem, marks=pytest.mark.xdist_group(f"colab-like {p.stem}"))
+             for p in course_notebooks()]
 
 # Quiz definitions in visible code give the answer away.
 DEFINITION = re.compile(r"correct\s*=\s*True|\banswer\s*=|explanation\s*=")
@@ -31,27 +47,31 @@ pytestmark = [pytest.mark.environments, pytest.mark.slow]
 
 
 @pytest.fixture(scope="session")
-def runtimes(tmp_path_factory):
-    """{ipywidgets major: (venv, versions before anything ran)}, built on first use."""
-    base = tmp_path_factory.mktemp("colab")
-    source = ce.bare_repository(base / "course.git")
-    cache = {}
+def runtime(tmp_path_factory):
+    """(venv, versions before anything ran, pip requirement of the course): built once a run.
 
-    def get(widgets):
-        if widgets not in cache:
-            venv = ce.make_venv(base / f"venv{widgets}", widgets)
-            cache[widgets] = (venv, ce.versions(venv))
-        return cache[widgets]
+    Under xdist the workers share one (in the run's common temporary folder, behind a file lock:
+    pytest-xdist's documented way to run a session fixture once).
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    base = tmp_path_factory.getbasetemp()
+    base = (base.parent if worker else base) / "colab-like"
+    base.mkdir(exist_ok=True)
+    with open(base / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (base / "ready").exists():
+            ce.bare_repository(base / "course.git")
+            ce.make_venv(base / "venv", COLAB_WIDGETS)
+            (base / "ready").write_text("")
+    venv = base / "venv"
+    return venv, ce.versions(venv), f"git+file://{base / 'course.git'}", base
 
-    get.source, get.base = source, base
-    return get
 
-
-@pytest.mark.parametrize("widgets,path", CASES, ids=IDS)
-def test_notebook_in_a_colab_like_runtime(runtimes, widgets, path):
-    venv, before = runtimes(widgets)
-    assert before["ipywidgets"].startswith(widgets + ".") and not before["lessonlib"]
-    nb = ce.execute(path, venv, runtimes.base / "run" / widgets / path.stem, runtimes.source)
+@pytest.mark.parametrize("path", NOTEBOOKS)
+def test_notebook_in_a_colab_like_runtime(runtime, path, tmp_path):
+    venv, before, source, _ = runtime
+    assert before["ipywidgets"].startswith(COLAB_WIDGETS + ".") and not before["lessonlib"]
+    nb = ce.execute(path, venv, tmp_path / path.stem, source)
     after = ce.versions(venv)
     html = ce.render_html(nb)
     text = ce.visible_text(html)
@@ -60,9 +80,6 @@ def test_notebook_in_a_colab_like_runtime(runtimes, widgets, path):
         problems.append(f"the setup cell changed the runtime: {before} -> {after}")
     if not after["lessonlib"]:
         problems.append("lessonlib was not installed from the repository")
-    raw = re.findall(r"\{glue[^}]*\}\s*\S+", text)
-    if raw:
-        problems.append(f"{len(raw)} raw glue roles, e.g. {raw[:2]}")
     defs = sorted({m.group(0) for m in DEFINITION.finditer(text)})
     if defs:
         problems.append(f"quiz definitions visible in code: {defs}")
@@ -76,15 +93,19 @@ def test_notebook_in_a_colab_like_runtime(runtimes, widgets, path):
     if not numbers:
         problems.append("no numbers from the run appear " + ("in the prose (no Markdown output carries one)"
                                                              if chapter else "in the outputs"))
-    print(f"{path.relative_to(ROOT)} ipywidgets {after['ipywidgets']}: {len(raw)} raw glue, "
+    print(f"{path.relative_to(ROOT)} ipywidgets {after['ipywidgets']}: "
           f"{len(defs)} definitions, {len(shown)} answers shown, {len(numbers)} numbers from the run")
     assert not problems, f"{path.relative_to(ROOT)} with ipywidgets {before['ipywidgets']}:\n- " + "\n- ".join(problems)
 
 
 @pytest.mark.parametrize("widgets", list(ce.IPYWIDGETS))
-def test_live_widgets_work_with_this_ipywidgets(runtimes, widgets):
-    """quiz.widget() and Explorer.widget(): build, answer wrong then right, move a slider."""
-    venv, _ = runtimes(widgets)
+def test_live_widgets_work_with_this_ipywidgets(widgets, tmp_path):
+    """quiz.widget() and Explorer.widget(): build, answer wrong then right, move a slider.
+
+    In a venv with only this ipywidgets (and what it needs): the quiz and calculator modules need
+    nothing else (no torch), and lessonlib comes from the checkout.
+    """
+    venv = ce.make_venv(tmp_path / "venv", widgets, torch=False)
     script = textwrap.dedent("""
         import ipywidgets
         from lessonlib.book.quiz import Choice, SingleChoice, Numeric, Prediction, MultipleSelect
@@ -107,9 +128,9 @@ def test_live_widgets_work_with_this_ipywidgets(runtimes, widgets):
     assert out.strip().startswith(widgets + ".")
 
 
-def test_setup_cell_in_a_clone_uses_the_checkout(runtimes, tmp_path):
+def test_setup_cell_in_a_clone_uses_the_checkout(runtime):
     """Run from a folder of the checkout, the setup cell imports the checkout's lessonlib."""
-    venv, _ = runtimes("8")
+    venv = runtime[0]
     code = sync_pages.setup_cell_source() + "\nimport lessonlib; print('FROM', lessonlib.__file__)"
     out = ce.run([str(venv / "bin" / "python"), "-c", code], cwd=ROOT / "chapters",
                  env={"PATH": "/usr/bin:/bin", "LESSONLIB_SOURCE": "/nonexistent"})
