@@ -508,3 +508,35 @@ def test_a_temporary_folder_too_deep_for_unix_sockets_is_refused_up_front(tmp_pa
             pass
     assert list(deep.iterdir()) == []
 
+
+
+# ----- where the sandbox runs -------------------------------------------------------
+
+def _bwrap_or_skip() -> str:
+    try:
+        return sandbox.bwrap_path()
+    except sandbox.SandboxError as exc:
+        pytest.skip(str(exc))
+
+
+def test_where_bwrap_is_installed_the_sandbox_runs():
+    """The grading tests skip themselves when the sandbox cannot run; with bwrap installed (the test
+    extras bring it), that would hide a broken sandbox as skips, so here it is a failure."""
+    _bwrap_or_skip()
+    assert WHY == "", f"bwrap is installed but the sandbox does not run: {WHY}"
+
+
+@pytest.mark.slow
+def test_the_sandbox_runs_a_python_environment_that_lives_under_tmp():
+    """A checkout under /tmp (a CI clone, a learner's scratch copy): the sandbox mounts its own /tmp, so
+    the folders above the environment must be made inside it, passable by the sandbox's user."""
+    bwrap = _bwrap_or_skip()
+    with tempfile.TemporaryDirectory(prefix="venv-under-tmp-", dir="/tmp") as tmp:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", f"{tmp}/venv"], check=True)
+        code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+                "from lessonlib.grading import sandbox; print(repr(sandbox.probe()))")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LESSONLIB_BWRAP": bwrap}
+        out = subprocess.run([f"{tmp}/venv/bin/python", "-c", code], env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "''", f"the sandbox failed for a Python environment under /tmp: {out.stdout}"

@@ -248,13 +248,16 @@ class Sandbox:
             "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads),
         }
         pythons = [str(p) for p in python_paths()]
-        args: list[str] = []
-        for d in _parents(pythons + [LIB_MOUNT]):
-            args += ["--perms", "0755", "--dir", d]
         # /tmp and /dev/shm (multiprocessing's locks) writable by all, sticky, each a quarter of the memory
         tmpfs = ["--perms", "1777"] + (["--size", str(self.memory_bytes // 4)] if _supports(self.bwrap, "--size")
                                        else [])
-        args += tmpfs + ["--tmpfs", "/tmp"] + system_binds()
+        # /tmp first, then the folders above the Python environment: a checkout under /tmp (a CI clone) has its
+        # venv's parents made inside the sandbox's /tmp, passable by the sandbox's user (bwrap would make them 0700)
+        args: list[str] = tmpfs + ["--tmpfs", "/tmp"]
+        for d in _parents(pythons + [LIB_MOUNT]):
+            if d != "/tmp":
+                args += ["--perms", "0755", "--dir", d]
+        args += system_binds()
         for p in pythons:
             args += ["--ro-bind", p, p]
         args += ["--ro-bind", str(self.runtime.resolve()), LIB_MOUNT,
