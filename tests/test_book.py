@@ -2,6 +2,7 @@
 import re
 
 from conftest import ROOT
+from built_pages import figure_faults
 
 
 def test_book_builds_with_zero_warnings(built_book):
@@ -23,32 +24,6 @@ def test_no_page_references_a_cdn(built_book):
         text = page.read_text(errors="replace")
         for m in re.finditer(r"""<script[^>]+src=["'](https?:)?//""", text):
             raise AssertionError(f"{page.name} loads a remote script: {text[m.start():m.start()+160]}")
-
-
-#: What a cell's stray last expression prints when it returns a matplotlib object instead of nothing.
-MATPLOTLIB_REPR = re.compile(r"&lt;(matplotlib\.[\w.]+|Figure size [^&]*) at 0x[0-9a-f]+&gt;|&lt;Figure size [^&]*&gt;"
-                             r"|\bText\(-?[\d.]+, -?[\d.]+, ('|&#39;|&#x27;).*?('|&#39;|&#x27;)\)|\[&lt;matplotlib\.")
-
-
-def figure_faults(html: str) -> list[str]:
-    """Stray matplotlib reprs, and any image shown twice, on one built page (``[]``: none)."""
-    faults = [f"matplotlib repr: {m.group(0)[:80]}" for m in MATPLOTLIB_REPR.finditer(html)]
-    srcs = re.findall(r"""<img[^>]+src=["'](data:image/[^"']+|[^"']*_images/[^"']+)["']""", html)
-    seen = set()
-    for src in srcs:
-        if src in seen:
-            faults.append(f"an image shown twice: {src[:60]}…")
-        seen.add(src)
-    return faults
-
-
-def test_the_figure_check_finds_a_stray_repr_and_a_figure_shown_twice():
-    img = '<img src="data:image/png;base64,AAAA" alt="x">'
-    assert figure_faults(f"<p>{img}</p>") == []
-    assert len(figure_faults(f"{img}<pre>&lt;matplotlib.legend.Legend at 0x7f3a2c&gt;</pre>")) == 1
-    assert len(figure_faults("<pre>Text(0.5, 0, 'optimizer')</pre>")) == 1
-    assert len(figure_faults("<pre>Text(0.5, 0, &#39;optimizer&#39;)</pre>")) == 1
-    assert len(figure_faults(img + img)) == 1
 
 
 def test_no_page_shows_a_matplotlib_repr_or_a_figure_twice(built_book):

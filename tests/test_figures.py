@@ -5,6 +5,8 @@ matplotlib.use("Agg")
 
 import pytest
 
+from built_pages import figure_faults
+
 from lessonlib.book import memory_plots, plots, speedup_plots
 from lessonlib.calc import amdahl
 from lessonlib.calc.goodput import goodput
@@ -83,3 +85,13 @@ def test_goodput_failure_figure_separates_the_reliability_curves():
             assert all(y <= t + 1e-12 for y, t in zip(line.get_ydata(), top.get_ydata()))
     assert right.get_yscale() == "log"
     plots.show(fig, alt="two panels")
+
+
+def test_the_built_page_check_finds_a_stray_repr_and_a_figure_shown_twice():
+    img = '<img src="data:image/png;base64,AAAA" alt="x">'
+    assert figure_faults(f"<p>{img}</p>") == []
+    assert len(figure_faults(f"{img}<pre>&lt;matplotlib.legend.Legend at 0x7f3a2c&gt;</pre>")) == 1
+    assert len(figure_faults("<pre>Text(0.5, 0, 'optimizer')</pre>")) == 1
+    assert len(figure_faults("<pre>Text(0.5, 0, &#39;optimizer&#39;)</pre>")) == 1
+    assert len(figure_faults(img + img)) == 1
+
