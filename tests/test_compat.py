@@ -280,8 +280,8 @@ HIDDEN_PAGES = [
     ("mem_tracker", "01-forward-vs-training/02-memory-inventory.ipynb"),
     ("mem_tracker", "02-two-checkpoints/02-memory-against-compute.ipynb"),
     ("comm_debug_mode", "03-distributed-speedup/06-tensor-parallel-for-real.ipynb"),
-    ("fully_shard", "03-distributed-speedup/10-save-sharded-state.ipynb"),
-    ("pipeline_stage", "03-distributed-speedup/07-pipelines-for-real.ipynb"),
+    ("fully_shard", "03-distributed-speedup/12-save-sharded-state.ipynb"),
+    ("pipeline_stage", "03-distributed-speedup/08-pipelines-for-real.ipynb"),
 ]
 
 

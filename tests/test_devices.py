@@ -43,7 +43,7 @@ def test_the_planner_report_uses_the_table():
     assert f"{days:,.1f} days" in html
 
 
-PAGES = ["chapters/01-forward-vs-training/04-planning.ipynb", "chapters/03-distributed-speedup/04-goodput.ipynb"]
+PAGES = ["chapters/01-forward-vs-training/07-planning.ipynb", "chapters/03-distributed-speedup/13-goodput.ipynb"]
 
 
 @pytest.mark.parametrize("page", PAGES)

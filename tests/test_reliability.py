@@ -159,7 +159,7 @@ def test_chapter_2_no_longer_credits_young_s_formula_to_daly():
     import nbformat
     from conftest import ROOT
 
-    nb = nbformat.read(ROOT / "chapters/02-two-checkpoints/04-how-often-and-which-kind.ipynb", as_version=4)
+    nb = nbformat.read(ROOT / "chapters/02-two-checkpoints/05-how-often-and-which-kind.ipynb", as_version=4)
     text = "\n".join(c.source for c in nb.cells)
     assert "refined by\nDaly" not in text and "refined by Daly" not in text
     assert "optimal_interval" in text and "daly_interval" in text

@@ -159,7 +159,7 @@ def test_comm_timing_runs_and_fits():
     from lessonlib.calc.comm import fit_alpha_beta
     from lessonlib.measure.distributed.comm_timing import run_comm_timing
 
-    # The fit is checked the way the page makes it (09-bytes-into-time): each size's fastest round, over a
+    # The fit is checked the way the page makes it (10-bytes-into-time): each size's fastest round, over a
     # sweep that reaches sizes where bandwidth, not the fixed cost, sets the time. Pauses from other
     # processes only add time, and on a loaded 2-core machine they add 2 to 7 ms to a round (seen in CI);
     # up to 1 MiB an all-reduce takes under 1 ms here, so a median of 3 rounds over 4 KiB..1 MiB once
