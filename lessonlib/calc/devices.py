@@ -34,6 +34,10 @@ DEVICES = {
     "A100 SXM 80GB": Device(
         "A100 SXM 80GB", 312e12, 80e9,
         "NVIDIA A100 Tensor Core GPU datasheet: BF16 Tensor Core 312 TFLOPS dense (624 with sparsity); 80 GB HBM2e"),
+    "H800 SXM 80GB": Device(
+        "H800 SXM 80GB", 989.4e12, 80e9,
+        "NVIDIA H800 SXM, the export variant of the H100 SXM: the same tensor cores (989.4 TFLOPS dense BF16) and "
+        "80 GB HBM3, with NVLink cut to 400 GB/s (DeepSeek-V3 Technical Report, Section 3.1)"),
 }
 
 #: The device the course prices on when a page does not say otherwise.

@@ -87,6 +87,7 @@ LLAMA2 = {
 LLAMA2_TOKENS = Figure(2.0e12, "training tokens (every size)", LLAMA2_CARD, "model table, Tokens", _CARD_READ)
 LLAMA2_DEVICE = "A100 SXM 80GB"  # the card: "hardware of type A100-80GB"
 LLAMA3_DEVICE = "H100 SXM 80GB"  # the card: "H100-80GB (TDP of 700W)"
+DEEPSEEK_DEVICE = "H800 SXM 80GB"  # the report: "a cluster equipped with 2048 NVIDIA H800 GPUs"
 
 
 def format_value(figure: Figure) -> str:
@@ -104,3 +105,34 @@ def format_value(figure: Figure) -> str:
     else:
         text = f"{x:,.0f}" if float(x).is_integer() else f"{x:,g}"
     return f"{text} {figure.unit}"
+
+
+DEEPSEEK_V3_REPORT = ("DeepSeek-AI (2024). DeepSeek-V3 Technical Report. arXiv:2412.19437")
+_REPORT_READ = "entered from the report and cross-checked against secondary summaries of it"
+
+#: DeepSeek-V3, the mixture-of-experts run the layout page compares with.
+DEEPSEEK_V3 = {
+    "params": Figure(671e9, "parameters in all", DEEPSEEK_V3_REPORT, "abstract", _REPORT_READ),
+    "active_params": Figure(37e9, "parameters active per token", DEEPSEEK_V3_REPORT, "abstract", _REPORT_READ),
+    "layers": Figure(61, "layers", DEEPSEEK_V3_REPORT, "Section 4.2 (model hyper-parameters)", _REPORT_READ),
+    "dense_layers": Figure(3, "first layers with a dense MLP instead of experts", DEEPSEEK_V3_REPORT,
+                           "Section 4.2", _REPORT_READ),
+    "hidden": Figure(7168, "hidden dimension", DEEPSEEK_V3_REPORT, "Section 4.2", _REPORT_READ),
+    "heads": Figure(128, "attention heads", DEEPSEEK_V3_REPORT, "Section 4.2", _REPORT_READ),
+    "experts": Figure(256, "routed experts per MoE layer", DEEPSEEK_V3_REPORT, "Section 4.2", _REPORT_READ),
+    "expert_hidden": Figure(2048, "intermediate dimension of each expert", DEEPSEEK_V3_REPORT, "Section 4.2",
+                            _REPORT_READ),
+    "top_k": Figure(8, "routed experts per token", DEEPSEEK_V3_REPORT, "Section 4.2", _REPORT_READ),
+    "nodes_per_token": Figure(4, "nodes at most that a token's experts sit on", DEEPSEEK_V3_REPORT,
+                              "Section 4.2 and 3.2.2 (node-limited routing)", _REPORT_READ),
+    "seq_len": Figure(4096, "tokens per sequence (pre-training)", DEEPSEEK_V3_REPORT, "Section 4.2", _REPORT_READ),
+    "batch": Figure(15360, "sequences per batch after the ramp-up", DEEPSEEK_V3_REPORT, "Section 4.2",
+                    _REPORT_READ),
+    "gpus": Figure(2048, "H800 GPUs", DEEPSEEK_V3_REPORT, "Section 3.1", _REPORT_READ),
+    "pp": Figure(16, "pipeline-parallel degree", DEEPSEEK_V3_REPORT, "Section 3.2", _REPORT_READ),
+    "ep": Figure(64, "expert-parallel degree (across 8 nodes)", DEEPSEEK_V3_REPORT, "Section 3.2", _REPORT_READ),
+    "zero": Figure(1, "ZeRO stage of the data-parallel copies", DEEPSEEK_V3_REPORT, "Section 3.2", _REPORT_READ),
+}
+
+#: Llama 3 405B's key/value heads (grouped-query attention) for the layout page.
+LLAMA3_405B_KV_HEADS = Figure(8, "key/value heads", LLAMA3_PAPER, "Table 3", _SECONDARY)

@@ -1,0 +1,48 @@
+"""Tables of the layout search (:mod:`lessonlib.calc.layout`): rendering only."""
+from __future__ import annotations
+
+from ..checks import sequence
+from ..calc.layout import LayoutCost
+from .reports import html_table
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f}"
+
+
+def layout_table(costs, published=None) -> str:
+    """An HTML table of :class:`~lessonlib.calc.layout.LayoutCost` rows: the layout, memory on the busiest
+    device (GB, decimal), the step's seconds by part and the MFU it implies. A row whose degrees equal
+    ``published`` (a :class:`~lessonlib.calc.layout.Layout`) is marked "published"."""
+    costs = sequence("costs", costs)
+    for i, c in enumerate(costs):
+        if not isinstance(c, LayoutCost):
+            raise TypeError(f"costs[{i}] must be a LayoutCost, got {type(c).__name__}")
+    key = None if published is None else (published.tensor, published.context, published.pipeline,
+                                          published.data, published.expert)
+    rows = []
+    for i, c in enumerate(costs, 1):
+        lay = c.layout
+        mark = " (published)" if key == (lay.tensor, lay.context, lay.pipeline, lay.data, lay.expert) else ""
+        comm = c.tensor_comm_s + c.context_comm_s + c.pipeline_comm_s + c.data_comm_s + c.expert_comm_s
+        rows.append([i, lay.label() + mark, _gb(c.memory_bytes), f"{c.compute_s:.2f}", f"{c.bubble_s:.2f}",
+                     f"{comm:.2f}", f"{c.step_s:.2f}", f"{100 * c.mfu:.0f} %"])
+    return html_table(["#", "layout", "memory (GB)", "compute (s)", "bubble (s)", "exposed comm. (s)",
+                       "step (s)", "MFU"], rows)
+
+
+def cost_parts_table(cost) -> str:
+    """One layout's step, part by part (seconds and share of the step), and its memory (GB)."""
+    if not isinstance(cost, LayoutCost):
+        raise TypeError(f"cost must be a LayoutCost, got {type(cost).__name__}")
+    parts = [("compute", cost.compute_s), ("pipeline bubble", cost.bubble_s),
+             ("tensor-parallel communication", cost.tensor_comm_s),
+             ("context-parallel communication", cost.context_comm_s),
+             ("pipeline sends", cost.pipeline_comm_s), ("data-parallel communication (exposed)", cost.data_comm_s),
+             ("expert all-to-all (exposed)", cost.expert_comm_s)]
+    rows = [[name, f"{s:.3f}", f"{100 * s / cost.step_s:.1f} %"] for name, s in parts]
+    rows.append(["step", f"{cost.step_s:.3f}", "100 %"])
+    rows.append(["memory: training state (GB)", _gb(cost.state_bytes), ""])
+    rows.append(["memory: activations (GB)", _gb(cost.activation_bytes), ""])
+    rows.append(["memory: device (GB)", _gb(cost.capacity_bytes), ""])
+    return html_table(["part", "seconds", "share of the step"], rows)

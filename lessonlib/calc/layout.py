@@ -1,0 +1,344 @@
+"""Choose a layout: the degrees of tensor, context, pipeline, data and expert parallelism, and the ZeRO stage,
+for a model on a cluster, from the course's own calculators. Pure Python (no torch).
+
+A layout is judged twice. **Does it fit?** The busiest device's bytes: its share of the
+training state (:func:`lessonlib.calc.sharding.zero_state_bytes` on the weights the tensor and
+pipeline split leave it, the experts on the expert split) plus the activations its first pipeline
+stage keeps (Korthikanti et al. 2022 with sequence parallelism and fused attention: no s x s
+term). **How long is a step?** The model's FLOPs at a stated per-device kernel efficiency,
+stretched by the pipeline's bubble, plus the communication that nothing hides, each collective
+timed with the alpha-beta model of :mod:`lessonlib.calc.comm` on the link it crosses (NVLink
+inside a node, the network between nodes).
+
+What the model leaves out is stated where it matters: it is a sketch that ranks layouts, not a
+simulator of one. Times in seconds, memory in bytes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..checks import choice, count, flag, positive, share, text
+from .comm import LINKS, collective_seconds
+from .devices import DEVICES
+from .sharding import ZERO_STAGES, zero_state_bytes
+
+#: The share of its dense peak that one device's kernels reach on a large training step when no
+#: communication and no bubble slows it: a stated assumption (large bf16 matmuls reach about
+#: 60-70 % of an H100's dense peak; attention and normalisation less). Every layout is priced at
+#: the same value, so it scales every step time alike and leaves the ranking alone.
+KERNEL_EFFICIENCY = 0.6
+
+RECOMPUTE = ("none", "full")
+SCHEDULES = ("1f1b", "dualpipe")
+CONTEXT_METHODS = ("ring", "all_gather")
+
+#: Memory bandwidth (bytes/s) of each device's HBM, from the same datasheets as its peak: with the
+#: peak it gives the roofline's ridge point, the FLOPs a byte must carry before a matmul stops
+#: waiting for memory (:func:`ridge_flops_per_byte`).
+HBM_BYTES_PER_S = {
+    "H100 SXM 80GB": 3.35e12,  # NVIDIA H100 Tensor Core GPU datasheet (SXM): 3.35 TB/s HBM3
+    "A100 SXM 80GB": 2.039e12,  # NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): 2,039 GB/s HBM2e
+    "H800 SXM 80GB": 3.35e12,  # NVIDIA H800 (export variant of the H100 SXM): same HBM3, 3.35 TB/s
+    "A100 SXM 40GB": 1.555e12,  # NVIDIA A100 datasheet (40GB SXM): 1,555 GB/s HBM2
+    "H100 PCIe 80GB": 2.0e12,  # NVIDIA H100 datasheet (PCIe): 2 TB/s HBM2e
+}
+
+
+def ridge_flops_per_byte(device: str) -> float:
+    """The roofline's ridge point of ``device``: dense peak FLOP/s over HBM bytes/s (FLOPs per byte).
+
+    A bf16 matmul of an (m x k) by a (k x n) matrix does 2mkn FLOPs and moves 2(mk + kn + mn)
+    bytes: with m tokens far fewer than k and n, about m FLOPs a byte. Below the ridge it is
+    limited by memory, at m / ridge of the peak.
+    """
+    choice("device", device, HBM_BYTES_PER_S)
+    return DEVICES[choice("device", device, DEVICES)].peak_flops_per_s / HBM_BYTES_PER_S[device]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A transformer to train: parameters, shape and batch.
+
+    ``params`` total parameters (they price the memory); ``active_params`` the parameters each token
+    uses (they price the FLOPs; equal to ``params`` for a dense model); ``expert_params`` the part of
+    ``params`` inside the experts (0 for a dense model), spread over the expert-parallel devices;
+    ``experts`` routed experts per MoE layer and ``top_k`` experts each token visits;
+    ``kv_heads`` the key/value heads (grouped-query attention; ``heads`` when absent);
+    ``global_batch`` sequences of ``seq_len`` tokens per step; ``dropout`` whether the layers keep
+    dropout masks (1 byte a value, Korthikanti's 34 against 32 without); ``nodes_per_token`` the
+    most nodes a token's experts may sit on (DeepSeek-V3's node-limited routing; ``top_k`` when absent).
+    """
+
+    name: str
+    params: float
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    global_batch: int
+    active_params: float | None = None
+    expert_params: float = 0.0
+    experts: int = 1
+    top_k: int = 1
+    kv_heads: int | None = None
+    dropout: bool = True
+    nodes_per_token: int | None = None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``devices`` accelerators of type ``device`` (a key of :data:`lessonlib.calc.devices.DEVICES`),
+    ``node_size`` to a node joined by ``intra`` links, nodes joined by ``inter`` links (keys of
+    :data:`lessonlib.calc.comm.LINKS`)."""
+
+    devices: int
+    device: str = "H100 SXM 80GB"
+    node_size: int = 8
+    intra: str = "nvlink"
+    inter: str = "infiniband"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Degrees of each split: ``tensor`` x ``context`` x ``pipeline`` x ``data`` = the devices;
+    ``expert`` devices share a layer's experts (they come out of the data-parallel ones);
+    ``virtual`` pipeline stages per device (1: plain 1F1B; more: the interleaved schedule);
+    ``zero`` the ZeRO stage of the data-parallel copies; ``recompute`` "none" or "full";
+    ``schedule`` "1f1b" (interleaved when ``virtual`` > 1) or "dualpipe" (DeepSeek-V3's: two
+    micro-batches in opposite directions, each one's communication hidden behind the other's compute,
+    at the price of a second copy of the weights)."""
+
+    tensor: int = 1
+    context: int = 1
+    pipeline: int = 1
+    data: int = 1
+    expert: int = 1
+    virtual: int = 1
+    zero: int = 1
+    recompute: str = "none"
+    schedule: str = "1f1b"
+
+    def label(self) -> str:
+        """'TP 8 × PP 16 × DP 128 (ZeRO-1)': the degrees above 1, as a paper writes them."""
+        parts = [f"{n} {d}" for n, d in (("TP", self.tensor), ("CP", self.context), ("PP", self.pipeline),
+                                          ("DP", self.data), ("EP", self.expert)) if d > 1 or n == "DP"]
+        extra = [f"ZeRO-{self.zero}"] + (["v " + str(self.virtual)] if self.virtual > 1 else []) + (
+            ["DualPipe"] if self.schedule == "dualpipe" else []) + (
+            ["full recompute"] if self.recompute == "full" else [])
+        return " × ".join(parts) + f" ({', '.join(extra)})"
+
+
+@dataclass(frozen=True)
+class LayoutCost:
+    """What a :class:`Layout` costs: bytes on the busiest device, and a step's seconds by part.
+
+    ``state_bytes`` + ``activation_bytes`` = ``memory_bytes``, against the device's
+    ``capacity_bytes``; ``compute_s`` the step's FLOPs on one device at the kernel efficiency,
+    ``bubble_s`` the pipeline's idle time, and the exposed (unhidden) seconds of each split's
+    communication; ``step_s`` their sum; ``mfu`` the model-FLOPs utilisation that step implies.
+    """
+
+    layout: Layout
+    state_bytes: float
+    activation_bytes: float
+    capacity_bytes: float
+    compute_s: float
+    bubble_s: float
+    tensor_comm_s: float
+    context_comm_s: float
+    pipeline_comm_s: float
+    data_comm_s: float
+    expert_comm_s: float
+    mfu: float = field(default=0.0)
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.state_bytes + self.activation_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
+    @property
+    def step_s(self) -> float:
+        return (self.compute_s + self.bubble_s + self.tensor_comm_s + self.context_comm_s
+                + self.pipeline_comm_s + self.data_comm_s + self.expert_comm_s)
+
+
+def check_model(model) -> ModelShape:
+    """``model`` as a :class:`ModelShape` whose numbers agree with each other; errors name the field."""
+    if not isinstance(model, ModelShape):
+        raise TypeError(f"model must be a ModelShape, got {type(model).__name__}")
+    text("model.name", model.name)
+    positive("model.params", model.params)
+    for name in ("layers", "hidden", "heads", "seq_len", "global_batch", "experts", "top_k"):
+        count(f"model.{name}", getattr(model, name))
+    flag("model.dropout", model.dropout)
+    if model.hidden % model.heads:
+        raise ValueError(f"model.heads ({model.heads}) must divide model.hidden ({model.hidden})")
+    kv = model.heads if model.kv_heads is None else count("model.kv_heads", model.kv_heads)
+    if model.heads % kv:
+        raise ValueError(f"model.kv_heads ({kv}) must divide model.heads ({model.heads})")
+    active = model.params if model.active_params is None else positive("model.active_params", model.active_params)
+    if active > model.params:
+        raise ValueError(f"model.active_params ({active:.3g}) cannot exceed model.params ({model.params:.3g})")
+    if not 0 <= model.expert_params < model.params:
+        raise ValueError(f"model.expert_params ({model.expert_params:.3g}) must be at least 0 and below "
+                         f"model.params ({model.params:.3g})")
+    if model.top_k > model.experts:
+        raise ValueError(f"model.top_k ({model.top_k}) cannot exceed model.experts ({model.experts})")
+    return model
+
+
+def check_cluster(cluster) -> Cluster:
+    """``cluster`` as a :class:`Cluster` with a known device and links; errors name the field."""
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+    count("cluster.devices", cluster.devices)
+    count("cluster.node_size", cluster.node_size)
+    choice("cluster.device", cluster.device, DEVICES)
+    choice("cluster.intra", cluster.intra, LINKS)
+    choice("cluster.inter", cluster.inter, LINKS)
+    return cluster
+
+
+def _link(cluster: Cluster, span: int):
+    """The link a group of ``span`` neighbouring devices talks over: inside a node or between nodes."""
+    return LINKS[cluster.intra if span <= cluster.node_size else cluster.inter]
+
+
+def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICIENCY,
+                context_method: str = "ring") -> LayoutCost:
+    """Memory on the busiest device and a step's time for ``layout`` of ``model`` on ``cluster``.
+
+    Devices are placed tensor first, then context, pipeline and data (Megatron's and Llama 3's
+    order), so a tensor group of up to ``cluster.node_size`` stays inside a node. One
+    micro-batch is one sequence. The pieces, each per step:
+
+    * compute: (6 x active parameters + 6 x layers x hidden x seq_len for causal attention) FLOPs
+      a token, x 4/3 with full recomputation, over all devices at ``kernel_efficiency`` of the peak;
+      the experts' matmuls slow further when each expert gets fewer tokens than the roofline's
+      ridge point (:func:`ridge_flops_per_byte`): a few tokens a weight read cannot keep it busy;
+    * bubble: compute x (pipeline - 1) / (virtual x micro-batches) for the interleaved 1F1B
+      schedule, (pipeline / 2 - 1) / micro-batches for DualPipe;
+    * tensor: with sequence parallelism, the equivalent of 4 all-reduces of a micro-batch's
+      activations per layer (2 forward, 2 backward), none hidden;
+    * context, ``context_method="ring"``: the ring passes each device's keys and values context - 1
+      times in forward and twice that in backward, hidden behind the attention it overlaps while
+      that takes longer; ``"all_gather"`` (Llama 3's): every device gathers the whole sequence's keys
+      and values before its attention, and reduce-scatters their gradients after, none hidden;
+    * pipeline: one send of a micro-batch's activations per stage boundary, each way;
+    * data: the gradients reduce-scattered and the weights all-gathered once a step (ZeRO-2 and -3
+      reduce-scatter every micro-batch's gradients, and ZeRO-3 with a pipeline gathers the weights
+      for every micro-batch's forward and backward), hidden behind the backward pass while that
+      takes longer;
+    * expert: 4 all-to-alls per layer of each token's activations, once for each node its experts
+      sit on (at most ``top_k``, or ``nodes_per_token``); none hidden under 1F1B, hidden behind
+      the other micro-batch's compute under DualPipe.
+    """
+    model, cluster = check_model(model), check_cluster(cluster)
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a Layout, got {type(layout).__name__}")
+    eff = positive("kernel_efficiency", share("kernel_efficiency", kernel_efficiency))
+    t, c, p, d = (count(f"layout.{n}", getattr(layout, n)) for n in ("tensor", "context", "pipeline", "data"))
+    e, v = count("layout.expert", layout.expert), count("layout.virtual", layout.virtual)
+    zero = count("layout.zero", layout.zero, minimum=min(ZERO_STAGES), maximum=max(ZERO_STAGES))
+    choice("layout.recompute", layout.recompute, RECOMPUTE)
+    dualpipe = choice("layout.schedule", layout.schedule, SCHEDULES) == "dualpipe"
+    choice("context_method", context_method, CONTEXT_METHODS)
+    if t * c * p * d != cluster.devices:
+        raise ValueError(f"layout: tensor x context x pipeline x data = {t * c * p * d}, but cluster.devices "
+                         f"is {cluster.devices}")
+    kv = model.kv_heads or model.heads
+    if model.heads % t or kv % t and t % kv:
+        raise ValueError(f"layout.tensor ({t}) must divide model.heads ({model.heads}) and fit model.kv_heads ({kv})")
+    if c > 1 and model.seq_len % (2 * c):
+        raise ValueError(f"layout.context ({c}): 2 x context must divide model.seq_len ({model.seq_len})")
+    if v * p > model.layers:
+        raise ValueError(f"layout: pipeline x virtual ({p * v}) must be at most model.layers ({model.layers})")
+    if dualpipe and (v > 1 or p % 2):
+        raise ValueError(f"layout.schedule 'dualpipe' needs an even layout.pipeline (got {p}) and virtual 1 "
+                         f"(got {v})")
+    if d % e or model.experts % e:
+        raise ValueError(f"layout.expert ({e}) must divide layout.data ({d}) and model.experts ({model.experts})")
+    if model.global_batch % d:
+        raise ValueError(f"layout.data ({d}) must divide model.global_batch ({model.global_batch})")
+    micro = model.global_batch // d  # micro-batches of one sequence per data-parallel copy
+    s, h, layers = model.seq_len, model.hidden, model.layers
+    peak = DEVICES[cluster.device].peak_flops_per_s
+    active = model.active_params or model.params
+    dense_params = model.params - model.expert_params
+
+    # --- memory on the busiest device: the first pipeline stage ---
+    dense = dense_params / (t * p)
+    experts = model.expert_params / (e * p)
+    state = zero_state_bytes(math.ceil(dense), d, zero).total
+    if experts:
+        state += zero_state_bytes(math.ceil(experts), d // e, zero).total
+    if dualpipe:  # a second copy of the stage's 16-bit weights, for the reverse direction
+        state += 2 * (dense + experts) * (1 / d if zero == 3 else 1)
+    stage_layers = math.ceil(layers / p)
+    per_value = 32 + (2 if model.dropout else 0)  # bytes per s*b*h: 16 values of 2 bytes, + 2 one-byte masks
+    per_layer = (2 if layout.recompute == "full" else per_value) * (s // c) * h / t
+    in_flight = min(p, micro)  # 1F1B: the first stage holds up to `pipeline` micro-batches
+    activations = per_layer * stage_layers * in_flight
+
+    # --- a step's time ---
+    tokens = model.global_batch * s
+    useful = (6 * active + 6 * layers * h * s) * tokens  # the model's FLOPs (MFU counts these)
+    expert_flops = 6 * (active - dense_params) * tokens if model.expert_params else 0.0
+    slow = 1.0
+    if expert_flops > 0:
+        per_expert = e * (s // c) * model.top_k / model.experts  # tokens each expert's matmul gets
+        slow = max(1.0, ridge_flops_per_byte(cluster.device) / per_expert)
+    extra = 4 / 3 if layout.recompute == "full" else 1.0
+    compute = (useful - expert_flops + expert_flops * slow) * extra / (cluster.devices * peak * eff)
+    bubble = compute * ((p / 2 - 1) / micro if dualpipe else (p - 1) / (v * micro))
+    act_bytes = 2 * (s // c) * h  # one micro-batch's activations at a layer boundary, 16-bit
+    tensor_comm = 0.0
+    if t > 1:
+        link = _link(cluster, t)
+        tensor_comm = 4 * stage_layers * micro * collective_seconds(
+            "all_reduce", act_bytes, t, link.alpha_s, link.beta_bytes_per_s)
+    per_micro = compute / micro  # one micro-batch's compute on this device, all its stage's layers
+    context_comm = 0.0
+    if c > 1:
+        link = _link(cluster, t * c)
+        kv_bytes = 2 * 2 * (s // c) * h * kv / model.heads / t  # keys and values of this device's heads
+        if context_method == "ring":
+            ring = 3 * (c - 1) * (link.alpha_s + kv_bytes / link.beta_bytes_per_s)
+            attention = per_micro / stage_layers * (6 * layers * h * s) / (6 * active + 6 * layers * h * s)
+            context_comm = max(0.0, ring - attention) * stage_layers * micro
+        else:
+            gather = sum(collective_seconds(k, kv_bytes * c, c, link.alpha_s, link.beta_bytes_per_s)
+                         for k in ("all_gather", "reduce_scatter"))
+            context_comm = gather * stage_layers * micro
+    pipeline_comm = 0.0
+    if p > 1:
+        link = _link(cluster, t * c * p)
+        one = 2 * v * (link.alpha_s + act_bytes / t / link.beta_bytes_per_s)
+        pipeline_comm = micro * (max(0.0, one - per_micro) if dualpipe else one)
+    data_comm = 0.0
+    if d > 1:
+        link = _link(cluster, t * c * p * d)
+        grads = 2 * (dense + experts)
+        # ZeRO-2 and -3 keep no whole gradient, so each micro-batch's gradients are reduce-scattered
+        # as they come; ZeRO-3 with a pipeline also gathers the weights again for each micro-batch's
+        # forward and backward (they are freed between). Stages 0-1 reduce once a step.
+        scatters = micro if zero >= 2 else 1
+        gathers = 2 * micro if zero == 3 and p > 1 else 1
+        comm = (scatters * collective_seconds("reduce_scatter", grads, d, link.alpha_s, link.beta_bytes_per_s)
+                + gathers * collective_seconds("all_gather", grads, d, link.alpha_s, link.beta_bytes_per_s))
+        data_comm = max(0.0, comm - compute * 2 / 3)  # hidden behind the backward pass
+    expert_comm = 0.0
+    if e > 1:
+        link = _link(cluster, t * c * e)
+        copies = min(model.top_k, model.nodes_per_token or model.top_k)
+        moe_bytes = 2 * (s // c) * h * copies / t  # this device's tokens, once per destination
+        one = 4 * stage_layers * (e - 1) * (link.alpha_s + moe_bytes / e / link.beta_bytes_per_s)
+        expert_comm = micro * (max(0.0, one - per_micro) if dualpipe else one)
+    cost = LayoutCost(layout, state, activations, DEVICES[cluster.device].memory_bytes, compute, bubble,
+                      tensor_comm, context_comm, pipeline_comm, data_comm, expert_comm)
+    mfu = useful / (cluster.devices * peak * cost.step_s)
+    return LayoutCost(**{**cost.__dict__, "mfu": mfu})

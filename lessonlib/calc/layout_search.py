@@ -1,0 +1,140 @@
+"""The layout search: every layout of a model on a cluster priced with :func:`lessonlib.calc.layout.layout_cost`,
+the ones that fit ranked by step time, and the published runs to check it against. Pure Python (no torch).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+from ..checks import choice, count, instance, mapping, sequence
+from .layout import (KERNEL_EFFICIENCY, RECOMPUTE, SCHEDULES, Cluster, Layout, LayoutCost, ModelShape, check_cluster,
+                     check_model, layout_cost)
+
+#: The largest search: layouts x ZeRO stages x recomputation choices tried by :func:`search_layouts`.
+MAX_CANDIDATES = 200_000
+
+CONTEXT_POLICIES = ("smallest", "free")
+
+
+def _powers_of_two(limit: int) -> list:
+    return [2 ** i for i in range(int(math.log2(limit)) + 1)] if limit >= 1 else [1]
+
+
+def candidate_layouts(model, cluster, zero_stages=(1, 2, 3), recompute=RECOMPUTE, schedules=("1f1b",),
+                      max_tensor=None):
+    """Every layout with power-of-two degrees that :func:`layout_cost` accepts for ``model`` on ``cluster``.
+
+    ``max_tensor`` caps the tensor degree (default: the node size); ``virtual`` runs over the powers
+    of two up to the layers a pipeline stage holds.
+    """
+    model, cluster = check_model(model), check_cluster(cluster)
+    for i, sched in enumerate(sequence("schedules", schedules)):
+        choice(f"schedules[{i}]", sched, SCHEDULES)
+    for i, z in enumerate(sequence("zero_stages", zero_stages)):
+        count(f"zero_stages[{i}]", z, minimum=0, maximum=3)
+    for i, r in enumerate(sequence("recompute", recompute)):
+        choice(f"recompute[{i}]", r, RECOMPUTE)
+    n = cluster.devices
+    max_t = count("max_tensor", max_tensor) if max_tensor is not None else cluster.node_size
+    kv = model.kv_heads or model.heads
+    out = []
+    for t, c, p in itertools.product(_powers_of_two(max_t), _powers_of_two(n), _powers_of_two(n)):
+        if n % (t * c * p) or model.heads % t or (kv % t and t % kv) or p > model.layers:
+            continue
+        if c > 1 and model.seq_len % (2 * c):
+            continue
+        d = n // (t * c * p)
+        if model.global_batch % d:
+            continue
+        for e in _powers_of_two(min(d, model.experts)):
+            if d % e or model.experts % e:
+                continue
+            plans = [(v, "1f1b") for v in (_powers_of_two(max(1, model.layers // p)) if p > 1 else [1])]
+            plans += [(1, "dualpipe")] if "dualpipe" in schedules and p > 1 and p % 2 == 0 else []
+            for (v, sched), z, r in itertools.product(plans, zero_stages, recompute):
+                if sched in schedules:
+                    out.append(Layout(t, c, p, d, e, v, z, r, sched))
+                    if len(out) > MAX_CANDIDATES:
+                        raise ValueError(f"more than {MAX_CANDIDATES:,} layouts: narrow zero_stages or recompute")
+    return out
+
+
+def search_layouts(model, cluster, top: int = 5, kernel_efficiency: float = KERNEL_EFFICIENCY,
+                   context: str = "smallest", fixed=None, context_method: str = "ring", **kwargs) -> list:
+    """The ``top`` fastest layouts that fit, as :class:`LayoutCost` sorted by step time (fastest first).
+
+    ``context="smallest"`` (the practitioners' rule, and Llama 3's) keeps only the smallest context
+    degree at which some layout fits: context parallelism is for sequences whose activations do not
+    fit otherwise. ``"free"`` lets the step time alone decide. ``fixed`` maps degrees to values every
+    layout must keep (``{"tensor": 8, "pipeline": 16}``: a later stage of a run that keeps its model
+    split, as Llama 3's long-context stage did). ``kwargs`` go to
+    :func:`candidate_layouts`. Returns an empty list when no layout fits.
+    """
+    model, cluster = check_model(model), check_cluster(cluster)
+    top = count("top", top)
+    choice("context", context, CONTEXT_POLICIES)
+    fixed = {} if fixed is None else mapping("fixed", fixed, allow_empty=True)
+    for key, value in fixed.items():
+        choice("fixed", key, ("tensor", "context", "pipeline", "data", "expert"))
+        count(f"fixed[{key!r}]", value)
+    layouts = [x for x in candidate_layouts(model, cluster, **kwargs)
+               if all(getattr(x, k) == v for k, v in fixed.items())]
+    costs = [layout_cost(model, cluster, lay, kernel_efficiency, context_method) for lay in layouts]
+    fitting = [x for x in costs if x.fits]
+    if context == "smallest" and fitting:
+        least = min(x.layout.context for x in fitting)
+        fitting = [x for x in fitting if x.layout.context == least]
+    fitting.sort(key=lambda x: (x.step_s, x.layout.tensor * x.layout.context * x.layout.pipeline))
+    return fitting[:top]
+
+
+def rank_of(layout, ranked) -> int | None:
+    """1-based place of the layout with ``layout``'s degrees in ``ranked`` (LayoutCosts), ignoring
+    ZeRO, interleaving and recomputation; ``None`` when it is not there."""
+    instance("layout", layout, Layout, "a Layout")
+    ranked = sequence("ranked", ranked, allow_empty=True)
+    for i, x in enumerate(ranked):
+        instance(f"ranked[{i}]", x, LayoutCost, "a LayoutCost")
+    key = (layout.tensor, layout.context, layout.pipeline, layout.data, layout.expert)
+    for i, x in enumerate(ranked, 1):
+        if (x.layout.tensor, x.layout.context, x.layout.pipeline, x.layout.data, x.layout.expert) == key:
+            return i
+    return None
+
+
+def published_models() -> dict:
+    """The published runs the layout page compares with, as ``{name: (ModelShape, Cluster, Layout)}``
+    built from :mod:`lessonlib.calc.published`: Llama 3 405B at 8K and at 128K context, and DeepSeek-V3.
+
+    The published layouts carry what their reports say; what they leave out (ZeRO stage of
+    Llama 3's FSDP, its interleaving) is left at the search's own choice: :func:`rank_of` compares
+    the degrees only.
+    """
+    from . import published as pub  # imported here: the figures are data this module need not load
+
+    ll = pub.LLAMA3_405B
+    tokens_per_batch = ll["tokens_per_batch"].value
+    gpus = int(ll["gpus"].value)
+    out = {}
+    for name, seq_len, cp in (("Llama 3 405B, 8K context", int(ll["seq_len"].value), 1),
+                              ("Llama 3 405B, 128K context", 131072, int(ll["cp_long"].value))):
+        # "16M tokens" a batch is 2**24 as engineers count: 2,048 sequences of 8K, 128 of 128K
+        batch = 2 ** round(math.log2(tokens_per_batch / seq_len))
+        model = ModelShape(name, ll["params"].value, int(ll["layers"].value), int(ll["hidden"].value),
+                           int(ll["heads"].value), seq_len, batch,
+                           kv_heads=int(pub.LLAMA3_405B_KV_HEADS.value), dropout=False)
+        tp, pp = int(ll["tp"].value), int(ll["pp"].value)
+        out[name] = (model, Cluster(gpus, pub.LLAMA3_DEVICE), Layout(tp, cp, pp, gpus // (tp * cp * pp)))
+    ds = pub.DEEPSEEK_V3
+    moe_layers = ds["layers"].value - ds["dense_layers"].value
+    expert_params = moe_layers * ds["experts"].value * 3 * ds["hidden"].value * ds["expert_hidden"].value
+    model = ModelShape("DeepSeek-V3", ds["params"].value, int(ds["layers"].value), int(ds["hidden"].value),
+                       int(ds["heads"].value), int(ds["seq_len"].value), int(ds["batch"].value),
+                       active_params=ds["active_params"].value, expert_params=expert_params,
+                       experts=int(ds["experts"].value), top_k=int(ds["top_k"].value), dropout=False,
+                       nodes_per_token=int(ds["nodes_per_token"].value))
+    gpus = int(ds["gpus"].value)
+    pp, ep = int(ds["pp"].value), int(ds["ep"].value)
+    out["DeepSeek-V3"] = (model, Cluster(gpus, pub.DEEPSEEK_DEVICE),
+                          Layout(1, 1, pp, gpus // pp, ep, zero=int(ds["zero"].value), schedule="dualpipe"))
+    return out
