@@ -19,9 +19,9 @@ import math
 from dataclasses import dataclass, field
 
 from ..checks import choice, count, flag, positive, share, text
-from .comm import LINKS, collective_seconds
-from .devices import DEVICES
-from .sharding import ZERO_STAGES, zero_state_bytes
+from .comm import LINKS, Link, collective_seconds
+from .devices import DEVICES, Device
+from .sharding import ZERO_STAGES, zero_state_bytes, zero_step_traffic
 
 #: The share of its dense peak that one device's kernels reach on a large training step when no
 #: communication and no bubble slows it: a stated assumption (large bf16 matmuls reach about
@@ -67,7 +67,8 @@ class ModelShape:
     ``kv_heads`` the key/value heads (grouped-query attention; ``heads`` when absent);
     ``global_batch`` sequences of ``seq_len`` tokens per step; ``dropout`` whether the layers keep
     dropout masks (1 byte a value, Korthikanti's 34 against 32 without); ``nodes_per_token`` the
-    most nodes a token's experts may sit on (DeepSeek-V3's node-limited routing; ``top_k`` when absent).
+    most nodes a token's experts may sit on (DeepSeek-V3's node-limited routing; ``top_k`` when absent);
+    ``bytes_per_value`` of the gradients, weights and activations that travel (2 for 16-bit, 4 for fp32).
     """
 
     name: str
@@ -84,19 +85,21 @@ class ModelShape:
     kv_heads: int | None = None
     dropout: bool = True
     nodes_per_token: int | None = None
+    bytes_per_value: int = 2
 
 
 @dataclass(frozen=True)
 class Cluster:
-    """``devices`` accelerators of type ``device`` (a key of :data:`lessonlib.calc.devices.DEVICES`),
-    ``node_size`` to a node joined by ``intra`` links, nodes joined by ``inter`` links (keys of
-    :data:`lessonlib.calc.comm.LINKS`)."""
+    """``devices`` accelerators of type ``device`` (a key of :data:`lessonlib.calc.devices.DEVICES`, or a
+    :class:`~lessonlib.calc.devices.Device`), ``node_size`` to a node joined by ``intra`` links, nodes
+    joined by ``inter`` links (keys of :data:`lessonlib.calc.comm.LINKS`, or a fitted
+    :class:`~lessonlib.calc.comm.Link`: the reader's own processes)."""
 
     devices: int
-    device: str = "H100 SXM 80GB"
+    device: object = "H100 SXM 80GB"
     node_size: int = 8
-    intra: str = "nvlink"
-    inter: str = "infiniband"
+    intra: object = "nvlink"
+    inter: object = "infiniband"
 
 
 @dataclass(frozen=True)
@@ -134,9 +137,10 @@ class LayoutCost:
     """What a :class:`Layout` costs: bytes on the busiest device, and a step's seconds by part.
 
     ``state_bytes`` + ``activation_bytes`` = ``memory_bytes``, against the device's
-    ``capacity_bytes``; ``compute_s`` the step's FLOPs on one device at the kernel efficiency,
+    ``capacity_bytes``; ``data_traffic`` the data-parallel collectives of a step (bytes each kind handles, as
+    :func:`lessonlib.calc.sharding.zero_step_traffic` counts them, times how often); ``compute_s`` the step's FLOPs on one device at the kernel efficiency,
     ``bubble_s`` the pipeline's idle time, and the exposed (unhidden) seconds of each split's
-    communication; ``step_s`` their sum; ``mfu`` the model-FLOPs utilisation that step implies.
+    communication (``data_comm_total_s``: the data-parallel collectives' seconds before backward hides them); ``step_s`` their sum; ``mfu`` the model-FLOPs utilisation that step implies.
     """
 
     layout: Layout
@@ -145,11 +149,13 @@ class LayoutCost:
     capacity_bytes: float
     compute_s: float
     bubble_s: float
+    data_traffic: dict
     tensor_comm_s: float
     context_comm_s: float
     pipeline_comm_s: float
     data_comm_s: float
     expert_comm_s: float
+    data_comm_total_s: float = 0.0
     mfu: float = field(default=0.0)
 
     @property
@@ -175,6 +181,8 @@ def check_model(model) -> ModelShape:
     for name in ("layers", "hidden", "heads", "seq_len", "global_batch", "experts", "top_k"):
         count(f"model.{name}", getattr(model, name))
     flag("model.dropout", model.dropout)
+    if model.bytes_per_value not in (2, 4) or isinstance(model.bytes_per_value, bool):
+        raise ValueError(f"model.bytes_per_value must be 2 (16-bit) or 4 (fp32), got {model.bytes_per_value!r}")
     if model.hidden % model.heads:
         raise ValueError(f"model.heads ({model.heads}) must divide model.hidden ({model.hidden})")
     kv = model.heads if model.kv_heads is None else count("model.kv_heads", model.kv_heads)
@@ -197,15 +205,22 @@ def check_cluster(cluster) -> Cluster:
         raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
     count("cluster.devices", cluster.devices)
     count("cluster.node_size", cluster.node_size)
-    choice("cluster.device", cluster.device, DEVICES)
-    choice("cluster.intra", cluster.intra, LINKS)
-    choice("cluster.inter", cluster.inter, LINKS)
+    if not isinstance(cluster.device, Device):
+        choice("cluster.device", cluster.device, DEVICES)
+    for name in ("intra", "inter"):
+        if not isinstance(getattr(cluster, name), Link):
+            choice(f"cluster.{name}", getattr(cluster, name), LINKS)
     return cluster
 
 
-def _link(cluster: Cluster, span: int):
+def _device(cluster: Cluster) -> Device:
+    return cluster.device if isinstance(cluster.device, Device) else DEVICES[cluster.device]
+
+
+def _link(cluster: Cluster, span: int) -> Link:
     """The link a group of ``span`` neighbouring devices talks over: inside a node or between nodes."""
-    return LINKS[cluster.intra if span <= cluster.node_size else cluster.inter]
+    link = cluster.intra if span <= cluster.node_size else cluster.inter
+    return link if isinstance(link, Link) else LINKS[link]
 
 
 def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICIENCY,
@@ -266,7 +281,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
         raise ValueError(f"layout.data ({d}) must divide model.global_batch ({model.global_batch})")
     micro = model.global_batch // d  # micro-batches of one sequence per data-parallel copy
     s, h, layers = model.seq_len, model.hidden, model.layers
-    peak = DEVICES[cluster.device].peak_flops_per_s
+    peak = _device(cluster).peak_flops_per_s
     active = model.active_params or model.params
     dense_params = model.params - model.expert_params
 
@@ -291,11 +306,11 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     slow = 1.0
     if expert_flops > 0:
         per_expert = e * (s // c) * model.top_k / model.experts  # tokens each expert's matmul gets
-        slow = max(1.0, ridge_flops_per_byte(cluster.device) / per_expert)
+        slow = max(1.0, _device(cluster).peak_flops_per_s / HBM_BYTES_PER_S[_device(cluster).name] / per_expert)
     extra = 4 / 3 if layout.recompute == "full" else 1.0
     compute = (useful - expert_flops + expert_flops * slow) * extra / (cluster.devices * peak * eff)
     bubble = compute * ((p / 2 - 1) / micro if dualpipe else (p - 1) / (v * micro))
-    act_bytes = 2 * (s // c) * h  # one micro-batch's activations at a layer boundary, 16-bit
+    act_bytes = model.bytes_per_value * (s // c) * h  # one micro-batch's activations at a layer boundary
     tensor_comm = 0.0
     if t > 1:
         link = _link(cluster, t)
@@ -305,7 +320,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     context_comm = 0.0
     if c > 1:
         link = _link(cluster, t * c)
-        kv_bytes = 2 * 2 * (s // c) * h * kv / model.heads / t  # keys and values of this device's heads
+        kv_bytes = 2 * model.bytes_per_value * (s // c) * h * kv / model.heads / t  # this device's keys and values
         if context_method == "ring":
             ring = 3 * (c - 1) * (link.alpha_s + kv_bytes / link.beta_bytes_per_s)
             attention = per_micro / stage_layers * (6 * layers * h * s) / (6 * active + 6 * layers * h * s)
@@ -319,26 +334,35 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
         link = _link(cluster, t * c * p)
         one = 2 * v * (link.alpha_s + act_bytes / t / link.beta_bytes_per_s)
         pipeline_comm = micro * (max(0.0, one - per_micro) if dualpipe else one)
+    # ZeRO-2 and -3 keep no whole gradient, so each micro-batch's gradients are reduce-scattered as they
+    # come, and ZeRO-3 gathers the weights for each micro-batch's forward and backward (they are freed
+    # between); stages 0 and 1 reduce once a step. Bytes as zero_step_traffic counts them, in one collective
+    # per layer and one for the rest, as FSDP wraps a model (each pays the link's latency alpha).
+    bpv = model.bytes_per_value
+    traffic = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
     data_comm = 0.0
     if d > 1:
         link = _link(cluster, t * c * p * d)
-        grads = 2 * (dense + experts)
-        # ZeRO-2 and -3 keep no whole gradient, so each micro-batch's gradients are reduce-scattered
-        # as they come; ZeRO-3 with a pipeline also gathers the weights again for each micro-batch's
-        # forward and backward (they are freed between). Stages 0-1 reduce once a step.
-        scatters = micro if zero >= 2 else 1
-        gathers = 2 * micro if zero == 3 and p > 1 else 1
-        comm = (scatters * collective_seconds("reduce_scatter", grads, d, link.alpha_s, link.beta_bytes_per_s)
-                + gathers * collective_seconds("all_gather", grads, d, link.alpha_s, link.beta_bytes_per_s))
-        data_comm = max(0.0, comm - compute * 2 / 3)  # hidden behind the backward pass
+        groups = [(math.ceil(dense), d)] + ([(math.ceil(experts), d // e)] if experts and d // e > 1 else [])
+        for n_params, group in groups:
+            one = zero_step_traffic(n_params, group, zero, bpv)
+            for kind in traffic:
+                times = micro if (kind == "reduce_scatter" and zero >= 2) or (kind == "all_gather" and zero == 3) else 1
+                traffic[kind] += one[kind] * times
+                if one[kind]:  # one collective per layer, and one for the rest (embeddings, output layer)
+                    units = stage_layers + 1
+                    data_comm += times * units * collective_seconds(kind, one[kind] / units, group, link.alpha_s,
+                                                                    link.beta_bytes_per_s)
+    data_total = data_comm
+    data_comm = max(0.0, data_comm - compute * 2 / 3)  # hidden behind the backward pass
     expert_comm = 0.0
     if e > 1:
         link = _link(cluster, t * c * e)
         copies = min(model.top_k, model.nodes_per_token or model.top_k)
-        moe_bytes = 2 * (s // c) * h * copies / t  # this device's tokens, once per destination
+        moe_bytes = model.bytes_per_value * (s // c) * h * copies / t  # this device's tokens, once per destination
         one = 4 * stage_layers * (e - 1) * (link.alpha_s + moe_bytes / e / link.beta_bytes_per_s)
         expert_comm = micro * (max(0.0, one - per_micro) if dualpipe else one)
-    cost = LayoutCost(layout, state, activations, DEVICES[cluster.device].memory_bytes, compute, bubble,
-                      tensor_comm, context_comm, pipeline_comm, data_comm, expert_comm)
+    cost = LayoutCost(layout, state, activations, _device(cluster).memory_bytes, compute, bubble, traffic,
+                      tensor_comm, context_comm, pipeline_comm, data_comm, expert_comm, data_total)
     mfu = useful / (cluster.devices * peak * cost.step_s)
     return LayoutCost(**{**cost.__dict__, "mfu": mfu})
