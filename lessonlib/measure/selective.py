@@ -24,7 +24,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (CheckpointPolicy, SelectiveCheckpointContext, checkpoint,
+                                   create_selective_checkpoint_contexts)
 
 from ..checks import choice, count, flag, sequence
 from .compat import feature, require
@@ -49,6 +50,10 @@ MAX_ROUNDS = 100
 
 def save_matmuls(ctx, op, *args, **kwargs):
     """The policy: save what the weight matrix products return, recompute every other operation."""
+    if not isinstance(ctx, SelectiveCheckpointContext):
+        raise TypeError(f"ctx must be the SelectiveCheckpointContext PyTorch passes, got {type(ctx).__name__}")
+    if not isinstance(op, torch._ops.OpOverload):  # torch's own type for an operation such as aten.mm.default
+        raise TypeError(f"op must be a torch operation (such as torch.ops.aten.mm.default), got {type(op).__name__}")
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -71,6 +76,9 @@ def _check(blocks, x, recompute):
         raise TypeError(f"blocks must be an nn.Sequential of transformer blocks, got {type(blocks).__name__}")
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3:
         raise ValueError("x must be a floating-point tensor of shape (batch, seq_len, hidden)")
+    params = list(blocks.parameters())
+    if not params or params[0].shape[-1] != x.shape[-1] or params[0].device != x.device:
+        raise ValueError(f"x must end in the blocks' width and sit on their device, got shape {tuple(x.shape)}")
     choice("recompute", recompute, RECOMPUTE)
 
 
