@@ -34,6 +34,7 @@ def test_the_policy_saves_the_matrix_products_and_recomputes_the_rest():
         selective.save_matmuls(ctx, "mm")
     with pytest.raises(TypeError, match="ctx"):
         selective.save_matmuls(None, aten.mm.default)
+    assert selective.save_everything(ctx, aten.gelu.default) == CheckpointPolicy.MUST_SAVE
 
 
 @pytest.mark.skipif(feature("mem_tracker") is None, reason="this torch has no CPU memory tracker")
@@ -79,7 +80,7 @@ def test_recomputation_leaves_the_gradients_unchanged(gpt):
 def test_time_ratios_and_compare_return_every_setting(gpt):
     blocks, x = gpt
     t = selective.time_ratios(blocks, x, rounds=2)
-    assert set(t) == set(selective.RECOMPUTE) and t["none"] == 1.0 and all(v > 0 for v in t.values())
+    assert set(t) == {*selective.RECOMPUTE, selective.POLICY_ONLY} and t["none"] == 1.0 and all(v > 0 for v in t.values())
     rows = selective.compare(blocks, x, ["none", "full"])
     assert [r.recompute for r in rows] == ["none", "full"] and rows[0].flops < rows[1].flops
 
@@ -88,6 +89,8 @@ def test_bad_arguments_are_refused_by_name(gpt):
     blocks, x = gpt
     with pytest.raises(ValueError, match="recompute"):
         selective.forward(blocks, x, "some")
+    with pytest.raises(ValueError, match="policy"):
+        selective.forward(blocks, x, "selective", policy="save_some")
     with pytest.raises(TypeError, match="blocks"):
         selective.forward(list(blocks), x)
     with pytest.raises(ValueError, match="x"):

@@ -57,9 +57,22 @@ def save_matmuls(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def forward(blocks: torch.nn.Sequential, x: torch.Tensor, recompute: str = "none") -> torch.Tensor:
-    """Run ``blocks`` on ``x``, each block checkpointed as ``recompute`` says ("none", "selective", "full")."""
+def save_everything(ctx, op, *args, **kwargs):
+    """A policy that saves every output, so nothing is recomputed: what is left is the policy's own cost."""
+    save_matmuls(ctx, op)  # the same checks
+    return CheckpointPolicy.MUST_SAVE
+
+
+#: The policies :func:`forward` takes by name.
+POLICIES = {"save_matmuls": save_matmuls, "save_everything": save_everything}
+
+
+def forward(blocks: torch.nn.Sequential, x: torch.Tensor, recompute: str = "none",
+            policy: str = "save_matmuls") -> torch.Tensor:
+    """Run ``blocks`` on ``x``, each block checkpointed as ``recompute`` says ("none", "selective", "full");
+    "selective" uses the named ``policy`` (see :data:`POLICIES`)."""
     _check(blocks, x, recompute)
+    chosen = POLICIES[choice("policy", policy, POLICIES)]
     for block in blocks:
         if recompute == "none":
             x = block(x)
@@ -67,7 +80,7 @@ def forward(blocks: torch.nn.Sequential, x: torch.Tensor, recompute: str = "none
             x = checkpoint(block, x, use_reentrant=False)
         else:
             x = checkpoint(block, x, use_reentrant=False,
-                           context_fn=functools.partial(create_selective_checkpoint_contexts, save_matmuls))
+                           context_fn=functools.partial(create_selective_checkpoint_contexts, chosen))
     return x
 
 
@@ -101,8 +114,8 @@ def gpt_blocks(batch: int = 4, seq_len: int = 128, hidden: int = 64, heads: int 
     return gpt.blocks, x
 
 
-def _step(blocks, x, recompute):
-    forward(blocks, x, recompute).float().pow(2).mean().backward()
+def _step(blocks, x, recompute, policy="save_matmuls"):
+    forward(blocks, x, recompute, policy).float().pow(2).mean().backward()
 
 
 def _clear(blocks, x):
@@ -173,23 +186,30 @@ def peak_step_bytes(blocks, x, recompute: str = "none") -> int | None:
     return None if peak is None else peak.added
 
 
+#: The case of :func:`time_ratios` that runs the policy machinery and recomputes nothing.
+POLICY_ONLY = "policy only"
+
+
 def time_ratios(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
-    """Median over ``rounds`` of each setting's step time over the plain step's, all three timed in every
-    round (:func:`lessonlib.measure.rounds.time_rounds`, one thread). Returns ``{recompute: ratio}``."""
+    """Median over ``rounds`` of each setting's step time over the plain step's, every case timed in every
+    round (:func:`lessonlib.measure.rounds.time_rounds`, one thread). Returns ``{case: ratio}`` for the
+    three settings and :data:`POLICY_ONLY`: selective checkpointing with :func:`save_everything`, which
+    recomputes nothing, so its ratio is the cost of running a policy for every operation."""
     _check(blocks, x, "none")
     rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
     progress = flag("progress", progress)
+    cases = [(rc, rc, "save_matmuls") for rc in RECOMPUTE] + [(POLICY_ONLY, "selective", "save_everything")]
 
     def one_round(clock):
-        for rc in RECOMPUTE:
+        for name, rc, policy in cases:
             _clear(blocks, x)
-            clock.time(rc, _step, blocks, x, rc)
+            clock.time(name, _step, blocks, x, rc, policy)
 
     try:
         raw = time_rounds(one_round, rounds, warmup=1, device=x.device, num_threads=1, progress=progress)
     finally:
         _clear(blocks, x)
-    return {rc: raw.ratio(rc, "none") for rc in RECOMPUTE}
+    return {name: raw.ratio(name, "none") for name, _, _ in cases}
 
 
 @dataclass(frozen=True)
