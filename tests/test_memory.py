@@ -458,3 +458,32 @@ def test_tracked_bytes_count_what_the_cpu_tracker_counts():
     state = memory_measure.optimizer_state_bytes(opt)
     assert _tracked_bytes((model, opt, x), torch.device("cpu")) == 2 * w + state + x.numel() * 4
     assert _tracked_bytes((model, opt, x), torch.device("meta")) == 0
+
+
+# ---- issue 24.1 and 24.3: fused attention and the logits, measured ----------
+
+def test_fused_attention_measured_keeps_no_score_term():
+    """SDPA (no dropout: on a CPU SDPA with dropout falls back to stored scores) keeps 34 sbh a layer less the two
+    dropout masks, plus LayerNorm statistics and the kernel's fp32 log-sum-exp: linear in seq_len."""
+    from lessonlib.measure import activations as acts
+
+    base = dict(batch=2, seq_len=32, layers=2, hidden=64, heads=4)
+    got = acts.sweep(base, {"seq_len": [32, 128]}, device="cpu", attention="fused")
+    for (_, s), (measured, formula) in got.items():
+        b, h, a, layers = 2, 64, 4, 2
+        assert formula == layers * 34 * s * b * h
+        assert measured == formula - layers * (2 * s * b * h - 2 * 2 * s * b * 2 - 4 * a * s * b)
+    stored = acts.sweep(base, {"seq_len": [128]}, device="cpu", attention="stored")[("seq_len", 128)]
+    assert stored[1] - got[("seq_len", 128)][1] == 2 * 5 * 4 * 128 * 128 * 2  # the 5as²b term, 2 layers
+    with pytest.raises(ValueError, match="attention"):
+        acts.sweep(base, {"seq_len": [32]}, attention="flash")
+
+
+@pytest.mark.parametrize("dtype,e", [("bf16", 2), ("fp32", 4)])
+def test_the_loss_keeps_its_logits(dtype, e):
+    from lessonlib.measure import activations as acts
+
+    kept = acts.loss_activations(batch=2, seq_len=16, vocab=300, dtype=dtype, device="cpu").bytes
+    assert kept == memory.logits_bytes(16, 2, 300, bytes_per_value=e) + e  # + the loss's one weight total
+    with pytest.raises(ValueError, match="vocab"):
+        acts.loss_activations(vocab=2**30)
