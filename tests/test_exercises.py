@@ -408,7 +408,8 @@ def test_1c_offers_time_only_with_the_data_to_decide_it():
         assert name in given, f"1c offers 'time' but gives no {name}"
     kwargs = dict(seq_len=given["seq_len"], layers=given["layers"], hidden=given["hidden"], heads=given["heads"],
                   device_bytes=int(given["device_bytes"]), train_tokens=given["train_tokens"],
-                  device_flops_per_s=given["device_flops_per_s"], max_days=given["max_days"])
+                  device_flops_per_s=given["device_flops_per_s"], max_days=given["max_days"],
+                  attention="stored")  # 1c's model stores its attention scores, as its hidden tests count
     # each option is one the data can lead to: at this micro-batch the activations fail first; at one
     # sequence per device everything fits and only the time is too long
     assert planner.plan(given["n_params"], batch_per_device=given["micro_batch"], **kwargs).failure == "activations"

@@ -20,7 +20,7 @@ def _sweep():
     for knob, values in sweeps.items():
         for v in values:
             c = {**base, knob: v}
-            f = activation_bytes(c["seq"], c["batch"], c["hidden"], c["heads"], c["layers"])
+            f = activation_bytes(c["seq"], c["batch"], c["hidden"], c["heads"], c["layers"], attention="stored")
             results[(knob, v)] = (f, f)
     return sweeps, results
 

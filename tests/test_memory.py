@@ -38,10 +38,69 @@ def test_serving_is_16bit_weights():
 
 def test_activation_formula():
     s, b, h, a = 2048, 4, 4096, 32
-    assert activation_bytes_per_layer(s, b, h, a) == s * b * h * 34 + 5 * a * s * s * b
-    assert activation_bytes_per_layer(s, b, h, a, "selective") == 34 * s * b * h
+    stored = dict(attention="stored")
+    assert activation_bytes_per_layer(s, b, h, a, **stored) == s * b * h * 34 + 5 * a * s * s * b
+    assert activation_bytes_per_layer(s, b, h, a, "selective", **stored) == 34 * s * b * h
+    assert activation_bytes_per_layer(s, b, h, a, "full", **stored) == 2 * s * b * h
+    assert memory.activation_bytes(s, b, h, a, 24, **stored) == 24 * activation_bytes_per_layer(s, b, h, a, **stored)
+
+
+def test_fused_attention_is_the_default_and_has_no_score_term():
+    """Issue 24.1: attention is run fused today (SDPA's flash kernel): the 5as/h term is gone by default,
+    and the stored-scores case is the explicit historical one."""
+    s, b, h, a = 2048, 4, 4096, 32
+    for rc in ("none", "selective"):
+        assert activation_bytes_per_layer(s, b, h, a, rc) == 34 * s * b * h
+        assert activation_bytes_per_layer(s, b, h, a, rc, attention="fused") == 34 * s * b * h
     assert activation_bytes_per_layer(s, b, h, a, "full") == 2 * s * b * h
-    assert memory.activation_bytes(s, b, h, a, 24) == 24 * activation_bytes_per_layer(s, b, h, a)
+    # the default does not grow with the square of the sequence length
+    assert activation_bytes_per_layer(2 * s, b, h, a) == 2 * activation_bytes_per_layer(s, b, h, a)
+    with pytest.raises(ValueError, match="attention"):
+        activation_bytes_per_layer(s, b, h, a, attention="flash")
+
+
+def test_the_7_5b_example_both_ways():
+    """Issue 24.1: the 7.5B preset at 2,048 tokens: 34.4 GB a sequence with stored scores, 10.3 GB fused;
+    the batch at which activations pass the 16-bytes-a-parameter state moves from 4 to 12."""
+    from lessonlib.calc.planner import PRESETS
+    p = PRESETS["7.5B"]
+    state = training_state_bytes(p["n_params"]).total
+    per_seq = {att: memory.activation_bytes(2048, 1, p["hidden"], p["heads"], p["layers"], attention=att)
+               for att in ("stored", "fused")}
+    assert round(per_seq["stored"] / 1e9, 1) == 34.4 and round(per_seq["fused"] / 1e9, 1) == 10.3
+    cross = {att: next(b for b in range(1, 100) if b * v > state) for att, v in per_seq.items()}
+    assert cross == {"stored": 4, "fused": 12}
+
+
+def test_logits_bytes_and_the_vocabulary():
+    """Issue 24.3: the loss keeps b*s*V logits; Llama 3's s = 8,192, V = 128,256 is 2.1 GB per sequence in bf16."""
+    assert memory.logits_bytes(8192, 1, 128_256) == 2 * 8192 * 128_256
+    assert round(memory.logits_bytes(8192, 1, 128_256) / 1e9, 1) == 2.1
+    assert memory.logits_bytes(8192, 2, 2 * 128_256) == 4 * memory.logits_bytes(8192, 1, 128_256)
+    layers = memory.activation_bytes(8192, 1, 4096, 32, 2)
+    assert memory.activation_bytes(8192, 1, 4096, 32, 2, vocab=128_256) == layers + 2 * 8192 * 128_256
+    for bad in (dict(vocab=0), dict(bytes_per_value=3)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            memory.logits_bytes(**{**dict(seq_len=8, batch=1, vocab=10), **bad})
+
+
+def test_sequence_parallel_is_an_explicit_convention():
+    """Issue 24.8: without sequence parallelism (the default) 10sbh stays whole on every device; with it every
+    term is divided by t. Pricing uses sequence parallelism, and says so by passing it."""
+    from lessonlib.calc import pricing
+    s, b, h, a, L = 2048, 1, 4096, 32, 32
+    for t in (1, 2, 4, 8):
+        sp = activation_bytes_per_layer(s, b, h, a, tensor_parallel=t, attention="stored", sequence_parallel=True)
+        assert sp * t == 34 * s * b * h + 5 * a * s * s * b
+        assert activation_bytes_per_layer(s, b, h, a, "full", tensor_parallel=t, sequence_parallel=True) * t == \
+            2 * s * b * h
+    no_sp = activation_bytes_per_layer(s, b, h, a, tensor_parallel=8, attention="stored")
+    assert no_sp * 8 == s * b * h * (10 * 8 + 24) + 5 * a * s * s * b
+    # pricing's per-device number is the sequence-parallel, stored-scores one (one pipeline stage = all layers)
+    assert pricing.activation_bytes_per_device(s, b, h, a, L, tensor=8) == memory.activation_bytes(
+        s, b, h, a, L, tensor_parallel=8, attention="stored", sequence_parallel=True)
+    with pytest.raises(TypeError, match="sequence_parallel"):
+        activation_bytes_per_layer(s, b, h, a, sequence_parallel="yes")
 
 
 def test_whole_floats_are_counts():
@@ -128,7 +187,7 @@ def test_optimizer_state_by_method():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_activations_match_korthikanti(dtype):
     led = _measure(dtype=dtype)
-    formula = memory.activation_bytes(S, 2, H, A, layers=2)
+    formula = memory.activation_bytes(S, 2, H, A, layers=2, attention="stored")  # TinyGPT default: math attention
     # 1% tolerance: the paper ignores small tensors that autograd does keep -
     # LayerNorm's mean and rstd, 2 LayerNorms x 2 tensors x s*b 16-bit values per
     # layer: 1024 / (34*s*b*h + 5*a*s^2*b) = 0.15 % of a layer here.
@@ -322,12 +381,16 @@ def test_cpu_peak_is_a_lower_bound_of_the_allocator_peak():
 
 def test_tensor_parallel_activation_formula():
     s, b, h, a = 2048, 4, 4096, 32
+    st = dict(attention="stored")
     for t in (1, 2, 4, 8, 16, 32):
-        assert activation_bytes_per_layer(s, b, h, a, tensor_parallel=t) * t == s * b * h * (10 * t + 24) + 5 * a * s * s * b
-        assert activation_bytes_per_layer(s, b, h, a, "selective", tensor_parallel=t) * t == s * b * h * (10 * t + 24)
-        assert activation_bytes_per_layer(s, b, h, a, "full", tensor_parallel=t) == 2 * s * b * h
+        assert activation_bytes_per_layer(s, b, h, a, tensor_parallel=t, **st) * t == \
+            s * b * h * (10 * t + 24) + 5 * a * s * s * b
+        assert activation_bytes_per_layer(s, b, h, a, "selective", tensor_parallel=t, **st) * t == \
+            s * b * h * (10 * t + 24)
+        assert activation_bytes_per_layer(s, b, h, a, tensor_parallel=t) * t == s * b * h * (10 * t + 24)  # fused
+        assert activation_bytes_per_layer(s, b, h, a, "full", tensor_parallel=t, **st) == 2 * s * b * h
         # fp32 activations (4 bytes a value): (4e + 2) = 18 kept whole, 12e = 48 split, (2e + 1) = 9 for the scores
-        assert activation_bytes_per_layer(s, b, h, a, bytes_per_value=4, tensor_parallel=t) * t == \
+        assert activation_bytes_per_layer(s, b, h, a, bytes_per_value=4, tensor_parallel=t, **st) * t == \
             s * b * h * (18 * t + 48) + 9 * a * s * s * b
     assert activation_bytes_per_layer(s, b, h, a, tensor_parallel=1) == activation_bytes_per_layer(s, b, h, a)
     assert memory.activation_bytes(s, b, h, a, 24, tensor_parallel=8) == 24 * activation_bytes_per_layer(
@@ -395,3 +458,32 @@ def test_tracked_bytes_count_what_the_cpu_tracker_counts():
     state = memory_measure.optimizer_state_bytes(opt)
     assert _tracked_bytes((model, opt, x), torch.device("cpu")) == 2 * w + state + x.numel() * 4
     assert _tracked_bytes((model, opt, x), torch.device("meta")) == 0
+
+
+# ---- issue 24.1 and 24.3: fused attention and the logits, measured ----------
+
+def test_fused_attention_measured_keeps_no_score_term():
+    """SDPA (no dropout: on a CPU SDPA with dropout falls back to stored scores) keeps 34 sbh a layer less the two
+    dropout masks, plus LayerNorm statistics and the kernel's fp32 log-sum-exp: linear in seq_len."""
+    from lessonlib.measure import activations as acts
+
+    base = dict(batch=2, seq_len=32, layers=2, hidden=64, heads=4)
+    got = acts.sweep(base, {"seq_len": [32, 128]}, device="cpu", attention="fused")
+    for (_, s), (measured, formula) in got.items():
+        b, h, a, layers = 2, 64, 4, 2
+        assert formula == layers * 34 * s * b * h
+        assert measured == formula - layers * (2 * s * b * h - 2 * 2 * s * b * 2 - 4 * a * s * b)
+    stored = acts.sweep(base, {"seq_len": [128]}, device="cpu", attention="stored")[("seq_len", 128)]
+    assert stored[1] - got[("seq_len", 128)][1] == 2 * 5 * 4 * 128 * 128 * 2  # the 5as²b term, 2 layers
+    with pytest.raises(ValueError, match="attention"):
+        acts.sweep(base, {"seq_len": [32]}, attention="flash")
+
+
+@pytest.mark.parametrize("dtype,e", [("bf16", 2), ("fp32", 4)])
+def test_the_loss_keeps_its_logits(dtype, e):
+    from lessonlib.measure import activations as acts
+
+    kept = acts.loss_activations(batch=2, seq_len=16, vocab=300, dtype=dtype, device="cpu").bytes
+    assert kept == memory.logits_bytes(16, 2, 300, bytes_per_value=e) + e  # + the loss's one weight total
+    with pytest.raises(ValueError, match="vocab"):
+        acts.loss_activations(vocab=2**30)

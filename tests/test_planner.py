@@ -71,8 +71,9 @@ def test_plan_html_every_preset():
 # --- issue 12, item 3: precision, recomputation's time, presets' shapes ---
 
 def test_precision_changes_the_activations_and_the_state_breakdown():
-    mixed = planner.plan(**P7, batch_per_device=2, seq_len=2048, precision="mixed", device_bytes=400e9)
-    fp32 = planner.plan(**P7, batch_per_device=2, seq_len=2048, precision="fp32", device_bytes=400e9)
+    kw = dict(batch_per_device=2, seq_len=2048, device_bytes=400e9, attention="stored")
+    mixed = planner.plan(**P7, precision="mixed", **kw)
+    fp32 = planner.plan(**P7, precision="fp32", **kw)
     # Adam: 2+2+4+8 = 4+4+0+8 = 16 bytes/param either way, so the state total is the same...
     assert mixed.state_bytes == fp32.state_bytes
     # ...but fp32 activations take 4 bytes a value (dropout masks stay 1 byte): 66 sbh + 9 as^2b per layer
@@ -80,6 +81,10 @@ def test_precision_changes_the_activations_and_the_state_breakdown():
     assert mixed.activation_bytes == L * (34 * s * b * h + 5 * a * s * s * b)
     assert fp32.activation_bytes == L * (66 * s * b * h + 9 * a * s * s * b)
     assert fp32.max_batch_that_fits < mixed.max_batch_that_fits
+    # fused attention (the default) keeps no scores: 34 sbh and 66 sbh
+    kw["attention"] = "fused"
+    assert planner.plan(**P7, precision="mixed", **kw).activation_bytes == L * 34 * s * b * h
+    assert planner.plan(**P7, precision="fp32", **kw).activation_bytes == L * 66 * s * b * h
     # SGD: mixed keeps 2 + 2 + 4 master = 8, fp32 4 + 4 = 8: the same total; the breakdown differs
     html_m = plan_html("1.3B", "adam", "mixed", 8, 1024, "none", 80)
     html_f = plan_html("1.3B", "adam", "fp32", 8, 1024, "none", 80)
@@ -100,7 +105,7 @@ def test_fp32_can_fail_where_mixed_fits():
     # 1.3B, batch 4 of 2048 tokens on 80 GB: fits in mixed precision, not in fp32
     pr = planner.PRESETS["1.3B"]
     args = dict(batch_per_device=4, seq_len=2048, layers=pr["layers"], hidden=pr["hidden"], heads=pr["heads"],
-                device_bytes=80e9)
+                device_bytes=80e9, attention="stored")
     assert planner.plan(pr["n_params"], precision="mixed", **args).failure == "none"
     assert planner.plan(pr["n_params"], precision="fp32", **args).failure == "activations"
 
@@ -162,12 +167,12 @@ def test_a_plan_that_fits_needs_no_change():
 
 def test_activations_that_do_not_fit_get_recomputation_first():
     shape = _shape("1.3B")
-    out = propose(**shape, batch_per_device=8, seq_len=4096, device_bytes=80e9)
+    out = propose(**shape, batch_per_device=8, seq_len=4096, device_bytes=80e9, attention="stored")
     plan_, fix = out
     assert not plan_.fits_memory and fix.fits_memory
     assert (fix.devices, fix.recompute, fix.change) == (1, "selective", "selective recomputation")
     assert fix.activation_bytes == activation_bytes(4096, 8, shape["hidden"], shape["heads"], shape["layers"],
-                                                    "selective")
+                                                    "selective")  # selective: no score term either way
     assert fix.state_bytes == plan_.state_bytes  # recomputation leaves the state alone
 
 
@@ -234,3 +239,50 @@ def test_layout_bad_input():
         propose(**shape, recompute="some")
     with pytest.raises(ValueError, match="recompute"):  # unhashable: once a raw TypeError (the deep fuzz)
         propose(**shape, recompute=[])
+
+
+# --- issue 24: attention as it is run, the logits, the tensor-parallel convention ---
+
+def test_the_planner_takes_the_conventions_explicitly():
+    """Fused attention is the default; stored scores, sequence parallelism and the loss's logits are arguments."""
+    shape = _shape("7.5B")
+    kw = dict(batch_per_device=2, seq_len=2048, device_bytes=400e9)
+    fused = planner.plan(**shape, **kw)
+    stored = planner.plan(**shape, **kw, attention="stored")
+    assert fused.activation_bytes == activation_bytes(2048, 2, shape["hidden"], shape["heads"], shape["layers"])
+    assert stored.activation_bytes - fused.activation_bytes == shape["layers"] * 5 * shape["heads"] * 2048 ** 2 * 2
+    with_logits = planner.plan(**shape, **kw, vocab=planner.GPT2_VOCAB)
+    assert with_logits.activation_bytes - fused.activation_bytes == 2 * 2048 * 2 * planner.GPT2_VOCAB
+    # sequence parallelism: the same layout gives every activation byte / t
+    no_sp = layout(**shape, **kw, devices=8, tensor_parallel=8, attention="stored")
+    sp = layout(**shape, **kw, devices=8, tensor_parallel=8, attention="stored", sequence_parallel=True)
+    assert sp.activation_bytes * 8 == stored.activation_bytes < no_sp.activation_bytes * 8
+    with pytest.raises(TypeError, match="sequence_parallel"):
+        planner.plan(**shape, **kw, sequence_parallel=1)
+    with pytest.raises(ValueError, match="attention"):
+        planner.plan(**shape, **kw, attention="flash")
+
+
+def test_pricing_and_the_planner_agree_once_the_convention_is_the_same():
+    """Issue 24.8: 1.43 GB against 2.32 GB came from two conventions; passed explicitly they agree."""
+    from lessonlib.calc import pricing
+
+    shape = _shape("7.5B")
+    kw = dict(batch_per_device=1, seq_len=2048, device_bytes=80e9, devices=8, tensor_parallel=8)
+    per_device = pricing.activation_bytes_per_device(2048, 1, shape["hidden"], shape["heads"], shape["layers"], 8)
+    lay = layout(**shape, **kw, attention="stored", sequence_parallel=True)
+    assert lay.activation_bytes == per_device
+    assert layout(**shape, **kw, attention="stored").activation_bytes > per_device  # the default: no SP
+
+
+@pytest.mark.parametrize("t", [3, 5, 64])
+def test_the_tensor_parallel_degree_divides_the_heads_everywhere(t):
+    shape = dict(n_params=10**9, layers=4, hidden=960, heads=12)  # 3 divides both; 5 and 64 do not divide 12
+    if shape["heads"] % t == 0 and shape["hidden"] % t == 0:
+        assert layout(**shape, devices=t, tensor_parallel=t).tensor_parallel == t
+        return
+    with pytest.raises(ValueError, match="tensor_parallel"):
+        layout(**shape, devices=t, tensor_parallel=t)
+    from lessonlib.calc import pricing
+    with pytest.raises(ValueError, match="tensor"):
+        pricing.activation_bytes_per_device(128, 1, 960, 12, 4, tensor=t)

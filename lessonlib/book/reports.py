@@ -245,7 +245,8 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
              "selective": ", + attention scores recomputed"}[recompute]
     rows = [
         (f"state: {' + '.join(parts)} = {per.total} bytes/parameter", gb(r.state_bytes)),
-        (f"activations at batch {batch_per_device} x {seq_len} tokens, {e} bytes per value", gb(r.activation_bytes)),
+        (f"activations at batch {batch_per_device} x {seq_len} tokens (fused attention), {e} bytes per value",
+         gb(r.activation_bytes)),
         ("state + activations", gb(r.state_bytes + r.activation_bytes)),
         ("device memory", gb(r.device_bytes)),
         ("largest batch per device that fits", str(r.max_batch_that_fits)),

@@ -7,13 +7,16 @@ Pure Python (no torch). The measured counterpart is :mod:`lessonlib.measure.memo
   Adam in mixed precision).
 * :func:`serving_bytes` - what serving holds: the weights alone.
 * :func:`activation_bytes_per_layer` - Korthikanti et al. (2022), activation
-  bytes that one transformer layer keeps for backward.
+  bytes that one transformer layer keeps for backward (fused attention by
+  default; ``attention="stored"`` for the paper's stored scores).
+* :func:`logits_bytes` - the logits the loss keeps, batch x seq_len x vocab values.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, asdict
 
-from ..checks import amount as check_amount, choice as check_choice, count as check_count, text as check_text
+from ..checks import (amount as check_amount, choice as check_choice, count as check_count, flag as check_flag,
+                      text as check_text)
 
 
 #: Bytes per activation value the formula accepts: 16-bit (2, the paper's) and fp32 (4).
@@ -113,80 +116,141 @@ def check_heads(hidden, heads, hidden_name: str = "hidden", heads_name: str = "h
                          f"{hidden_name} / {heads_name} of the width")
 
 
+#: How attention is run: ``"fused"`` (a flash-style kernel, PyTorch's ``scaled_dot_product_attention``:
+#: the s x s scores are recomputed in backward, never stored; the default, as runs are done today) or
+#: ``"stored"`` (attention written out, keeping the softmax output, its dropout mask and the dropped-out
+#: scores: the case Korthikanti et al. (2022) counted, the historical one).
+ATTENTION_CHOICES = ("fused", "stored")
+
+
+def _check_layout(hidden, heads, tensor_parallel):
+    """Heads must divide hidden, and the tensor-parallel degree must divide both (whole heads per device)."""
+    h, a = check_count("hidden", hidden), check_count("heads", heads)
+    t = check_count("tensor_parallel", tensor_parallel)
+    check_heads(hidden=h, heads=a)
+    if a % t or h % t:
+        raise ValueError(f"tensor_parallel ({t}) must divide heads ({a}) and hidden ({h}): "
+                         "each device takes whole heads and an equal slice of the matrices")
+    return h, a, t
+
+
 def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "none",
-                               bytes_per_value: int = 2, *, tensor_parallel=1) -> int:
+                               bytes_per_value: int = 2, *, tensor_parallel=1, attention: str = "fused",
+                               sequence_parallel: bool = False) -> int:
     """Activation bytes one transformer layer keeps for backward, per device (Korthikanti et al., 2022).
 
     Formula (s = seq_len, b = batch, h = hidden, a = heads, t =
     tensor_parallel, the number of devices that split each layer's matrices),
     for 16-bit activations (``bytes_per_value=2``, the paper's case):
 
-    * ``"none"``:      s*b*h*(10 + 24/t + 5*a*s/(h*t))
+    * ``attention="stored"``, ``"none"``: s*b*h*(10 + 24/t + 5*a*s/(h*t)); with t = 1
+      the familiar s*b*h*(34 + 5*a*s/h)
     * ``"selective"``: s*b*h*(10 + 24/t)  (the attention scores, softmax and its
       dropout are recomputed, so the s**2 term goes)
     * ``"full"``:      2*s*b*h   (only the layer's input is kept)
+    * ``attention="fused"`` (the default): a fused kernel never stores the scores
+      (it recomputes them in backward, and regenerates its dropout mask from the
+      random-number state), so "none" keeps what "selective" keeps,
+      s*b*h*(10 + 24/t), and the s**2 term is gone whatever ``recompute`` is. The
+      kernel's one fp32 number per row and head (4*a*s*b bytes) is left out, as the
+      paper leaves out LayerNorm's statistics.
 
-    With t = 1 the first line is the familiar s*b*h*(34 + 5*a*s/h). Where the
-    numbers come from: per layer the paper keeps 16*s*b*h activation values
+    Where the numbers come from: per layer the paper keeps 16*s*b*h activation values
     plus 2*s*b*h one-byte dropout masks, and 2*a*s*s*b values plus a*s*s*b
     mask bytes for the attention scores. With ``e`` = ``bytes_per_value``
     bytes per value that is s*b*h*(16e + 2) + a*s*s*b*(2e + 1): 34 and 5 for
     e = 2, 66 and 9 for fp32 (e = 4); "full" keeps the layer's input, e*s*b*h.
 
     Under tensor parallelism (Megatron's column-then-row split of attention
-    and MLP, without sequence parallelism) each device keeps 1/t of the
-    tensors inside the split matrices (12e*s*b*h and the attention scores) but
-    a whole copy of the rest, (4e + 2)*s*b*h: the two LayerNorm inputs, the
-    inputs of the QKV and of the first MLP matrix, and the two 1-byte dropout
-    masks after attention and after the MLP (10*s*b*h for e = 2). So the bytes
-    per device do not fall as 1/t.
+    and MLP) each device keeps 1/t of the tensors inside the split matrices
+    (12e*s*b*h and the attention scores). Without sequence parallelism
+    (``sequence_parallel=False``, the default) it keeps a whole copy of the rest,
+    (4e + 2)*s*b*h: the two LayerNorm inputs, the inputs of the QKV and of the
+    first MLP matrix, and the two 1-byte dropout masks (10*s*b*h for e = 2), so
+    the bytes per device do not fall as 1/t. With sequence parallelism
+    (``sequence_parallel=True``) those parts are split along the sequence too,
+    and every term, the layer input of "full" included, is divided by t.
+    With t = 1 the two conventions agree.
 
-    The paper's assumptions, which a measurement must match to agree:
-    dropout masks in 1 byte; an MLP of width 4h;
-    standard ("math") attention that materialises the a x s x s scores; no
-    sequence parallelism; embeddings, the output layer and the loss
-    left out; small tensors such as LayerNorm's mean and variance ignored.
+    The paper's other assumptions, which a measurement must match to agree:
+    dropout masks in 1 byte; an MLP of width 4h; embeddings, the output layer
+    and the loss left out (see :func:`logits_bytes` for the loss's logits);
+    small tensors such as LayerNorm's mean and variance ignored.
 
     Returns bytes (an int). ``tensor_parallel`` must divide ``heads`` (each
     device takes whole heads) and ``hidden``.
 
-    >>> activation_bytes_per_layer(2048, 1, 4096, 32) // 2**20
+    >>> activation_bytes_per_layer(2048, 1, 4096, 32, attention="stored") // 2**20
     912
-    >>> activation_bytes_per_layer(2048, 1, 4096, 32, bytes_per_value=4) // 2**20
+    >>> activation_bytes_per_layer(2048, 1, 4096, 32) // 2**20
+    272
+    >>> activation_bytes_per_layer(2048, 1, 4096, 32, bytes_per_value=4, attention="stored") // 2**20
     1680
-    >>> activation_bytes_per_layer(2048, 1, 4096, 32, tensor_parallel=8) // 2**20
+    >>> activation_bytes_per_layer(2048, 1, 4096, 32, tensor_parallel=8, attention="stored") // 2**20
     184
+    >>> activation_bytes_per_layer(2048, 1, 4096, 32, tensor_parallel=8, attention="stored",
+    ...                            sequence_parallel=True) // 2**20
+    114
     """
     s = check_count("seq_len", seq_len)
     b = check_count("batch", batch)
-    h = check_count("hidden", hidden)
-    a = check_count("heads", heads)
+    check_count("hidden", hidden)
+    check_count("heads", heads)
     e = check_count("bytes_per_value", bytes_per_value)
     if e not in BYTES_PER_VALUE_CHOICES:
         raise ValueError(f"bytes_per_value must be one of {', '.join(map(str, BYTES_PER_VALUE_CHOICES))} "
                          f"(16-bit or fp32 activations), got {e}")
-    t = check_count("tensor_parallel", tensor_parallel)
+    check_count("tensor_parallel", tensor_parallel)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
-    check_heads(hidden=h, heads=a)
-    if a % t or h % t:
-        raise ValueError(f"tensor_parallel ({t}) must divide heads ({a}) and hidden ({h}): "
-                         "each device takes whole heads and an equal slice of the matrices")
+    check_choice("attention", attention, ATTENTION_CHOICES)
+    sp = check_flag("sequence_parallel", sequence_parallel)
+    h, a, t = _check_layout(hidden, heads, tensor_parallel)
     if recompute == "full":
-        return e * s * b * h
-    # whole numbers: t divides h and a, so 12e*s*b*h/t and (2e+1)*a*s*s*b/t are exact
-    per_layer = (4 * e + 2) * s * b * h + 12 * e * s * b * h // t
-    if recompute == "none":
+        return e * s * b * h // t if sp else e * s * b * h
+    # whole numbers: t divides h and a, so every term divided by t is exact
+    unsplit = (4 * e + 2) * s * b * h
+    per_layer = (unsplit // t if sp else unsplit) + 12 * e * s * b * h // t
+    if recompute == "none" and attention == "stored":
         per_layer += (2 * e + 1) * a * s * s * b // t
     return per_layer
 
 
 def activation_bytes(seq_len, batch, hidden, heads, layers, recompute: str = "none",
-                     bytes_per_value: int = 2, *, tensor_parallel=1) -> int:
+                     bytes_per_value: int = 2, *, tensor_parallel=1, attention: str = "fused",
+                     sequence_parallel: bool = False, vocab=None) -> int:
     """Activation bytes for ``layers`` identical transformer layers, per device (bytes);
-    see :func:`activation_bytes_per_layer`."""
+    see :func:`activation_bytes_per_layer`. With ``vocab`` (a vocabulary size) the
+    logits the loss keeps are added (:func:`logits_bytes`, in ``bytes_per_value`` bytes,
+    split t ways under tensor parallelism, as Megatron splits the output layer)."""
     n = check_count("layers", layers)
-    return n * activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute, bytes_per_value,
-                                          tensor_parallel=tensor_parallel)
+    per_layer = activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute, bytes_per_value,
+                                           tensor_parallel=tensor_parallel, attention=attention,
+                                           sequence_parallel=sequence_parallel)
+    if vocab is None:
+        return n * per_layer
+    return n * per_layer + logits_bytes(seq_len, batch, vocab, bytes_per_value) // check_count(
+        "tensor_parallel", tensor_parallel)
+
+
+def logits_bytes(seq_len, batch, vocab, bytes_per_value: int = 2) -> int:
+    """Bytes of the logits a language model's loss keeps for backward: batch x seq_len x vocab values.
+
+    The cross-entropy's backward needs the softmax of every logit (one value per
+    token and per vocabulary entry), so a plain loss keeps b*s*V values,
+    ``bytes_per_value`` bytes each (2: bf16; a loss computed in fp32 keeps 4).
+    Chunked or fused cross-entropy kernels avoid holding them all at once.
+    Llama 3 (s = 8,192, V = 128,256) keeps 2.1 GB per sequence in bf16:
+
+    >>> logits_bytes(8192, 1, 128_256) / 1e9
+    2.101346304
+    """
+    s, b = check_count("seq_len", seq_len), check_count("batch", batch)
+    v = check_count("vocab", vocab)
+    e = check_count("bytes_per_value", bytes_per_value)
+    if e not in BYTES_PER_VALUE_CHOICES:
+        raise ValueError(f"bytes_per_value must be one of {', '.join(map(str, BYTES_PER_VALUE_CHOICES))} "
+                         f"(16-bit or fp32 values), got {e}")
+    return e * s * b * v
 
 
 def format_bytes(n: float) -> str:

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..checks import (choice as check_choice, count as check_count, positive as check_positive, result as check_result,
-                      text as check_text)
-from .memory import (ACTIVATION_BYTES_PER_VALUE, OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM,
-                     RECOMPUTE_CHOICES, activation_bytes, check_heads, training_state_bytes)
+from ..checks import (choice as check_choice, count as check_count, flag as check_flag, positive as check_positive,
+                      result as check_result, text as check_text)
+from .memory import (ACTIVATION_BYTES_PER_VALUE, ATTENTION_CHOICES, OPTIMIZER_BYTES_PER_PARAM,
+                     PRECISION_BYTES_PER_PARAM, RECOMPUTE_CHOICES, activation_bytes, check_heads,
+                     training_state_bytes)
 
 
 SECONDS_PER_DAY = 86_400
@@ -148,7 +149,8 @@ ANSWERS = {
 
 def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_device=1, seq_len=2048,
          layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9,
-         train_tokens=None, device_flops_per_s=None, max_days: float = 30.0) -> Plan:
+         train_tokens=None, device_flops_per_s=None, max_days: float = 30.0, *, attention: str = "fused",
+         sequence_parallel: bool = False, vocab=None) -> Plan:
     """Compare the two numbers with ``device_bytes`` and name the failure that applies.
 
     Sizes are counts; ``device_bytes`` is bytes; ``device_flops_per_s`` is the
@@ -159,6 +161,9 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
     gradients plus an fp32 master copy and 2-byte activations; "fp32" keeps
     no master copy and 4-byte activations. ``recompute`` shrinks the
     activations and adds its forward work to the time (:func:`training_flops`).
+    ``attention`` ("fused", the default, or "stored": the paper's stored scores),
+    ``sequence_parallel`` and ``vocab`` (adds the loss's logits; None: the layers
+    only) go to :func:`lessonlib.calc.memory.activation_bytes`.
     """
     # Every argument checked here, under the name the caller used.
     n_params = check_count("n_params", n_params)
@@ -169,6 +174,10 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
     hidden, heads = check_count("hidden", hidden), check_count("heads", heads)
     check_heads(hidden, heads)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    check_choice("attention", attention, ATTENTION_CHOICES)
+    sequence_parallel = check_flag("sequence_parallel", sequence_parallel)
+    if vocab is not None:
+        vocab = check_count("vocab", vocab)
     dev = check_count("device_bytes", device_bytes)
     if train_tokens is not None:
         train_tokens = check_count("train_tokens", train_tokens)
@@ -177,7 +186,8 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
     max_days = check_positive("max_days", max_days)
     state = training_state_bytes(n_params, optimizer, precision).total
     e = ACTIVATION_BYTES_PER_VALUE[precision]
-    act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute, e)
+    conv = dict(attention=attention, sequence_parallel=sequence_parallel, vocab=vocab)
+    act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute, e, **conv)
     dev = check_count("device_bytes", device_bytes)
     max_days = check_positive("max_days", max_days)
     days = flops = None
@@ -185,7 +195,7 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
         flops = training_flops(n_params, train_tokens, recompute, seq_len, hidden, layers)
     if flops is not None and device_flops_per_s is not None:
         days = single_device_seconds(flops, device_flops_per_s) / SECONDS_PER_DAY
-    per_sample = activation_bytes(seq_len, 1, hidden, heads, layers, recompute, e)
+    per_sample = activation_bytes(seq_len, 1, hidden, heads, layers, recompute, e, **conv)
     max_batch = max(0, (dev - state) // per_sample) if dev > state else 0
     if state > dev:
         failure = "state"
@@ -248,21 +258,23 @@ class Layout:
 def layout(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_device=1, seq_len=2048,
            layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
            device_flops_per_s=None, max_days: float = 30.0, *, devices=1, zero_stage=0, tensor_parallel=1,
-           change: str = "") -> Layout:
+           change: str = "", attention: str = "fused", sequence_parallel: bool = False, vocab=None) -> Layout:
     """The two numbers per device for a run split over ``devices`` devices (arguments as :func:`plan`).
 
     Tensor parallelism of degree t splits every weight matrix, and so
     (nearly) every parameter, t ways: the state per device is ZeRO's for
     ceil(n_params / t) parameters over ``devices // t`` replicas
     (:func:`lessonlib.calc.sharding.zero_state_bytes`), and the activations
-    follow Korthikanti's formula with ``tensor_parallel=t``. Raises
-    ``ValueError`` when ``tensor_parallel`` does not divide ``devices``.
+    follow Korthikanti's formula with ``tensor_parallel=t`` (and ``attention``,
+    ``sequence_parallel``, ``vocab`` as :func:`plan`). Raises ``ValueError`` when
+    ``tensor_parallel`` does not divide ``devices``, or does not divide ``heads`` and ``hidden``.
     """
     from .sharding import check_stage
 
+    conv = dict(attention=attention, sequence_parallel=sequence_parallel, vocab=vocab)
     one = plan(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
-               device_bytes, train_tokens, device_flops_per_s, max_days)  # checks the inputs; one-device time
-    args = (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads)
+               device_bytes, train_tokens, device_flops_per_s, max_days, **conv)  # checks the inputs; one-device time
+    args = (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, conv)
     return _layout(one, args, recompute, max_days, check_count("devices", devices),
                    check_stage("zero_stage", zero_stage), check_count("tensor_parallel", tensor_parallel),
                    check_text("change", change, allow_empty=True))
@@ -272,7 +284,7 @@ def _layout(one: Plan, args, recompute, max_days, devices, zero_stage, tensor_pa
     """:func:`layout` from the one-device plan ``one`` (already checked)."""
     from .sharding import zero_state_bytes
 
-    n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads = args
+    n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, conv = args
     d = check_count("devices", devices)
     t = check_count("tensor_parallel", tensor_parallel)
     if d % t:
@@ -280,7 +292,7 @@ def _layout(one: Plan, args, recompute, max_days, devices, zero_stage, tensor_pa
     state = zero_state_bytes(-(-check_count("n_params", n_params) // t), d // t, zero_stage, optimizer,
                              precision).total
     act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute,
-                           ACTIVATION_BYTES_PER_VALUE[precision], tensor_parallel=t)
+                           ACTIVATION_BYTES_PER_VALUE[precision], tensor_parallel=t, **conv)
     days = None if one.days is None else one.days / d
     return Layout(d, t, zero_stage, recompute, state, act, one.device_bytes, days, max_days, change)
 
@@ -295,7 +307,7 @@ _COST = {"zero": {0: 0, 1: 0, 2: 0, 3: 2}, "recompute": {"none": 0, "selective":
 def propose(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_device=1, seq_len=2048,
             layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
             device_flops_per_s=None, max_days: float = 30.0, *, devices=1, zero_stage=0,
-            tensor_parallel=1) -> list:
+            tensor_parallel=1, attention: str = "fused", sequence_parallel: bool = False, vocab=None) -> list:
     """The smallest change that makes a run fit, with its numbers: a list of :class:`Layout`.
 
     The first entry is the plan as given. If it does not fit in memory, the
@@ -319,14 +331,15 @@ def propose(n_params, optimizer: str = "adam", precision: str = "mixed", batch_p
     zero_stage = check_stage("zero_stage", zero_stage)
     tensor_parallel = check_count("tensor_parallel", tensor_parallel)
     recompute = check_choice("recompute", recompute, RECOMPUTE_CHOICES)  # a dict key below: checked first
+    conv = dict(attention=attention, sequence_parallel=sequence_parallel, vocab=vocab)
     common = (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads)
     rest = (device_bytes, train_tokens, device_flops_per_s, max_days)
     ones = {}  # the one-device plan for each recompute setting (its time depends on it)
 
     def at(rc, d, z, t):
         if rc not in ones:
-            ones[rc] = plan(*common, rc, *rest)
-        return _layout(ones[rc], common, rc, max_days, d, z, t)
+            ones[rc] = plan(*common, rc, *rest, **conv)
+        return _layout(ones[rc], common + (conv,), rc, max_days, d, z, t)
 
     current = at(recompute, devices, zero_stage, tensor_parallel)
     out = [current]

@@ -69,8 +69,9 @@ def activation_bytes_per_device(seq_len, micro_batch, hidden, heads, layers, ten
     if heads % t:
         raise ValueError(f"tensor ({t}) must divide heads ({heads}): each device takes whole attention heads")
     stage_layers = math.ceil(layers / p)  # the first stage's share, rounded up
-    one_stage = activation_bytes(seq_len, micro_batch, hidden, heads, stage_layers, recompute)
-    return one_stage * p / t
+    one_stage = activation_bytes(seq_len, micro_batch, hidden, heads, stage_layers, recompute, tensor_parallel=t,
+                                 attention="stored", sequence_parallel=True)  # the paper's scores; every term / t
+    return float(one_stage * p)
 
 
 def mtbf_seconds(span_seconds, failures) -> float:

@@ -62,3 +62,35 @@ def chain_memory_units(layers: int, segments: int) -> int:
     layers = count("layers", layers)
     segments = count("segments", segments, maximum=layers)
     return (segments - 1) + -(-layers // segments)  # whole-number ceil: exact for any size
+
+
+def matmul_outputs_bytes_per_layer(seq_len, batch, hidden, bytes_per_value: int = 2) -> int:
+    """Bytes one GPT layer keeps when selective recomputation saves only its weight matrix products
+    (PyTorch's ``create_selective_checkpoint_contexts`` with a policy that saves ``mm``/``addmm``).
+
+    The checkpoint keeps the layer's input (h values a token) and the products'
+    outputs: QKV (3h), the output projection (h), the MLP's first (4h) and second
+    (h) products: 10h values a token, ``bytes_per_value`` bytes each. Everything
+    else (LayerNorms, the attention scores, softmax, dropouts, GELU) is recomputed.
+
+    >>> matmul_outputs_bytes_per_layer(2048, 1, 4096) == 20 * 2048 * 4096
+    True
+    """
+    s, b, h = count("seq_len", seq_len), count("batch", batch), count("hidden", hidden)
+    e = count("bytes_per_value", bytes_per_value)
+    return (1 + 3 + 1 + 4 + 1) * e * s * b * h
+
+
+def attention_core_flops_per_layer(seq_len, batch, hidden) -> int:
+    """Forward FLOPs of attention's two batched products, Q·Kᵀ and scores·V: 4·b·s²·h.
+
+    What selective recomputation reruns in matrix products: 4·s·h FLOPs a token,
+    against the 2·s·a bytes a token of scores (and more for softmax and dropout)
+    that storing them would cost. Counted over the full s x s matrix, as a
+    written-out causal attention computes it.
+
+    >>> attention_core_flops_per_layer(128, 4, 64)
+    16777216
+    """
+    s, b, h = count("seq_len", seq_len), count("batch", batch), count("hidden", hidden)
+    return 4 * b * s * s * h

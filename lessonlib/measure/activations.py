@@ -54,13 +54,23 @@ def layers_activations(batch: int = 2, seq_len: int = 64, layers: int = 2, hidde
     return measure_activations(gpt.blocks, x)
 
 
-def sweep(base: dict, sweeps: dict, device=None, progress=None) -> dict:
+#: The GPT's attention for each of :data:`lessonlib.calc.memory.ATTENTION_CHOICES`, and its dropout:
+#: "fused" is ``scaled_dot_product_attention`` without dropout (on a CPU, SDPA with dropout falls back to
+#: the written-out attention, scores and all); "stored" writes attention out with 1-byte dropout masks.
+ATTENTION_GPT = {"fused": dict(attention="sdpa", dropout=0.0), "stored": dict(attention="math")}
+
+
+def sweep(base: dict, sweeps: dict, device=None, progress=None, attention: str = "fused") -> dict:
     """Measured and formula bytes of the layers, changing one size of ``base`` at a time.
 
     ``base`` holds batch, seq_len, layers, hidden, heads; ``sweeps`` maps one of
     those names to the values to try. Returns ``{(name, value): (measured, formula)}``
-    in bytes. ``progress`` optionally wraps the loop (``lessonlib.progress.progress``).
+    in bytes; the formula is :func:`lessonlib.calc.memory.activation_bytes` with the
+    same ``attention`` ("fused": SDPA without dropout, so the measurement lacks the
+    formula's two 1-byte dropout masks, 2*s*b*h bytes a layer; "stored": the paper's case).
+    ``progress`` optionally wraps the loop (``lessonlib.progress.progress``).
     """
+    choice("attention", attention, ATTENTION_GPT)
     mapping("base", base)
     if set(base) != {"batch", "seq_len", "layers", "hidden", "heads"}:
         raise ValueError(f"base must hold exactly batch, seq_len, layers, hidden and heads, got {sorted(map(str, base))}")
@@ -82,10 +92,38 @@ def sweep(base: dict, sweeps: dict, device=None, progress=None) -> dict:
     for knob, values in items:
         for v in values:
             cfg = {**base, knob: v}
-            measured = layers_activations(**cfg, device=device).bytes
-            formula = activation_bytes(cfg["seq_len"], cfg["batch"], cfg["hidden"], cfg["heads"], cfg["layers"])
+            measured = layers_activations(**cfg, device=device, **ATTENTION_GPT[attention]).bytes
+            formula = activation_bytes(cfg["seq_len"], cfg["batch"], cfg["hidden"], cfg["heads"], cfg["layers"],
+                                       attention=attention)
             results[(knob, v)] = (measured, formula)
     return results
+
+
+def loss_activations(batch: int = 2, seq_len: int = 64, vocab: int = 256, dtype: str = "bf16",
+                     device=None) -> SavedTensorCounter:
+    """What the next-token cross-entropy keeps for backward, measured (bytes in ``.bytes``).
+
+    The logits ``(batch, seq_len, vocab)`` come in as bf16; ``dtype="bf16"`` takes
+    the loss in bf16 (``F.cross_entropy`` on them), ``"fp32"`` as the course's
+    :func:`lessonlib.measure.models.lm_loss` does (upcast first). Its backward needs
+    the softmax of every logit, so it keeps ``batch * seq_len * vocab`` values (the
+    logits and targets themselves are left out of the count: they exist anyway).
+    """
+    batch, seq_len = count("batch", batch), count("seq_len", seq_len)
+    vocab = count("vocab", vocab)
+    choice("dtype", dtype, ("bf16", "fp32"))
+    if batch * seq_len * vocab > MAX_NUMBERS:
+        raise ValueError(f"batch × seq_len × vocab = {batch * seq_len * vocab:,} logits, more than the {MAX_NUMBERS:,} "
+                         f"numbers a measured input here may hold")
+    device = as_device("device", device)
+    logits = torch.randn(batch, seq_len, vocab, dtype=torch.bfloat16, device=device).requires_grad_()
+    targets = torch.randint(0, vocab, (batch, seq_len), device=device)
+    with SavedTensorCounter(exclude=[logits, targets]) as counter:
+        if dtype == "fp32":
+            models.lm_loss(logits, targets)
+        else:
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    return counter
 
 
 def layer_part(where: str) -> str:

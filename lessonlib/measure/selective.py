@@ -1,0 +1,231 @@
+"""Selective activation recomputation, measured with PyTorch's own API.
+
+Full recomputation (:mod:`lessonlib.measure.recompute`) keeps only each
+layer's input and reruns the whole layer in backward. Selective recomputation
+keeps the outputs of the expensive operations and reruns only the cheap ones.
+PyTorch does it with :func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`
+passed as ``context_fn`` to a non-reentrant :func:`torch.utils.checkpoint.checkpoint`:
+a *policy* function sees every operation of the checkpointed region and says,
+for each, whether its output is saved or recomputed.
+
+The policy here, :func:`save_matmuls`, saves the weight matrix products
+(``aten.mm``/``aten.addmm``: the QKV, output-projection and two MLP products)
+and recomputes everything else: LayerNorm, the attention scores and their
+softmax and dropout (batched products, ``aten.bmm``), GELU and the dropouts.
+
+Units: bytes, FLOPs (a multiply-add is 2; ``FlopCounterMode`` counts matrix
+products only), and ratios of times measured in one run by
+:func:`lessonlib.measure.rounds.time_rounds`. The formulas are in
+:mod:`lessonlib.calc.recompute` and :mod:`lessonlib.calc.memory`.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import (CheckpointPolicy, SelectiveCheckpointContext, checkpoint,
+                                   create_selective_checkpoint_contexts)
+
+from ..checks import choice, count, flag, sequence
+from .compat import feature, require
+from .device import as_device
+from .memory import peak_memory, warm_up
+from .models import TinyGPT
+from .rounds import time_rounds
+
+#: The three settings, as in :data:`lessonlib.calc.memory.RECOMPUTE_CHOICES`.
+RECOMPUTE = ("none", "selective", "full")
+
+#: The operations whose outputs :func:`save_matmuls` keeps: the weight matrix products.
+SAVED_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+#: The most numbers (batch x seq_len x hidden) an input here may hold, and the most
+#: attention scores (batch x heads x seq_len**2) a layer may compute: the page's case is a quarter of each.
+MAX_NUMBERS = 2**20
+MAX_SCORES = 2**22
+#: The most timing rounds :func:`time_ratios` runs.
+MAX_ROUNDS = 100
+
+
+def save_matmuls(ctx, op, *args, **kwargs):
+    """The policy: save what the weight matrix products return, recompute every other operation."""
+    if not isinstance(ctx, SelectiveCheckpointContext):
+        raise TypeError(f"ctx must be the SelectiveCheckpointContext PyTorch passes, got {type(ctx).__name__}")
+    if not isinstance(op, torch._ops.OpOverload):  # torch's own type for an operation such as aten.mm.default
+        raise TypeError(f"op must be a torch operation (such as torch.ops.aten.mm.default), got {type(op).__name__}")
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def save_everything(ctx, op, *args, **kwargs):
+    """A policy that saves every output, so nothing is recomputed: what is left is the policy's own cost."""
+    save_matmuls(ctx, op)  # the same checks
+    return CheckpointPolicy.MUST_SAVE
+
+
+#: The policies :func:`forward` takes by name.
+POLICIES = {"save_matmuls": save_matmuls, "save_everything": save_everything}
+
+
+def forward(blocks: torch.nn.Sequential, x: torch.Tensor, recompute: str = "none",
+            policy: str = "save_matmuls") -> torch.Tensor:
+    """Run ``blocks`` on ``x``, each block checkpointed as ``recompute`` says ("none", "selective", "full");
+    "selective" uses the named ``policy`` (see :data:`POLICIES`)."""
+    _check(blocks, x, recompute)
+    chosen = POLICIES[choice("policy", policy, POLICIES)]
+    for block in blocks:
+        if recompute == "none":
+            x = block(x)
+        elif recompute == "full":
+            x = checkpoint(block, x, use_reentrant=False)
+        else:
+            x = checkpoint(block, x, use_reentrant=False,
+                           context_fn=functools.partial(create_selective_checkpoint_contexts, chosen))
+    return x
+
+
+def _check(blocks, x, recompute):
+    if not isinstance(blocks, torch.nn.Sequential):
+        raise TypeError(f"blocks must be an nn.Sequential of transformer blocks, got {type(blocks).__name__}")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3:
+        raise ValueError("x must be a floating-point tensor of shape (batch, seq_len, hidden)")
+    params = list(blocks.parameters())
+    if not params or params[0].shape[-1] != x.shape[-1] or params[0].device != x.device:
+        raise ValueError(f"x must end in the blocks' width and sit on their device, got shape {tuple(x.shape)}")
+    choice("recompute", recompute, RECOMPUTE)
+
+
+def gpt_blocks(batch: int = 4, seq_len: int = 128, hidden: int = 64, heads: int = 4, layers: int = 4,
+               device=None, seed: int = 0):
+    """The course GPT's ``layers`` blocks in bf16 (attention written out, as Korthikanti et al. count it;
+    1-byte dropout masks) and a seeded input ``(batch, seq_len, hidden)`` that needs its gradient."""
+    batch, seq_len, hidden = count("batch", batch), count("seq_len", seq_len), count("hidden", hidden)
+    heads, layers, seed = count("heads", heads), count("layers", layers), count("seed", seed, minimum=0)
+    if batch * seq_len * hidden > MAX_NUMBERS:
+        raise ValueError(f"batch × seq_len × hidden = {batch * seq_len * hidden:,} is more than the "
+                         f"{MAX_NUMBERS:,} numbers an input here may hold")
+    if batch * heads * seq_len ** 2 > MAX_SCORES:
+        raise ValueError(f"batch × heads × seq_len² = {batch * heads * seq_len ** 2:,} is more than the "
+                         f"{MAX_SCORES:,} attention scores a layer here may compute")
+    device = as_device("device", device)
+    torch.manual_seed(seed)
+    gpt = TinyGPT(seq_len=seq_len, hidden=hidden, heads=heads, layers=layers).to(device, torch.bfloat16)
+    x = torch.randn(batch, seq_len, hidden, dtype=torch.bfloat16, device=device).requires_grad_()
+    return gpt.blocks, x
+
+
+def _step(blocks, x, recompute, policy="save_matmuls"):
+    forward(blocks, x, recompute, policy).float().pow(2).mean().backward()
+
+
+def _clear(blocks, x):
+    blocks.zero_grad(set_to_none=True)
+    x.grad = None
+
+
+def kept_after_forward(blocks, x, recompute: str = "none") -> int | None:
+    """Bytes the forward leaves allocated for backward (what the layers keep), then runs backward.
+
+    :func:`lessonlib.measure.memory.peak_memory` measures peaks; what a forward
+    leaves behind is a level, read here from the same counters: on a GPU
+    ``torch.cuda.memory_allocated`` before and after, on a CPU PyTorch's
+    ``MemTracker`` (its "current" snapshot). Inside a checkpoint the tensors kept are the
+    checkpoint's own, which ``saved_tensors_hooks`` cannot see, so a counter of
+    allocations is the way to read them. None on a CPU torch without ``MemTracker``.
+    """
+    _check(blocks, x, recompute)
+    _clear(blocks, x)
+    if x.device.type == "cuda":
+        warm_up(x.device)  # cuBLAS's one-off workspace must not count as kept
+        torch.cuda.synchronize(x.device)
+        before = torch.cuda.memory_allocated(x.device)
+        y = forward(blocks, x, recompute)
+        torch.cuda.synchronize(x.device)
+        kept = torch.cuda.memory_allocated(x.device) - before  # the input was there before; the output counts
+        y.float().pow(2).mean().backward()
+        _clear(blocks, x)
+        return int(kept)
+    MemTracker = feature("mem_tracker")
+    if MemTracker is None:
+        _step(blocks, x, recompute)
+        _clear(blocks, x)
+        return None
+    tracker = MemTracker()
+    tracker.track_external(blocks, x)
+
+    def total():
+        return int(sum(d.get("Total", 0) for d in tracker.get_tracker_snapshot("current").values()))
+
+    start = total()
+    with tracker:
+        y = forward(blocks, x, recompute)
+        kept = total() - start
+        y.float().pow(2).mean().backward()
+    _clear(blocks, x)
+    return kept
+
+
+def step_flops(blocks, x, recompute: str = "none") -> int:
+    """FLOPs of one training step (forward, recomputation and backward), by ``FlopCounterMode``."""
+    _check(blocks, x, recompute)
+    FlopCounterMode = require("flop_counter")
+    _clear(blocks, x)
+    with FlopCounterMode(display=False) as counter:
+        _step(blocks, x, recompute)
+    _clear(blocks, x)
+    return int(counter.get_total_flops())
+
+
+def peak_step_bytes(blocks, x, recompute: str = "none") -> int | None:
+    """Peak memory of one training step above the weights and the input, in bytes
+    (:func:`lessonlib.measure.memory.peak_memory`; None on a CPU torch without its tracker)."""
+    _check(blocks, x, recompute)
+    _clear(blocks, x)
+    _, peak = peak_memory(lambda: _step(blocks, x, recompute), device=x.device, track=(blocks, x))
+    _clear(blocks, x)
+    return None if peak is None else peak.added
+
+
+#: The case of :func:`time_ratios` that runs the policy machinery and recomputes nothing.
+POLICY_ONLY = "policy only"
+
+
+def time_ratios(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
+    """Median over ``rounds`` of each setting's step time over the plain step's, every case timed in every
+    round (:func:`lessonlib.measure.rounds.time_rounds`, one thread). Returns ``{case: ratio}`` for the
+    three settings and :data:`POLICY_ONLY`: selective checkpointing with :func:`save_everything`, which
+    recomputes nothing, so its ratio is the cost of running a policy for every operation."""
+    _check(blocks, x, "none")
+    rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
+    progress = flag("progress", progress)
+    cases = [(rc, rc, "save_matmuls") for rc in RECOMPUTE] + [(POLICY_ONLY, "selective", "save_everything")]
+
+    def one_round(clock):
+        for name, rc, policy in cases:
+            _clear(blocks, x)
+            clock.time(name, _step, blocks, x, rc, policy)
+
+    try:
+        raw = time_rounds(one_round, rounds, warmup=1, device=x.device, num_threads=1, progress=progress)
+    finally:
+        _clear(blocks, x)
+    return {name: raw.ratio(name, "none") for name, _, _ in cases}
+
+
+@dataclass(frozen=True)
+class SelectiveRow:
+    """One recompute setting, measured: ``kept_bytes`` after forward and ``peak_bytes`` of the
+    step (bytes, None without a CPU tracker), ``flops`` of the step."""
+
+    recompute: str
+    kept_bytes: int | None
+    peak_bytes: int | None
+    flops: int
+
+
+def compare(blocks, x, settings=RECOMPUTE) -> list:
+    """A :class:`SelectiveRow` for each of ``settings`` (by default none, selective, full)."""
+    settings = [choice("settings", s, RECOMPUTE) for s in sequence("settings", settings)]
+    _check(blocks, x, "none")
+    return [SelectiveRow(rc, kept_after_forward(blocks, x, rc), peak_step_bytes(blocks, x, rc),
+                         step_flops(blocks, x, rc)) for rc in settings]

@@ -1,0 +1,103 @@
+"""lessonlib.measure.selective: selective recomputation with torch's create_selective_checkpoint_contexts (issue 24.2).
+
+Kept bytes, FLOPs and gradients measured on the course's GPT blocks against the formulas of lessonlib.calc.
+"""
+import pytest
+import torch
+from torch.utils.checkpoint import CheckpointPolicy
+
+from lessonlib.calc.memory import activation_bytes_per_layer
+from lessonlib.calc.planner import training_flops
+from lessonlib.calc.recompute import (attention_core_flops_per_layer, matmul_outputs_bytes_per_layer,
+                                      predicted_flops_ratio)
+from lessonlib.measure import selective
+from lessonlib.measure.compat import feature
+
+B, S, H, A, L = 2, 32, 32, 4, 2
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    torch.set_num_threads(1)
+    return selective.gpt_blocks(batch=B, seq_len=S, hidden=H, heads=A, layers=L, device="cpu")
+
+
+def test_the_policy_saves_the_matrix_products_and_recomputes_the_rest():
+    ctx = torch.utils.checkpoint.SelectiveCheckpointContext(is_recompute=False)
+    aten = torch.ops.aten
+    for op in (aten.mm.default, aten.addmm.default):
+        assert selective.save_matmuls(ctx, op) == CheckpointPolicy.MUST_SAVE
+    for op in (aten.bmm.default, aten._softmax.default, aten.native_dropout.default, aten.gelu.default,
+               aten.native_layer_norm.default):
+        assert selective.save_matmuls(ctx, op) == CheckpointPolicy.PREFER_RECOMPUTE
+    with pytest.raises(TypeError, match="op"):
+        selective.save_matmuls(ctx, "mm")
+    with pytest.raises(TypeError, match="ctx"):
+        selective.save_matmuls(None, aten.mm.default)
+    assert selective.save_everything(ctx, aten.gelu.default) == CheckpointPolicy.MUST_SAVE
+
+
+@pytest.mark.skipif(feature("mem_tracker") is None, reason="this torch has no CPU memory tracker")
+def test_kept_bytes_match_the_formulas_to_the_byte(gpt):
+    blocks, x = gpt
+    ln_stats = 2 * 2 * S * B * 2  # LayerNorm mean and 1/std, which the paper leaves out
+    want = {"none": L * (activation_bytes_per_layer(S, B, H, A, attention="stored") + ln_stats),
+            "selective": L * matmul_outputs_bytes_per_layer(S, B, H),
+            "full": L * activation_bytes_per_layer(S, B, H, A, "full")}
+    got = {rc: selective.kept_after_forward(blocks, x, rc) for rc in want}
+    assert got == want
+    # the score term (Korthikanti's 5as/h) is gone under both recomputations
+    assert got["selective"] < L * activation_bytes_per_layer(S, B, H, A, "selective", attention="stored")
+    peaks = [selective.peak_step_bytes(blocks, x, rc) for rc in want]
+    assert peaks[0] > peaks[1] > peaks[2]
+
+
+def test_flops_match_the_formulas_exactly(gpt):
+    blocks, x = gpt
+    plain = selective.step_flops(blocks, x, "none")
+    assert selective.step_flops(blocks, x, "selective") == plain + L * attention_core_flops_per_layer(S, B, H)
+    assert selective.step_flops(blocks, x, "full") == round(plain * predicted_flops_ratio())
+    # the planner's selective FLOPs are the same two products: 4 s h a token and a layer
+    assert training_flops(10**6, B * S, "selective", S, H, L) - training_flops(10**6, B * S) == \
+        L * attention_core_flops_per_layer(S, B, H)
+
+
+def test_recomputation_leaves_the_gradients_unchanged(gpt):
+    blocks, x = gpt
+    grads = {}
+    for rc in selective.RECOMPUTE:
+        blocks.zero_grad(set_to_none=True)
+        x.grad = None
+        torch.manual_seed(3)  # the same dropout masks: checkpoint restores the RNG state when it recomputes
+        selective.forward(blocks, x, rc).float().pow(2).mean().backward()
+        grads[rc] = [p.grad.clone() for p in blocks.parameters()] + [x.grad.clone()]
+    blocks.zero_grad(set_to_none=True)
+    x.grad = None
+    for rc in ("selective", "full"):
+        assert all(torch.equal(a, b) for a, b in zip(grads["none"], grads[rc])), rc
+
+
+def test_time_ratios_and_compare_return_every_setting(gpt):
+    blocks, x = gpt
+    t = selective.time_ratios(blocks, x, rounds=2)
+    assert set(t) == {*selective.RECOMPUTE, selective.POLICY_ONLY} and t["none"] == 1.0 and all(v > 0 for v in t.values())
+    rows = selective.compare(blocks, x, ["none", "full"])
+    assert [r.recompute for r in rows] == ["none", "full"] and rows[0].flops < rows[1].flops
+
+
+def test_bad_arguments_are_refused_by_name(gpt):
+    blocks, x = gpt
+    with pytest.raises(ValueError, match="recompute"):
+        selective.forward(blocks, x, "some")
+    with pytest.raises(ValueError, match="policy"):
+        selective.forward(blocks, x, "selective", policy="save_some")
+    with pytest.raises(TypeError, match="blocks"):
+        selective.forward(list(blocks), x)
+    with pytest.raises(ValueError, match="x"):
+        selective.forward(blocks, torch.randn(2, 8, H + 1, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="seq_len"):
+        selective.gpt_blocks(batch=1, seq_len=4096, hidden=8, heads=2)
+    with pytest.raises(ValueError, match="rounds"):
+        selective.time_ratios(blocks, x, rounds=10**6)
+    with pytest.raises(ValueError, match="settings"):
+        selective.compare(blocks, x, ["half"])
