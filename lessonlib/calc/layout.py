@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ..checks import choice, count, flag, positive, share, text
 from .comm import LINKS, Link, collective_seconds
 from .devices import DEVICES, Device
+from .memory import activation_bytes_per_layer
 from .sharding import ZERO_STAGES, zero_state_bytes, zero_step_traffic
 
 #: The share of its dense peak that one device's kernels reach on a large training step when no
@@ -294,8 +295,12 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     if dualpipe:  # a second copy of the stage's 16-bit weights, for the reverse direction
         state += 2 * (dense + experts) * (1 / d if zero == 3 else 1)
     stage_layers = math.ceil(layers / p)
-    per_value = 32 + (2 if model.dropout else 0)  # bytes per s*b*h: 16 values of 2 bytes, + 2 one-byte masks
-    per_layer = (2 if layout.recompute == "full" else per_value) * (s // c) * h / t
+    # Korthikanti's bytes a layer with sequence parallelism and fused attention (calc.memory, the one formula):
+    # 34 s*b*h / t, of which 2 s*b*h / t are the two one-byte dropout masks a model without dropout does not keep
+    per_layer = activation_bytes_per_layer(s // c, 1, h, model.heads, layout.recompute, tensor_parallel=t,
+                                           attention="fused", sequence_parallel=True)
+    if not model.dropout and layout.recompute == "none":
+        per_layer -= 2 * (s // c) * h / t
     in_flight = min(p, micro)  # 1F1B: the first stage holds up to `pipeline` micro-batches
     activations = per_layer * stage_layers * in_flight
 
