@@ -201,7 +201,8 @@ def _ring_worker(rank, world, device, progress, cfg, repeats):
         ref = F.scaled_dot_product_attention(qr, kr, vr, is_causal=True)
     ref.backward(dout)
     result = {"rank": rank, "world_size": world, "backend": dist.get_backend(),
-              "full_saved_bytes": full.bytes, "ref_max": ref.abs().max().item(), "layouts": {}}
+              "full_saved_bytes": full.bytes, "ref_max": ref.abs().max().item(), "layouts": {},
+              "config": {"batch": batch, "heads": heads, "seq_len": seq, "head_dim": head_dim, "repeats": repeats}}
     for name in LAYOUTS:
         layout = sequence_layout(world, name)
         ql, kl, vl = (_local(t, layout, rank).requires_grad_(True) for t in (q, k, v))
@@ -244,7 +245,8 @@ def run_ring_attention(world_size: int = 2, batch: int = 1, heads: int = 4, seq_
     keeps on this process), ``seconds`` (median forward time on this
     process, over ``repeats``), ``out_max_diff`` and ``grad_max_diff`` (largest
     difference from SDPA's output and q/k/v gradients on this process's
-    tokens) and ``grad_max``; and ``torch_context_parallel``: ``ran`` with
+    tokens) and ``grad_max``; ``config`` (the arguments: ``batch``, ``heads``,
+    ``seq_len``, ``head_dim``, ``repeats``); and ``torch_context_parallel``: ``ran`` with
     ``max_diff``, or ``error`` (the exception's text). ``seq_len`` must be a
     multiple of ``2 * world_size`` (the chunks).
     """
