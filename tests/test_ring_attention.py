@@ -50,6 +50,10 @@ def test_ring_functions_refuse_to_run_outside_a_process_group():
     q = torch.zeros(1, 1, 4, 2)
     with pytest.raises(RuntimeError, match="process group"):
         ring_forward(q, q, q, [[0, 1]])
+    with pytest.raises(ValueError, match="layout"):
+        ring_forward(q, q, q, [[0, 2]])
+    with pytest.raises(ValueError, match="k has shape"):
+        ring_forward(q, q[..., :2, :], q, [[0, 1]])
 
 
 @pytest.mark.slow

@@ -47,26 +47,27 @@ def _scores(q, k, diagonal):
 
 def _checked(layout, **tensors):
     """Refuse tensors that are not this process's (batch, heads, tokens, head_dim) chunks of ``layout``."""
-    if not dist.is_initialized():
-        raise RuntimeError("ring attention runs inside a process group: start it with run_ring_attention "
-                           "(or launch), not in the notebook's own process")
-    world, rank = dist.get_world_size(), dist.get_rank()
-    layout = check_sequence("layout", layout)
-    if len(layout) != world:
-        raise ValueError(f"layout lists {len(layout)} processes' chunks, but the group has {world}")
-    chunks = [check_counts(f"layout[{r}]", c, minimum=0) for r, c in enumerate(layout)]
+    chunks = [check_counts(f"layout[{r}]", c, minimum=0) for r, c in enumerate(check_sequence("layout", layout))]
     if sorted(c for cs in chunks for c in cs) != list(range(sum(map(len, chunks)))):
         raise ValueError(f"layout must hand out the chunks 0, 1, 2... once each, got {layout!r}")
     first = None
     for name, t in tensors.items():
         check_instance(name, t, torch.Tensor, "a torch.Tensor")
-        if t.dim() != 4 or t.shape[-2] % len(chunks[rank]):
-            raise ValueError(f"{name} must be (batch, heads, tokens, head_dim) with tokens a multiple of this "
-                             f"process's {len(chunks[rank])} chunks, got shape {tuple(t.shape)}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be (batch, heads, tokens, head_dim), got shape {tuple(t.shape)}")
         if first is None:
             first = name, tuple(t.shape)
         elif name != "lse" and tuple(t.shape) != first[1]:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, {first[0]} has {first[1]}")
+    if not dist.is_initialized():
+        raise RuntimeError("ring attention runs inside a process group: start it with run_ring_attention "
+                           "(or launch), not in the notebook's own process")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if len(chunks) != world:
+        raise ValueError(f"layout lists {len(chunks)} processes' chunks, but the group has {world}")
+    if first[1][-2] % len(chunks[rank]):
+        raise ValueError(f"{first[0]}'s {first[1][-2]} tokens must divide into this process's "
+                         f"{len(chunks[rank])} chunks")
     return chunks
 
 
