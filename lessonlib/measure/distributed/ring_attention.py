@@ -38,7 +38,8 @@ __all__ = ["ring_forward", "ring_backward", "RingAttention", "run_ring_attention
 
 
 def _scores(q, k, diagonal):
-    """Scaled scores of a query chunk against a key chunk; on the diagonal, a key after its query is masked."""
+    """Scaled scores of a query chunk against a key chunk; on the diagonal, a key after its query is masked.
+    (The same lines as in :func:`ring_forward`, which keeps them inline to be read on the page.)"""
     s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
     if diagonal:
         s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), -math.inf)
@@ -96,14 +97,18 @@ def ring_forward(q, k, v, layout):
     kv, blocks = torch.stack([k, v]), 0
     for step in range(world):
         src = (rank - step) % world  # the process whose K/V block we hold now
-        if step < world - 1:  # pass it on while we compute with it
-            requests, incoming = _ring_step(kv, rank, world)
+        if step < world - 1:  # pass it on to the next process while we compute with it
+            incoming = torch.empty_like(kv)
+            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % world),
+                                               dist.P2POp(dist.irecv, incoming, (rank - 1) % world)])
         ks, vs = kv[0].split(c, dim=-2), kv[1].split(c, dim=-2)
         for i, qc in enumerate(layout[rank]):
             for j, kc in enumerate(layout[src]):
                 if kc > qc:
                     continue  # every key of that chunk is in this chunk's future
-                s = _scores(qs[i], ks[j], diagonal=kc == qc)
+                s = (qs[i] @ ks[j].transpose(-2, -1)) * q.shape[-1] ** -0.5
+                if kc == qc:  # the diagonal block: mask each key that comes after its query
+                    s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), -math.inf)
                 m_new = torch.maximum(m[i], s.amax(-1, keepdim=True))
                 p = torch.exp(s - m_new)
                 rescale = torch.exp(m[i] - m_new)  # earlier blocks were weighed against an older max
