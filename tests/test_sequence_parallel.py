@@ -72,3 +72,19 @@ def test_sequence_parallel_measured_against_korthikanti(capfd):
         assert c["output_max_diff"] <= 1e-5 * c["output_max"]
         assert c["input_grad_max_diff"] <= 1e-5 * c["input_grad_max"]
     assert "Warning" not in capfd.readouterr().err
+
+
+def test_the_plan_shown_is_the_plan_run():
+    from torch.distributed.tensor import Shard
+
+    from lessonlib.measure.distributed import sequence_parallel as sp
+
+    run = sp._sp_plan()
+    assert set(run) == set(sp.SP_PLAN)
+    for name, style in run.items():
+        shown = sp.SP_PLAN[name]
+        assert shown.startswith(type(style).__name__)
+        if "input_layouts=Shard(1)" in shown:
+            assert style.input_layouts == (Shard(1),)
+        if "output_layouts=Shard(1)" in shown:
+            assert style.output_layouts == (Shard(1),)
