@@ -180,7 +180,10 @@ def _local(x, layout, rank):
 def _torch_context_parallel(q, k, v, device, world):
     """Try torch's own ``context_parallel`` on SDPA; the error's text where it does not run."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import context_parallel
+    try:
+        from torch.distributed.tensor.experimental import context_parallel
+    except ImportError as e:  # an older torch (before 2.7) has none
+        return {"ran": False, "error": f"{type(e).__name__}: {e}"}
 
     mesh = init_device_mesh(device.type, (world,))
     qc, kc, vc = q.clone(), k.clone(), v.clone()
