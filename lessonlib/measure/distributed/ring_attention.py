@@ -182,7 +182,7 @@ def _torch_context_parallel(q, k, v, device, world):
     from torch.distributed.device_mesh import init_device_mesh
     try:
         from torch.distributed.tensor.experimental import context_parallel
-    except ImportError as e:  # an older torch (before 2.7) has none
+    except ImportError as e:  # an older torch has none
         return {"ran": False, "error": f"{type(e).__name__}: {e}"}
 
     mesh = init_device_mesh(device.type, (world,))
