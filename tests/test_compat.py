@@ -271,7 +271,7 @@ def test_every_page_that_runs_a_guarded_measurement_guards_it():
                    for a in n.args if isinstance(a, ast.Constant)}
         assert needed <= checked, f"{nb_path.name} needs {sorted(needed - checked)} without requires()"
         seen += bool(needed)
-    assert seen == 5  # 05, 06, 07, 09, 10
+    assert seen == 6  # 05, 06, 07 (sequence parallel), 08, 10, 12
 
 
 #: (capability hidden, the lightest page of each chapter that needs it). flop_counter and

@@ -1,0 +1,69 @@
+"""Figures for the page on sequence and context parallelism (chapter 3, page 7).
+
+Each returns a matplotlib figure with a title and labelled axes; pages display
+it with :func:`lessonlib.book.plots.show` and alt text.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
+
+from ..calc.sequence import LAYOUTS, causal_block_counts, sequence_layout
+from ..checks import count as check_count, mapping as check_mapping, reads as _reads, sequence as check_sequence
+
+#: The most devices the grids draw (2 * devices chunks a side).
+MAX_GRID_DEVICES = 16
+
+
+@_reads("measured")
+def plot_causal_work(devices: int, measured: dict):
+    """Which chunk pairs each device computes under a causal mask, contiguous and zig-zag, and the counts.
+
+    Left and middle: the ``2*devices x 2*devices`` grid of (query chunk, key
+    chunk) pairs of :func:`lessonlib.calc.sequence.sequence_layout`, each
+    computed pair coloured by the device that holds the query chunk, the
+    skipped ones (keys after every query) blank. Right: ``measured``, the
+    blocks each process computed in a run (``{"contiguous": [...],
+    "zigzag": [...]}``, one count per process), as bars.
+    """
+    devices = check_count("devices", devices, minimum=2, maximum=MAX_GRID_DEVICES)
+    measured = check_mapping("measured", measured)
+    counts = {}
+    for name in LAYOUTS:
+        if name not in measured:
+            raise ValueError(f"measured must have a {name!r} entry: the blocks per process of that layout")
+        counts[name] = [check_count(f"measured[{name!r}][{i}]", c, minimum=0)
+                        for i, c in enumerate(check_sequence(f"measured[{name!r}]", measured[name]))]
+    if len(counts["contiguous"]) != len(counts["zigzag"]):
+        raise ValueError("measured's two layouts must list the same processes")
+    cmap = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.9), gridspec_kw={"width_ratios": [1, 1, 1.15]})
+    n = 2 * devices
+    for ax, name in zip(axes[:2], LAYOUTS):
+        owner = {c: r for r, chunks in enumerate(sequence_layout(devices, name)) for c in chunks}
+        grid = [[owner[q] if k <= q else float("nan") for k in range(n)] for q in range(n)]
+        ax.imshow(grid, cmap=ListedColormap([cmap(r % 10) for r in range(devices)]), vmin=-0.5,
+                  vmax=devices - 0.5, origin="upper")
+        per = causal_block_counts(devices, name)
+        ax.set(title=f"{name}: blocks per device {per}" if devices <= 4 else f"{name}: {min(per)} to {max(per)} "
+                     "blocks a device", xlabel="key chunk (position in the sequence)",
+               ylabel="query chunk (colour: device holding it)")
+        ax.title.set_fontsize(9)
+        ax.set_xticks(range(n))
+        ax.set_yticks(range(n))
+    axes[0].legend(handles=[Patch(color=cmap(r % 10), label=f"device {r}") for r in range(min(devices, 8))],
+                   loc="upper right", fontsize=8, title="holds the queries", title_fontsize=8)
+    ax = axes[2]
+    ranks = range(len(counts["zigzag"]))
+    for off, name, colour, hatch in ((-0.2, "contiguous", "#9a9a9a", ""), (0.2, "zigzag", "#3a3a3a", "//")):
+        ax.bar([r + off for r in ranks], counts[name], width=0.4, label=name, color=colour, hatch=hatch,
+               edgecolor="white")
+    ax.set(title=f"Measured: blocks each of {len(ranks)} processes computed", xlabel="process (rank)",
+           ylabel="chunk pairs computed (blocks)")
+    ax.title.set_fontsize(9)
+    ax.set_xticks(list(ranks))
+    ax.legend(fontsize=8)
+    fig.suptitle(f"Causal attention's work per device: contiguous split against zig-zag ({devices} devices in the grids)")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,168 @@
+"""Splitting along the sequence: sequence parallelism and context parallelism, by formula.
+
+Pure Python (no torch). Three things:
+
+* the activation bytes one transformer layer keeps per device under sequence
+  parallelism (Korthikanti et al., 2022), beside tensor parallelism alone
+  (:func:`lessonlib.calc.memory.activation_bytes_per_layer` with
+  ``tensor_parallel``);
+* the bytes a ring attention keeps per device under context parallelism;
+* the causal-attention work of each device when the sequence is cut into
+  contiguous pieces, or in the zig-zag order that balances it.
+"""
+from __future__ import annotations
+
+from ..checks import choice as _check_choice, count as _check_count
+from .memory import BYTES_PER_VALUE_CHOICES
+
+#: The two ways :func:`sequence_layout` hands out a sequence's chunks.
+LAYOUTS = ("contiguous", "zigzag")
+#: The most devices the layout functions describe (a list per device is built).
+MAX_DEVICES = 65_536
+
+
+def _sizes(seq_len, batch, hidden, heads, bytes_per_value):
+    s = _check_count("seq_len", seq_len)
+    b = _check_count("batch", batch)
+    h = _check_count("hidden", hidden)
+    a = _check_count("heads", heads, maximum=h)
+    e = _check_count("bytes_per_value", bytes_per_value)
+    if e not in BYTES_PER_VALUE_CHOICES:
+        raise ValueError(f"bytes_per_value must be one of {', '.join(map(str, BYTES_PER_VALUE_CHOICES))} "
+                         f"(16-bit or fp32 activations), got {e}")
+    if h % a:
+        raise ValueError(f"heads ({a}) must divide hidden ({h}): each head takes hidden / heads")
+    return s, b, h, a, e
+
+
+def sequence_parallel_activation_bytes(seq_len, batch, hidden, heads, tensor_parallel,
+                                       bytes_per_value: int = 2) -> int:
+    """Activation bytes one layer keeps per device with tensor and sequence parallelism of degree t.
+
+    Korthikanti et al. (2022), 16-bit activations and 1-byte dropout masks:
+    ``s*b*h/t * (34 + 5*a*s/h)``. Everything tensor parallelism alone keeps
+    whole on every device (``10*s*b*h``: the two LayerNorm inputs, the
+    inputs of the QKV and of the MLP's first matrix, the two dropout masks
+    between blocks) is split along the sequence, so the whole layer divides
+    by t. With ``e = bytes_per_value``: ``(s*b*h*(16e + 2) + a*s*s*b*(2e + 1)) / t``.
+
+    The paper keeps the *sequence slice* of the inputs of the two column-split
+    matrices and all-gathers them again in backward. A framework that keeps the
+    all-gathered input instead (DTensor's ``ColwiseParallel`` does) keeps
+    :func:`gathered_input_bytes` more.
+
+    Returns bytes (an int). t must divide heads, hidden and seq_len.
+
+    >>> sequence_parallel_activation_bytes(2048, 1, 4096, 32, 8) // 2**20
+    114
+    >>> sequence_parallel_activation_bytes(2048, 1, 4096, 32, 1) // 2**20
+    912
+    """
+    s, b, h, a, e = _sizes(seq_len, batch, hidden, heads, bytes_per_value)
+    t = _check_count("tensor_parallel", tensor_parallel)
+    if a % t or h % t or s % t:
+        raise ValueError(f"tensor_parallel ({t}) must divide heads ({a}), hidden ({h}) and seq_len ({s}): "
+                         "each device takes whole heads and an equal slice of the sequence")
+    return (s * b * h * (16 * e + 2) + a * s * s * b * (2 * e + 1)) // t
+
+
+def gathered_input_bytes(seq_len, batch, hidden, tensor_parallel, bytes_per_value: int = 2) -> int:
+    """Bytes a device keeps above :func:`sequence_parallel_activation_bytes` when it saves gathered inputs.
+
+    Under sequence parallelism the inputs of the QKV matrix and of the MLP's
+    first matrix arrive through an all-gather. Korthikanti et al. keep only
+    the device's ``s/t`` tokens of each and all-gather again in backward;
+    keeping the gathered ``s`` tokens instead costs
+    ``2 * e*s*b*h * (1 - 1/t)`` more bytes per layer (two inputs, each whole
+    minus its slice).
+
+    >>> gathered_input_bytes(128, 2, 256, 2)
+    131072
+    """
+    s = _check_count("seq_len", seq_len)
+    b = _check_count("batch", batch)
+    h = _check_count("hidden", hidden)
+    t = _check_count("tensor_parallel", tensor_parallel)
+    e = _check_count("bytes_per_value", bytes_per_value)
+    if e not in BYTES_PER_VALUE_CHOICES:
+        raise ValueError(f"bytes_per_value must be one of {', '.join(map(str, BYTES_PER_VALUE_CHOICES))}, got {e}")
+    if s % t:
+        raise ValueError(f"tensor_parallel ({t}) must divide seq_len ({s}): each device takes an equal slice")
+    return 2 * e * b * h * (s - s // t)
+
+
+def ring_attention_saved_bytes(seq_len, batch, hidden, heads, devices, bytes_per_value: int = 4) -> int:
+    """Bytes a ring attention (or FlashAttention) keeps for backward, per device, over ``devices``.
+
+    Attention that never materialises the ``s x s`` scores keeps its inputs
+    Q, K, V, its output O (``e`` bytes per value each, ``s*b*h`` values) and
+    one float32 log-sum-exp per query and head (``4*b*a*s`` bytes), and
+    recomputes the scores in backward. Under context parallelism each device
+    holds ``s/devices`` tokens of every one of them:
+    ``(4*e*s*b*h + 4*b*a*s) / devices``.
+
+    >>> ring_attention_saved_bytes(1024, 1, 128, 4, 1)
+    2113536
+    >>> ring_attention_saved_bytes(1024, 1, 128, 4, 2)
+    1056768
+    """
+    s, b, h, a, e = _sizes(seq_len, batch, hidden, heads, bytes_per_value)
+    d = _check_count("devices", devices)
+    if s % d:
+        raise ValueError(f"devices ({d}) must divide seq_len ({s}): each device takes an equal slice")
+    return (4 * e * s * b * h + 4 * b * a * s) // d
+
+
+def sequence_layout(devices, layout: str = "zigzag") -> list:
+    """Which chunks of the sequence each device holds, the sequence being cut into ``2 * devices`` chunks.
+
+    ``"contiguous"``: device r holds chunks 2r and 2r + 1 (its tokens are one
+    run). ``"zigzag"``: device r holds chunk r and chunk ``2*devices - 1 - r``,
+    one from the start and its mirror from the end, so that under a causal mask
+    every device has the same work (:func:`causal_block_counts`).
+
+    >>> sequence_layout(2, "contiguous")
+    [[0, 1], [2, 3]]
+    >>> sequence_layout(2, "zigzag")
+    [[0, 3], [1, 2]]
+    """
+    d = _check_count("devices", devices, maximum=MAX_DEVICES)
+    _check_choice("layout", layout, LAYOUTS)
+    if layout == "contiguous":
+        return [[2 * r, 2 * r + 1] for r in range(d)]
+    return [[r, 2 * d - 1 - r] for r in range(d)]
+
+
+def causal_block_counts(devices, layout: str = "zigzag") -> list:
+    """Blocks of causal attention each device computes: one entry per device.
+
+    A block is one (query chunk, key chunk) pair of :func:`sequence_layout`'s
+    ``2 * devices`` chunks. Under a causal mask a query sees only keys at or
+    before it, so a key chunk after the query chunk is skipped whole; the
+    others are computed (the diagonal ones half masked). A contiguous split
+    gives device r ``4r + 3`` blocks, from 3 on the first device to
+    ``4*devices - 1`` on the last; the zig-zag split gives every device
+    ``2*devices + 1``. Same total, ``devices * (2*devices + 1)``.
+
+    >>> causal_block_counts(4, "contiguous")
+    [3, 7, 11, 15]
+    >>> causal_block_counts(4, "zigzag")
+    [9, 9, 9, 9]
+    """
+    # every chunk 0 .. 2*devices - 1 is held by some device, so query chunk q sees q + 1 key chunks
+    return [sum(q + 1 for q in mine) for mine in sequence_layout(devices, layout)]
+
+
+def causal_imbalance(devices, layout: str = "zigzag") -> float:
+    """Busiest device's causal-attention blocks / mean blocks per device (dimensionless, >= 1).
+
+    The attention step ends when the busiest device does, so this is how much
+    longer it takes than an even spread of the same work.
+
+    >>> round(causal_imbalance(4, "contiguous"), 3)
+    1.667
+    >>> causal_imbalance(4, "zigzag")
+    1.0
+    """
+    counts = causal_block_counts(devices, layout)
+    return max(counts) * len(counts) / sum(counts)
