@@ -202,3 +202,16 @@ def test_run_training_kills_at_a_step_and_cleans_up(tmp_path):
     assert result["last_saved"] == 2 == recovery.load_checkpoint(tmp_path / "r")["step"]
     with pytest.raises(RuntimeError, match="ended before"):
         recovery.run_training(tmp_path / "s", kill_at="step 99", steps=3, save_every=5)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(steps=0), "steps"), (dict(save_every=-1), "save_every"), (dict(seed=-1), "seed"),
+    (dict(copies=[3]), r"copies\[0\]"), (dict(progress=5), "progress"), (dict(steps=10**6), "steps"),
+])
+def test_crash_twice_refuses_bad_arguments_before_starting_any_process(tmp_path, kwargs, name):
+    """crash_twice is deny-listed in the fuzz test (it starts and kills jobs): its checks are tested here."""
+    from lessonlib.measure.crash_demo import crash_twice
+
+    with pytest.raises((ValueError, TypeError), match=name):
+        crash_twice(tmp_path / "run", **kwargs)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
