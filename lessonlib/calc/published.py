@@ -29,6 +29,7 @@ LLAMA2_CARD = "Meta (2023). Llama 2 model card. github.com/meta-llama/llama, MOD
 
 _CARD_READ = "read in the model card's text"
 _SECONDARY = "quoted by secondary summaries (report itself not read)"
+_CARD_SECONDARY = "quoted by secondary summaries of the card's table (the card not re-read for this figure)"
 
 #: Llama 3.1 405B, the page's run.
 LLAMA3_405B = {
@@ -87,6 +88,39 @@ LLAMA2 = {
 LLAMA2_TOKENS = Figure(2.0e12, "training tokens (every size)", LLAMA2_CARD, "model table, Tokens", _CARD_READ)
 LLAMA2_DEVICE = "A100 SXM 80GB"  # the card: "hardware of type A100-80GB"
 LLAMA3_DEVICE = "H100 SXM 80GB"  # the card: "H100-80GB (TDP of 700W)"
+
+DEEPSEEK_V3_REPORT = "DeepSeek-AI (2024). DeepSeek-V3 Technical Report. arXiv:2412.19437"
+PALM_PAPER = "Chowdhery et al. (2022). PaLM: Scaling Language Modeling with Pathways. arXiv:2204.02311"
+
+#: Llama 3.1 405B's energy and emissions, from the model card's "Training Energy Use" and
+#: "Training Greenhouse Gas Emissions" (the GPU-hours are LLAMA3_405B["gpu_hours"]).
+LLAMA31_405B_ENERGY = {
+    "tdp_watts": Figure(700, "W per H100-80GB (TDP)", LLAMA31_CARD, "Training Energy Use", _CARD_READ),
+    "location_tco2": Figure(8930, "tCO2eq, location-based (405B)", LLAMA31_CARD,
+                            "Training Greenhouse Gas Emissions, table (405B row)", _CARD_SECONDARY),
+}
+
+#: DeepSeek-V3, the exercise's and the money calculator's mixture-of-experts run.
+DEEPSEEK_V3 = {
+    "total_params": Figure(671e9, "parameters in all (every expert)", DEEPSEEK_V3_REPORT, "Abstract", _SECONDARY),
+    "active_params": Figure(37e9, "parameters active per token", DEEPSEEK_V3_REPORT, "Abstract", _SECONDARY),
+    "tokens": Figure(14.8e12, "pre-training tokens", DEEPSEEK_V3_REPORT, "Abstract", _SECONDARY),
+    "gpus": Figure(2048, "H800 GPUs", DEEPSEEK_V3_REPORT, "Section 3.1", _SECONDARY),
+    "gpu_hours": Figure(2.788e6, "H800 GPU-hours, whole training", DEEPSEEK_V3_REPORT, "Table 1", _SECONDARY),
+    "price_per_gpu_hour": Figure(2.0, "US dollars per H800 GPU-hour (the report's assumed rental price)",
+                                 DEEPSEEK_V3_REPORT, "Table 1 and the text under it ('assuming the rental price "
+                                 "of the H800 GPU is $2 per GPU hour')", _SECONDARY),
+    "dollars": Figure(5.576e6, "US dollars, the report's total at that price", DEEPSEEK_V3_REPORT, "Table 1",
+                      _SECONDARY),
+}
+DEEPSEEK_V3_DEVICE = "H800 SXM 80GB"
+
+#: PaLM 540B, the published run that reports both utilisations (MFU without, HFU with recomputation).
+PALM_540B = {
+    "mfu": Figure(0.462, "model FLOPs utilisation", PALM_PAPER, "Section 4.1 and Table 3", _SECONDARY),
+    "hfu": Figure(0.578, "hardware FLOPs utilisation (with rematerialisation)", PALM_PAPER,
+                  "Section 4.1 and Table 3", _SECONDARY),
+}
 
 
 def format_value(figure: Figure) -> str:
