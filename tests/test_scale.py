@@ -70,6 +70,25 @@ def test_scale_account_refuses_bad_input():
             S.scale_account(**{**args, name: bad})
 
 
+PAGES = {"13": "chapters/03-distributed-speedup/13-goodput.md",
+         "14": "chapters/03-distributed-speedup/14-price-a-real-run.md"}
+
+
+def test_both_pages_print_the_one_account():
+    # Both pages call the same function with the same (no) arguments, and print its fields, never typed numbers:
+    # the reconciled per-device-hour, the contrast and the bill's figure.
+    a = S.llama3_scale()
+    for key, path in PAGES.items():
+        text = (ROOT / path).read_text()
+        assert "llama3_scale()" in text, key
+        for field in ("per_device_hour", "bill_per_device_hour", "contrast_per_device_hour", "step_efficiency"):
+            assert f".{field}" in text, (key, field)
+        # neither page types the figures the account computes (0.91, 0.86, 0.052, 942.5)
+        for typed in (f"{a.per_device_hour:.2f}", f"{a.bill_per_device_hour:.2f}", f"{a.contrast_per_device_hour:.3f}",
+                      f"{a.contrast_speedup:.1f}"):
+            assert not re.search(rf"(?<![\d.]){re.escape(typed)}(?![\d])", text), (key, typed)
+
+
 # --- MFU and HFU ------------------------------------------------------------------------------------------
 
 def test_recomputation_raises_hfu_and_not_mfu():

@@ -138,3 +138,35 @@ def format_value(figure: Figure) -> str:
     else:
         text = f"{x:,.0f}" if float(x).is_integer() else f"{x:,g}"
     return f"{text} {figure.unit}"
+
+
+@dataclass(frozen=True)
+class SharedQuantity:
+    """A quantity that more than one page states: where its value comes from (``computed_by``) and ``typed``,
+    a regular expression that matches the quantity typed as a literal into a page's text source."""
+
+    name: str
+    computed_by: str
+    typed: str
+
+
+_NUM = r"(?<![\w.{])\d[\d.,]*"
+#: One value per quantity (issue 23 item 7): every page computes these from ``computed_by``, and
+#: tests/test_one_value.py fails on a page that types one of them instead.
+SHARED_QUANTITIES = {
+    "device rate": SharedQuantity(
+        "device rate", "lessonlib.calc.devices: sustained_flops_per_s() or device(name).peak_flops_per_s, "
+                       "printed with devices.rate_text",
+        _NUM + r"\s*(?:[eE]\+?1[1-6]|× ?10[⁰¹²³⁴⁵⁶⁷⁸⁹]+)\s*(?:FLOP/s|FLOPs? per second)"
+        + "|" + _NUM + r"\s*[GTP]FLOP/s"
+        + r"|\b\w*(?:rate|flops|peak)\w*\s*=\s*\d[\d_.]*[eE]\+?1[1-6]\b"),
+    "utilisation": SharedQuantity(
+        "utilisation", "lessonlib.calc.devices.UTILISATION, or a published Figure (LLAMA3_405B['mfu_low'], ...)",
+        _NUM + r"\s*%\s*(?:MFU|HFU|utili[sz]ation|of (?:an? |the |its )?[\w -]{0,20}peak)"),
+    "model size": SharedQuantity(
+        "model size", "lessonlib.calc.planner.PRESETS[name]['n_params'] or a published Figure's value",
+        _NUM + r"\s*(?:B|billion|M|million)[- ]param\w*"),
+    "all-reduce time": SharedQuantity(
+        "all-reduce time", "lessonlib.calc.comm.collective_seconds, or the page's own measurement",
+        r"all-reduce[^.\n{]{0,40}?" + _NUM + r"\s*(?:ms|µs|s)\b"),
+}

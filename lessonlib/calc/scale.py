@@ -56,6 +56,7 @@ class ScaleAccount:
     update_share:           the optimizer update's share of one device's time for a global batch
     update_efficiency_dp:   step efficiency if every device repeated the whole update (pure data parallelism)
     update_efficiency_layout: the same when tensor x pipeline parallelism splits the update ``model_parallel`` ways
+    device_mtbf_hours, checkpoint_seconds, restart_seconds: the failure inputs the goodput was priced with
     goodput:                the failures, priced exactly (:class:`lessonlib.calc.goodput.Goodput`)
     per_device_hour:        one-device hours per paid device-hour = step_efficiency x goodput.useful_fraction
     bill_per_device_hour:   the same read off the published bill: its implied utilisation / one_device_utilisation
@@ -72,6 +73,9 @@ class ScaleAccount:
     update_efficiency_dp: float
     update_efficiency_layout: float
     model_parallel: int
+    device_mtbf_hours: float
+    checkpoint_seconds: float
+    restart_seconds: float
     goodput: Goodput
     per_device_hour: float
     bill_per_device_hour: float
@@ -116,7 +120,8 @@ def scale_account(devices, mfu, one_device_utilisation, n_params, tokens_per_ste
     return ScaleAccount(
         devices=n, one_device_utilisation=u1, mfu=m, step_efficiency=e, speedup=n * e, serial_share=s,
         update_share=t_update / one, update_efficiency_dp=eff_dp, update_efficiency_layout=eff_layout,
-        model_parallel=mp, goodput=g, per_device_hour=g.per_device_hour,
+        model_parallel=mp, device_mtbf_hours=g.job_mtbf_s * n / 3600, checkpoint_seconds=float(checkpoint_seconds),
+        restart_seconds=float(restart_seconds), goodput=g, per_device_hour=g.per_device_hour,
         bill_per_device_hour=result(bill_u / u1, "bill_utilisation and one_device_utilisation",
                                     "one-device hours per paid device-hour"),
         contrast_serial_share=CONTRAST_SERIAL_SHARE, contrast_speedup=c_speed,
@@ -145,3 +150,34 @@ def llama3_scale(one_device_utilisation=_devices.UTILISATION) -> ScaleAccount:
         n, v["tflops_16k_gpus"] * 1e12 / h100.peak_flops_per_s, one_device_utilisation, v["params"],
         v["tokens_per_batch"], h100.peak_flops_per_s, h100.memory_bandwidth, job_mtbf * n / 3600, save, restart,
         implied_utilisation(flops, v["gpu_hours"], h100.peak_flops_per_s), model_parallel=int(v["tp"] * v["pp"]))
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One line of :func:`scale_ladder`: ``what`` the job does, its ``step_efficiency`` (None for the
+    bill, which is not a step) and the one-device hours a paid device-hour buys (``per_device_hour``)."""
+
+    what: str
+    step_efficiency: float | None
+    per_device_hour: float
+
+
+def scale_ladder(account: ScaleAccount) -> list:
+    """The account as a ladder of :class:`Rung`, from the fixed-serial-share contrast to the published bill.
+
+    Every rung but the last pays the same failures (``account.goodput.useful_fraction``).
+    """
+    if not isinstance(account, ScaleAccount):
+        raise TypeError(f"account must be a ScaleAccount (from scale_account), got {type(account).__name__}")
+    a, useful = account, account.goodput.useful_fraction
+    return [
+        Rung(f"a fixed serial share of {100 * a.contrast_serial_share:g} % (the strong-scaling contrast)",
+             a.contrast_speedup / a.devices, a.contrast_per_device_hour),
+        Rung("every device repeats the whole optimizer update (data parallelism alone)",
+             a.update_efficiency_dp, a.update_efficiency_dp * useful),
+        Rung(f"the tensor x pipeline layout splits the update {a.model_parallel} ways, no ZeRO",
+             a.update_efficiency_layout, a.update_efficiency_layout * useful),
+        Rung("the run as measured (ZeRO, overlapped communication): its MFU / one device's",
+             a.step_efficiency, a.per_device_hour),
+        Rung("the published bill: every paid hour, every stage", None, a.bill_per_device_hour),
+    ]
