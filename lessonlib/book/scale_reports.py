@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..calc.scale import llama3_scale, scale_ladder
-from ..checks import share as _check_share
+from ..checks import amount as _check_amount, positive as _check_positive, share as _check_share
 from .reports import html_table
 
 
@@ -35,6 +35,9 @@ def bill_report(price_per_gpu_hour, pue, tco2_per_mwh) -> str:
     dollars at ``price_per_gpu_hour`` (US$), energy at the H100's TDP times ``pue``, emissions at ``tco2_per_mwh``."""
     from ..calc import bill as _bill, devices as _devices, published as _pub
 
+    price_per_gpu_hour = _check_amount("price_per_gpu_hour", price_per_gpu_hour)
+    pue = _check_positive("pue", pue)
+    tco2_per_mwh = _check_amount("tco2_per_mwh", tco2_per_mwh)
     hours = _pub.LLAMA3_405B["gpu_hours"].value
     b = _bill.bill(hours, price_per_gpu_hour, _devices.device(_pub.LLAMA3_DEVICE).power_watts, tco2_per_mwh, pue)
     return html_table(["line of the bill", "value"], [

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import choice, positive, share
+from ..checks import choice, count, positive, share
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,7 @@ def rate_text(flops_per_s: float, digits: int = 4) -> str:
     '2 × 10¹¹ FLOP/s'
     """
     x = positive("flops_per_s", flops_per_s)
-    mantissa, exponent = f"{x:.{max(1, int(digits)) - 1}e}".split("e")
+    digits = count("digits", digits, maximum=17)  # a float holds 17 significant digits at most
+    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
     mantissa = mantissa.rstrip("0").rstrip(".") if "." in mantissa else mantissa
     return f"{mantissa} × 10{str(int(exponent)).translate(_SUPERSCRIPT)} FLOP/s"
