@@ -58,9 +58,11 @@ def test_the_planner_report_uses_the_table():
                                  D.sustained_flops_per_s()) / SECONDS_PER_DAY
     html = plan_html("1.3B", "adam", "mixed", 2, 2048, "none", 80)
     assert f"{days:,.1f} days" in html
+    assert D.rate_text(D.sustained_flops_per_s()) in html   # the rate it used, printed as used (not 4e+14)
 
 
-PAGES = ["chapters/01-forward-vs-training/07-planning.ipynb", "chapters/03-distributed-speedup/13-goodput.ipynb"]
+PAGES = ["chapters/01-forward-vs-training/07-planning.ipynb", "chapters/03-distributed-speedup/13-goodput.ipynb",
+         "chapters/03-distributed-speedup/10-bytes-into-time.ipynb"]
 
 
 @pytest.mark.parametrize("page", PAGES)
