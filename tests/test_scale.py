@@ -92,7 +92,7 @@ def test_both_pages_print_the_one_account():
 # --- MFU and HFU ------------------------------------------------------------------------------------------
 
 def test_recomputation_raises_hfu_and_not_mfu():
-    f = {r: M.step_flops(405e9, 16e6, 126, 8192, 16384, recompute=r) for r in M.RECOMPUTE}
+    f = {r: M.model_hardware_flops(405e9, 16e6, 126, 8192, 16384, recompute=r) for r in M.RECOMPUTE}
     assert len({x.model for x in f.values()}) == 1                       # model FLOPs: one value
     assert f["none"].hardware < f["selective"].hardware < f["full"].hardware
     # at one step time, MFU is the same and HFU grows; full recomputation adds a third of the dense work
@@ -107,8 +107,8 @@ def test_recomputation_raises_hfu_and_not_mfu():
 
 
 def test_causal_attention_counts_half():
-    full = M.step_flops(405e9, 1, 126, 8192, 16384, causal=False)
-    causal = M.step_flops(405e9, 1, 126, 8192, 16384)
+    full = M.model_hardware_flops(405e9, 1, 126, 8192, 16384, causal=False)
+    causal = M.model_hardware_flops(405e9, 1, 126, 8192, 16384)
     assert full.attention == 12 * 126 * 8192 * 16384 and causal.attention == full.attention / 2
     assert causal.dense == full.dense == 6 * 405e9
 

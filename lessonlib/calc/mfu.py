@@ -44,17 +44,17 @@ class StepFlops:
         return self.model + self.recomputed
 
 
-def step_flops(n_params, tokens, layers, seq_len, hidden, causal=True, recompute="none") -> StepFlops:
+def model_hardware_flops(n_params, tokens, layers, seq_len, hidden, causal=True, recompute="none") -> StepFlops:
     """The :class:`StepFlops` of training a ``layers``-layer model of ``n_params`` parameters on ``tokens`` tokens.
 
     Sequences are ``seq_len`` tokens, the model dimension ``hidden``; ``causal`` counts
     half the score matrix; ``recompute`` is ``"none"``, ``"selective"`` (the attention
     scores' forward again) or ``"full"`` (the whole forward again).
 
-    >>> f = step_flops(1e9, 1, 24, 2048, 2048, causal=False)
+    >>> f = model_hardware_flops(1e9, 1, 24, 2048, 2048, causal=False)
     >>> f.dense, f.attention                         # 6 N, 12 L s h
     (6000000000.0, 1207959552.0)
-    >>> step_flops(1e9, 1, 24, 2048, 2048).attention  # causal: half
+    >>> model_hardware_flops(1e9, 1, 24, 2048, 2048).attention  # causal: half
     603979776.0
     """
     n = positive("n_params", n_params)
@@ -86,5 +86,5 @@ def flops_utilisation(flops, seconds, peak_flops_per_s, devices=1) -> float:
 def hfu_from_mfu(mfu, flops: StepFlops) -> float:
     """The HFU of a step that reached ``mfu``: the same time, the hardware FLOPs instead of the model FLOPs."""
     if not isinstance(flops, StepFlops):
-        raise TypeError(f"flops must be a StepFlops (from step_flops), got {type(flops).__name__}")
+        raise TypeError(f"flops must be a StepFlops (from model_hardware_flops), got {type(flops).__name__}")
     return result(positive("mfu", mfu) * flops.hardware / flops.model, "mfu and flops", "a utilisation", high=1.0)
