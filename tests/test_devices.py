@@ -19,12 +19,29 @@ def test_doctests():
 
 def test_table_states_peaks_with_sources_and_a_utilisation():
     for name, dev in D.DEVICES.items():
-        assert dev.name == name and dev.peak_flops_per_s > 1e14 and dev.memory_bytes == 80e9
-        assert "datasheet" in dev.source
+        assert dev.name == name and dev.peak_flops_per_s > 1e14 and dev.memory_bytes in (40e9, 80e9)
+        assert "datasheet" in dev.source and dev.memory_bandwidth > 1e12 and dev.power_watts >= 300
+        # the source states the dense rate the table holds (or the sparse rate, twice it)
+        assert f"{dev.peak_flops_per_s / 1e12:,.1f}".rstrip("0").rstrip(".") in dev.source.replace(",", "") \
+            or f"{dev.peak_flops_per_s / 1e12:,.0f}" in dev.source
+    # the devices of the course's published runs (issue 24 item 8): H800, A100 40GB, H100 SXM and PCIe
+    for name in ("H800 SXM 80GB", "A100 SXM 40GB", "H100 SXM 80GB", "H100 PCIe 80GB"):
+        assert name in D.DEVICES
+    assert D.device("H100 PCIe 80GB").peak_flops_per_s == pytest.approx(1513e12 / 2, rel=1e-3)
+    assert D.device("H800 SXM 80GB").peak_flops_per_s == D.device("H100 SXM 80GB").peak_flops_per_s
+    assert D.device("A100 SXM 40GB").memory_bytes == 40e9
     # dense BF16 = half the "with sparsity" figure on the H100 datasheet (1,979 TFLOPS)
     assert D.device("H100 SXM 80GB").peak_flops_per_s == pytest.approx(1979e12 / 2, rel=1e-3)
     assert 0 < D.UTILISATION < 1
     assert D.sustained_flops_per_s() == D.device().peak_flops_per_s * D.UTILISATION
+
+
+def test_rate_text_prints_the_rate_used():
+    # 3.958e14, not a rounder 4.0e14 (issue 23: the rate printed was not the rate computed)
+    assert D.rate_text(D.sustained_flops_per_s()) == "3.958 × 10¹⁴ FLOP/s"
+    assert D.rate_text(4e14) == "4 × 10¹⁴ FLOP/s"
+    with pytest.raises(ValueError, match="flops_per_s"):
+        D.rate_text(0)
 
 
 def test_bad_input_is_refused_by_name():
@@ -41,9 +58,11 @@ def test_the_planner_report_uses_the_table():
                                  D.sustained_flops_per_s()) / SECONDS_PER_DAY
     html = plan_html("1.3B", "adam", "mixed", 2, 2048, "none", 80)
     assert f"{days:,.1f} days" in html
+    assert D.rate_text(D.sustained_flops_per_s()) in html   # the rate it used, printed as used (not 4e+14)
 
 
-PAGES = ["chapters/01-forward-vs-training/07-planning.ipynb", "chapters/03-distributed-speedup/13-goodput.ipynb"]
+PAGES = ["chapters/01-forward-vs-training/07-planning.ipynb", "chapters/03-distributed-speedup/13-goodput.ipynb",
+         "chapters/03-distributed-speedup/10-bytes-into-time.ipynb"]
 
 
 @pytest.mark.parametrize("page", PAGES)

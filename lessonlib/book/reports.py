@@ -11,7 +11,7 @@ from ..checks import reads as _reads
 import math
 
 from ..calc.amdahl import amdahl_time, speedup_from_share
-from ..calc.devices import sustained_flops_per_s
+from ..calc.devices import rate_text, sustained_flops_per_s
 from ..calc.goodput import SECONDS_PER_HOUR, goodput, job_mtbf_seconds
 from ..calc.memory import (ACTIVATION_BYTES_PER_VALUE, OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM,
                            RECOMPUTE_CHOICES, format_bytes, training_state_bytes)
@@ -252,7 +252,7 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
         ("largest batch per device that fits", str(r.max_batch_that_fits)),
         (f"training compute ({p['n_params'] / 1e9:,.2f}B parameters, {tokens_per_param:g} tokens/param{extra})",
          f"{r.flops:.3g} FLOPs"),
-        (f"one device at {device_flops_per_s:.0e} FLOP/s", days),
+        (f"one device at {rate_text(device_flops_per_s)}", days),
     ]
     answer = r.answer
     if r.failure == "activations":

@@ -1,43 +1,61 @@
-"""One table of devices: peak 16-bit FLOP/s with their source, and the course's stated utilisation.
+"""One table of devices: peak 16-bit FLOP/s, memory, bandwidth and power, each with its source.
 
 Every page that turns FLOPs into time uses this table, so the same model takes
-the same time on every page. Pure Python (no torch).
+the same time on every page, and every page prints the rate it used
+(:func:`rate_text`). Pure Python (no torch).
 
 Peak rates are the *dense* BF16 tensor-core rates of the vendor's datasheet
 (the datasheets print the rate "with sparsity", which is twice the dense one).
 A training job never sustains its peak: the share it reaches is its
 model-FLOPs utilisation (MFU), the FLOPs the model needs per second divided by
-the peak.
+the peak. ``power_watts`` is the board's maximum power (TDP) from the same
+datasheet: what a device draws at most, the figure model cards multiply by hours.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import choice, positive, share
+from ..checks import choice, count, positive, share
 
 
 @dataclass(frozen=True)
 class Device:
-    """An accelerator: ``peak_flops_per_s`` (dense BF16, FLOP/s), ``memory_bytes``, and where the figures come from."""
+    """An accelerator: ``peak_flops_per_s`` (dense BF16, FLOP/s), ``memory_bytes``,
+    ``memory_bandwidth`` (bytes/s), ``power_watts`` (TDP, W), and where the figures come from."""
 
     name: str
     peak_flops_per_s: float
     memory_bytes: float
     source: str
+    memory_bandwidth: float = 0.0
+    power_watts: float = 0.0
 
+
+_H100_SHEET = "NVIDIA H100 Tensor Core GPU datasheet"
+_A100_SHEET = "NVIDIA A100 Tensor Core GPU datasheet"
 
 DEVICES = {
     "H100 SXM 80GB": Device(
         "H100 SXM 80GB", 989.4e12, 80e9,
-        "NVIDIA H100 Tensor Core GPU datasheet (SXM): BF16 Tensor Core 1,979 TFLOPS with sparsity, "
-        "so 989.4 TFLOPS dense; 80 GB HBM3"),
-    "A100 SXM 80GB": Device(
-        "A100 SXM 80GB", 312e12, 80e9,
-        "NVIDIA A100 Tensor Core GPU datasheet: BF16 Tensor Core 312 TFLOPS dense (624 with sparsity); 80 GB HBM2e"),
+        f"{_H100_SHEET} (SXM): BF16 Tensor Core 1,979 TFLOPS with sparsity, so 989.4 TFLOPS dense; "
+        "80 GB HBM3 at 3.35 TB/s; max TDP 700 W", 3.35e12, 700.0),
+    "H100 PCIe 80GB": Device(
+        "H100 PCIe 80GB", 756.5e12, 80e9,
+        f"{_H100_SHEET} (PCIe): BF16 Tensor Core 1,513 TFLOPS with sparsity, so 756.5 TFLOPS dense; "
+        "80 GB HBM2e at 2.0 TB/s; max TDP 350 W", 2.0e12, 350.0),
     "H800 SXM 80GB": Device(
         "H800 SXM 80GB", 989.4e12, 80e9,
-        "NVIDIA H800 SXM, the export variant of the H100 SXM: the same tensor cores (989.4 TFLOPS dense BF16) and "
-        "80 GB HBM3, with NVLink cut to 400 GB/s (DeepSeek-V3 Technical Report, Section 3.1)"),
+        "NVIDIA H800 Tensor Core GPU datasheet (SXM): the H100 SXM's compute (BF16 Tensor Core 1,979 TFLOPS with "
+        "sparsity, 989.4 dense) and memory (80 GB HBM3, 3.35 TB/s) with a narrower NVLink (400 GB/s); TDP 700 W. "
+        "The device of DeepSeek-V3's run", 3.35e12, 700.0),
+    "A100 SXM 80GB": Device(
+        "A100 SXM 80GB", 312e12, 80e9,
+        f"{_A100_SHEET}: BF16 Tensor Core 312 TFLOPS dense (624 with sparsity); 80 GB HBM2e at 2,039 GB/s; "
+        "max TDP 400 W", 2.039e12, 400.0),
+    "A100 SXM 40GB": Device(
+        "A100 SXM 40GB", 312e12, 40e9,
+        f"{_A100_SHEET}: BF16 Tensor Core 312 TFLOPS dense (624 with sparsity); 40 GB HBM2 at 1,555 GB/s; "
+        "max TDP 400 W", 1.555e12, 400.0),
 }
 
 #: The device the course prices on when a page does not say otherwise.
@@ -64,3 +82,21 @@ def sustained_flops_per_s(name: str = DEFAULT_DEVICE, utilisation: float = UTILI
     u = share("utilisation", utilisation)
     positive("utilisation", u)
     return device(name).peak_flops_per_s * u
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def rate_text(flops_per_s: float, digits: int = 4) -> str:
+    """A rate as a page prints it, to ``digits`` significant digits: the number that was used, not a rounder one.
+
+    >>> rate_text(sustained_flops_per_s())
+    '3.958 × 10¹⁴ FLOP/s'
+    >>> rate_text(2e11)
+    '2 × 10¹¹ FLOP/s'
+    """
+    x = positive("flops_per_s", flops_per_s)
+    digits = count("digits", digits, maximum=17)  # a float holds 17 significant digits at most
+    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".") if "." in mantissa else mantissa
+    return f"{mantissa} × 10{str(int(exponent)).translate(_SUPERSCRIPT)} FLOP/s"

@@ -34,27 +34,18 @@ RECOMPUTE = ("none", "full")
 SCHEDULES = ("1f1b", "dualpipe")
 CONTEXT_METHODS = ("ring", "all_gather")
 
-#: Memory bandwidth (bytes/s) of each device's HBM, from the same datasheets as its peak: with the
-#: peak it gives the roofline's ridge point, the FLOPs a byte must carry before a matmul stops
-#: waiting for memory (:func:`ridge_flops_per_byte`).
-HBM_BYTES_PER_S = {
-    "H100 SXM 80GB": 3.35e12,  # NVIDIA H100 Tensor Core GPU datasheet (SXM): 3.35 TB/s HBM3
-    "A100 SXM 80GB": 2.039e12,  # NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): 2,039 GB/s HBM2e
-    "H800 SXM 80GB": 3.35e12,  # NVIDIA H800 (export variant of the H100 SXM): same HBM3, 3.35 TB/s
-    "A100 SXM 40GB": 1.555e12,  # NVIDIA A100 datasheet (40GB SXM): 1,555 GB/s HBM2
-    "H100 PCIe 80GB": 2.0e12,  # NVIDIA H100 datasheet (PCIe): 2 TB/s HBM2e
-}
-
-
-def ridge_flops_per_byte(device: str) -> float:
-    """The roofline's ridge point of ``device``: dense peak FLOP/s over HBM bytes/s (FLOPs per byte).
+def ridge_flops_per_byte(device) -> float:
+    """The roofline's ridge point of ``device`` (a name in the device table, or a
+    :class:`~lessonlib.calc.devices.Device`): dense peak FLOP/s over memory bytes/s (FLOPs per byte).
 
     A bf16 matmul of an (m x k) by a (k x n) matrix does 2mkn FLOPs and moves 2(mk + kn + mn)
     bytes: with m tokens far fewer than k and n, about m FLOPs a byte. Below the ridge it is
     limited by memory, at m / ridge of the peak.
     """
-    choice("device", device, HBM_BYTES_PER_S)
-    return DEVICES[choice("device", device, DEVICES)].peak_flops_per_s / HBM_BYTES_PER_S[device]
+    d = device if isinstance(device, Device) else DEVICES[choice("device", device, DEVICES)]
+    if not d.memory_bandwidth:
+        raise ValueError(f"device {d.name!r} has no memory bandwidth in the table: its ridge point is unknown")
+    return d.peak_flops_per_s / d.memory_bandwidth
 
 
 @dataclass(frozen=True)
@@ -311,7 +302,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     slow = 1.0
     if expert_flops > 0:
         per_expert = e * (s // c) * model.top_k / model.experts  # tokens each expert's matmul gets
-        slow = max(1.0, _device(cluster).peak_flops_per_s / HBM_BYTES_PER_S[_device(cluster).name] / per_expert)
+        slow = max(1.0, ridge_flops_per_byte(_device(cluster)) / per_expert)
     extra = 4 / 3 if layout.recompute == "full" else 1.0
     compute = (useful - expert_flops + expert_flops * slow) * extra / (cluster.devices * peak * eff)
     bubble = compute * ((p / 2 - 1) / micro if dualpipe else (p - 1) / (v * micro))

@@ -128,13 +128,13 @@ def published_models() -> dict:
     ds = pub.DEEPSEEK_V3
     moe_layers = ds["layers"].value - ds["dense_layers"].value
     expert_params = moe_layers * ds["experts"].value * 3 * ds["hidden"].value * ds["expert_hidden"].value
-    model = ModelShape("DeepSeek-V3", ds["params"].value, int(ds["layers"].value), int(ds["hidden"].value),
+    model = ModelShape("DeepSeek-V3", ds["total_params"].value, int(ds["layers"].value), int(ds["hidden"].value),
                        int(ds["heads"].value), int(ds["seq_len"].value), int(ds["batch"].value),
                        active_params=ds["active_params"].value, expert_params=expert_params,
                        experts=int(ds["experts"].value), top_k=int(ds["top_k"].value), dropout=False,
                        nodes_per_token=int(ds["nodes_per_token"].value))
     gpus = int(ds["gpus"].value)
     pp, ep = int(ds["pp"].value), int(ds["ep"].value)
-    out["DeepSeek-V3"] = (model, Cluster(gpus, pub.DEEPSEEK_DEVICE),
+    out["DeepSeek-V3"] = (model, Cluster(gpus, pub.DEEPSEEK_V3_DEVICE),
                           Layout(1, 1, pp, gpus // pp, ep, zero=int(ds["zero"].value), schedule="dualpipe"))
     return out

@@ -8,6 +8,7 @@ failures, and a save time from checkpoint bytes and storage bandwidth.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ..checks import count, positive, result, share
 from .memory import activation_bytes, training_state_bytes
@@ -38,8 +39,49 @@ def implied_utilisation(total_flops, device_hours, peak_flops_per_s) -> float:
                        "the active parameters per token (6 × active parameters × tokens), not the total parameters")
 
 
+@dataclass(frozen=True)
+class RunPrice:
+    """A run priced from both its parameter counts: ``flops`` = 6 x active x tokens (the compute),
+    ``state_bytes`` from the total parameters (the memory), ``gpu_hours`` at the utilisation given,
+    ``devices_for_state``: the fewest devices whose memory holds the state alone."""
+
+    total_params: float
+    active_params: float
+    flops: float
+    state_bytes: float
+    gpu_hours: float
+    devices_for_state: int
+
+
+def price_run(total_params, tokens, peak_flops_per_s, utilisation, memory_bytes, active_params=None,
+              optimizer="adam", precision="mixed") -> RunPrice:
+    """Price a run: the *active* parameters (per token) price the FLOPs, the *total* parameters the memory.
+
+    For a dense model ``active_params`` is the total (the default). A mixture-of-experts
+    model holds every expert's weights and optimizer state (the total) but each token
+    passes through only the experts its router picks (the active parameters): DeepSeek-V3
+    holds 671B parameters and computes with 37B per token.
+
+    >>> p = price_run(671e9, 14.8e12, 989.4e12, 0.4, 80e9, active_params=37e9)
+    >>> f"{p.flops:.3g} FLOPs, {p.state_bytes / 1e12:.1f} TB of state"
+    '3.29e+24 FLOPs, 10.7 TB of state'
+    """
+    total = count("total_params", total_params)
+    active = total if active_params is None else count("active_params", active_params)
+    if active > total:
+        raise ValueError(f"active_params ({active:.4g}) must be at most total_params ({total:.4g}): a token cannot "
+                         "use more parameters than the model has (are the two swapped?)")
+    flops = 6.0 * active * positive("tokens", tokens)
+    state = training_state_bytes(total, optimizer, precision).total
+    return RunPrice(total_params=total, active_params=active, flops=flops, state_bytes=state,
+                    gpu_hours=gpu_hours(flops, peak_flops_per_s, utilisation),
+                    devices_for_state=math.ceil(state / positive("memory_bytes", memory_bytes)))
+
+
 def state_bytes_per_device(n_params, tensor=1, pipeline=1, optimizer="adam", precision="mixed") -> float:
     """Training-state bytes one device holds when the weights are split ``tensor`` x ``pipeline`` ways.
+
+    ``n_params`` is the *total* parameter count (for a mixture of experts, every expert's).
 
     Tensor parallelism splits each layer's matrices, pipeline parallelism
     splits the layers, so each device holds 1 / (tensor x pipeline) of the

@@ -29,6 +29,7 @@ LLAMA2_CARD = "Meta (2023). Llama 2 model card. github.com/meta-llama/llama, MOD
 
 _CARD_READ = "read in the model card's text"
 _SECONDARY = "quoted by secondary summaries (report itself not read)"
+_CARD_SECONDARY = "quoted by secondary summaries of the card's table (the card not re-read for this figure)"
 
 #: Llama 3.1 405B, the page's run.
 LLAMA3_405B = {
@@ -87,7 +88,60 @@ LLAMA2 = {
 LLAMA2_TOKENS = Figure(2.0e12, "training tokens (every size)", LLAMA2_CARD, "model table, Tokens", _CARD_READ)
 LLAMA2_DEVICE = "A100 SXM 80GB"  # the card: "hardware of type A100-80GB"
 LLAMA3_DEVICE = "H100 SXM 80GB"  # the card: "H100-80GB (TDP of 700W)"
-DEEPSEEK_DEVICE = "H800 SXM 80GB"  # the report: "a cluster equipped with 2048 NVIDIA H800 GPUs"
+
+DEEPSEEK_V3_REPORT = "DeepSeek-AI (2024). DeepSeek-V3 Technical Report. arXiv:2412.19437"
+PALM_PAPER = "Chowdhery et al. (2022). PaLM: Scaling Language Modeling with Pathways. arXiv:2204.02311"
+
+#: Llama 3.1 405B's energy and emissions, from the model card's "Training Energy Use" and
+#: "Training Greenhouse Gas Emissions" (the GPU-hours are LLAMA3_405B["gpu_hours"]).
+LLAMA31_405B_ENERGY = {
+    "tdp_watts": Figure(700, "W per H100-80GB (TDP)", LLAMA31_CARD, "Training Energy Use", _CARD_READ),
+    "location_tco2": Figure(8930, "tCO2eq, location-based (405B)", LLAMA31_CARD,
+                            "Training Greenhouse Gas Emissions, table (405B row)", _CARD_SECONDARY),
+}
+
+#: DeepSeek-V3, the exercise's and the money calculator's mixture-of-experts run.
+DEEPSEEK_V3 = {
+    "total_params": Figure(671e9, "parameters in all (every expert)", DEEPSEEK_V3_REPORT, "Abstract", _SECONDARY),
+    "active_params": Figure(37e9, "parameters active per token", DEEPSEEK_V3_REPORT, "Abstract", _SECONDARY),
+    "tokens": Figure(14.8e12, "pre-training tokens", DEEPSEEK_V3_REPORT, "Abstract", _SECONDARY),
+    "gpus": Figure(2048, "H800 GPUs", DEEPSEEK_V3_REPORT, "Section 3.1", _SECONDARY),
+    "gpu_hours": Figure(2.788e6, "H800 GPU-hours, whole training", DEEPSEEK_V3_REPORT, "Table 1", _SECONDARY),
+    "price_per_gpu_hour": Figure(2.0, "US dollars per H800 GPU-hour (the report's assumed rental price)",
+                                 DEEPSEEK_V3_REPORT, "Table 1 and the text under it ('assuming the rental price "
+                                 "of the H800 GPU is $2 per GPU hour')", _SECONDARY),
+    "dollars": Figure(5.576e6, "US dollars, the report's total at that price", DEEPSEEK_V3_REPORT, "Table 1",
+                      _SECONDARY),
+    # the shape and layout, for the layout page
+    "layers": Figure(61, "layers", DEEPSEEK_V3_REPORT, "Section 4.2 (model hyper-parameters)", _SECONDARY),
+    "dense_layers": Figure(3, "first layers with a dense MLP instead of experts", DEEPSEEK_V3_REPORT,
+                           "Section 4.2", _SECONDARY),
+    "hidden": Figure(7168, "hidden dimension", DEEPSEEK_V3_REPORT, "Section 4.2", _SECONDARY),
+    "heads": Figure(128, "attention heads", DEEPSEEK_V3_REPORT, "Section 4.2", _SECONDARY),
+    "experts": Figure(256, "routed experts per MoE layer", DEEPSEEK_V3_REPORT, "Section 4.2", _SECONDARY),
+    "expert_hidden": Figure(2048, "intermediate dimension of each expert", DEEPSEEK_V3_REPORT, "Section 4.2",
+                            _SECONDARY),
+    "top_k": Figure(8, "routed experts per token", DEEPSEEK_V3_REPORT, "Section 4.2", _SECONDARY),
+    "nodes_per_token": Figure(4, "nodes at most that a token's experts sit on", DEEPSEEK_V3_REPORT,
+                              "Sections 2.1.2 and 3.2.2 (node-limited routing)", _SECONDARY),
+    "seq_len": Figure(4096, "tokens per sequence (pre-training)", DEEPSEEK_V3_REPORT, "Section 4.2", _SECONDARY),
+    "batch": Figure(15360, "sequences per batch after the ramp-up", DEEPSEEK_V3_REPORT, "Section 4.2",
+                    _SECONDARY),
+    "pp": Figure(16, "pipeline-parallel degree", DEEPSEEK_V3_REPORT, "Section 3.2", _SECONDARY),
+    "ep": Figure(64, "expert-parallel degree (across 8 nodes)", DEEPSEEK_V3_REPORT, "Section 3.2", _SECONDARY),
+    "zero": Figure(1, "ZeRO stage of the data-parallel copies", DEEPSEEK_V3_REPORT, "Section 3.2", _SECONDARY),
+}
+
+#: Llama 3 405B's key/value heads (grouped-query attention), for the layout page.
+LLAMA3_405B_KV_HEADS = Figure(8, "key/value heads", LLAMA3_PAPER, "Table 3", _SECONDARY)
+DEEPSEEK_V3_DEVICE = "H800 SXM 80GB"
+
+#: PaLM 540B, the published run that reports both utilisations (MFU without, HFU with recomputation).
+PALM_540B = {
+    "mfu": Figure(0.462, "model FLOPs utilisation", PALM_PAPER, "Section 4.1 and Table 3", _SECONDARY),
+    "hfu": Figure(0.578, "hardware FLOPs utilisation (with rematerialisation)", PALM_PAPER,
+                  "Section 4.1 and Table 3", _SECONDARY),
+}
 
 
 def format_value(figure: Figure) -> str:
@@ -107,32 +161,33 @@ def format_value(figure: Figure) -> str:
     return f"{text} {figure.unit}"
 
 
-DEEPSEEK_V3_REPORT = ("DeepSeek-AI (2024). DeepSeek-V3 Technical Report. arXiv:2412.19437")
-_REPORT_READ = "entered from the report and cross-checked against secondary summaries of it"
+@dataclass(frozen=True)
+class SharedQuantity:
+    """A quantity that more than one page states: where its value comes from (``computed_by``) and ``typed``,
+    a regular expression that matches the quantity typed as a literal into a page's text source."""
 
-#: DeepSeek-V3, the mixture-of-experts run the layout page compares with.
-DEEPSEEK_V3 = {
-    "params": Figure(671e9, "parameters in all", DEEPSEEK_V3_REPORT, "abstract", _REPORT_READ),
-    "active_params": Figure(37e9, "parameters active per token", DEEPSEEK_V3_REPORT, "abstract", _REPORT_READ),
-    "layers": Figure(61, "layers", DEEPSEEK_V3_REPORT, "Section 4.2 (model hyper-parameters)", _REPORT_READ),
-    "dense_layers": Figure(3, "first layers with a dense MLP instead of experts", DEEPSEEK_V3_REPORT,
-                           "Section 4.2", _REPORT_READ),
-    "hidden": Figure(7168, "hidden dimension", DEEPSEEK_V3_REPORT, "Section 4.2", _REPORT_READ),
-    "heads": Figure(128, "attention heads", DEEPSEEK_V3_REPORT, "Section 4.2", _REPORT_READ),
-    "experts": Figure(256, "routed experts per MoE layer", DEEPSEEK_V3_REPORT, "Section 4.2", _REPORT_READ),
-    "expert_hidden": Figure(2048, "intermediate dimension of each expert", DEEPSEEK_V3_REPORT, "Section 4.2",
-                            _REPORT_READ),
-    "top_k": Figure(8, "routed experts per token", DEEPSEEK_V3_REPORT, "Section 4.2", _REPORT_READ),
-    "nodes_per_token": Figure(4, "nodes at most that a token's experts sit on", DEEPSEEK_V3_REPORT,
-                              "Section 4.2 and 3.2.2 (node-limited routing)", _REPORT_READ),
-    "seq_len": Figure(4096, "tokens per sequence (pre-training)", DEEPSEEK_V3_REPORT, "Section 4.2", _REPORT_READ),
-    "batch": Figure(15360, "sequences per batch after the ramp-up", DEEPSEEK_V3_REPORT, "Section 4.2",
-                    _REPORT_READ),
-    "gpus": Figure(2048, "H800 GPUs", DEEPSEEK_V3_REPORT, "Section 3.1", _REPORT_READ),
-    "pp": Figure(16, "pipeline-parallel degree", DEEPSEEK_V3_REPORT, "Section 3.2", _REPORT_READ),
-    "ep": Figure(64, "expert-parallel degree (across 8 nodes)", DEEPSEEK_V3_REPORT, "Section 3.2", _REPORT_READ),
-    "zero": Figure(1, "ZeRO stage of the data-parallel copies", DEEPSEEK_V3_REPORT, "Section 3.2", _REPORT_READ),
+    name: str
+    computed_by: str
+    typed: str
+
+
+_NUM = r"(?<![\w.{])\d[\d.,]*"
+#: One value per quantity (issue 23 item 7): every page computes these from ``computed_by``, and
+#: tests/test_one_value.py fails on a page that types one of them instead.
+SHARED_QUANTITIES = {
+    "device rate": SharedQuantity(
+        "device rate", "lessonlib.calc.devices: sustained_flops_per_s() or device(name).peak_flops_per_s, "
+                       "printed with devices.rate_text",
+        _NUM + r"\s*(?:[eE]\+?1[1-6]|× ?10[⁰¹²³⁴⁵⁶⁷⁸⁹]+)\s*(?:FLOP/s|FLOPs? per second)"
+        + "|" + _NUM + r"\s*[GTP]FLOP/s"
+        + r"|\b\w*(?:rate|flops|peak)\w*\s*=\s*\d[\d_.]*[eE]\+?1[1-6]\b"),
+    "utilisation": SharedQuantity(
+        "utilisation", "lessonlib.calc.devices.UTILISATION, or a published Figure (LLAMA3_405B['mfu_low'], ...)",
+        _NUM + r"\s*%\s*(?:MFU|HFU|utili[sz]ation|of (?:an? |the |its )?[\w -]{0,20}peak)"),
+    "model size": SharedQuantity(
+        "model size", "lessonlib.calc.planner.PRESETS[name]['n_params'] or a published Figure's value",
+        _NUM + r"\s*(?:B|billion|M|million)[- ]param\w*"),
+    "all-reduce time": SharedQuantity(
+        "all-reduce time", "lessonlib.calc.comm.collective_seconds, or the page's own measurement",
+        r"all-reduce[^.\n{]{0,40}?" + _NUM + r"\s*(?:ms|µs|s)\b"),
 }
-
-#: Llama 3 405B's key/value heads (grouped-query attention) for the layout page.
-LLAMA3_405B_KV_HEADS = Figure(8, "key/value heads", LLAMA3_PAPER, "Table 3", _SECONDARY)

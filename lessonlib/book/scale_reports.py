@@ -1,0 +1,49 @@
+"""The one account of scale as a page shows it: the ladder table and its calculator (renders only)."""
+from __future__ import annotations
+
+from ..calc.scale import llama3_scale, scale_ladder
+from ..checks import amount as _check_amount, positive as _check_positive, share as _check_share
+from .reports import html_table
+
+
+def ladder_rows(account) -> list:
+    """The rows of :func:`lessonlib.calc.scale.scale_ladder` as text: what, step efficiency, per paid device-hour."""
+    return [(r.what, "—" if r.step_efficiency is None else f"{r.step_efficiency:.3f}", f"{r.per_device_hour:.3f}")
+            for r in scale_ladder(account)]
+
+
+LADDER_HEADER = ["what the job does", "step efficiency (speedup / devices)",
+                 "one-device hours per paid device-hour"]
+
+
+def ladder_table(account):
+    """The ladder of ``account`` as an HTML table."""
+    return html_table(LADDER_HEADER, ladder_rows(account))
+
+
+def scale_report(one_device_utilisation) -> str:
+    """The scale calculator's answer (for an Explorer): Llama 3 405B's account on 16,384 GPUs at the
+    ``one_device_utilisation`` (0 to 1) one device is assumed to reach alone."""
+    a = llama3_scale(_check_share("one_device_utilisation", one_device_utilisation))
+    return (f"<p>Step efficiency {a.step_efficiency:.3f}; serial share left {a.serial_share:.1e}; "
+            f"failures leave {100 * a.goodput.useful_fraction:.0f} % of the time useful.</p>"
+            + ladder_table(a)._repr_html_())
+
+
+def bill_report(price_per_gpu_hour, pue, tco2_per_mwh) -> str:
+    """The money-and-energy calculator's answer for Llama 3.1 405B's published GPU-hours (for an Explorer):
+    dollars at ``price_per_gpu_hour`` (US$), energy at the H100's TDP times ``pue``, emissions at ``tco2_per_mwh``."""
+    from ..calc import bill as _bill, devices as _devices, published as _pub
+
+    price_per_gpu_hour = _check_amount("price_per_gpu_hour", price_per_gpu_hour)
+    pue = _check_positive("pue", pue)
+    tco2_per_mwh = _check_amount("tco2_per_mwh", tco2_per_mwh)
+    hours = _pub.LLAMA3_405B["gpu_hours"].value
+    b = _bill.bill(hours, price_per_gpu_hour, _devices.device(_pub.LLAMA3_DEVICE).power_watts, tco2_per_mwh, pue)
+    return html_table(["line of the bill", "value"], [
+        ("GPU-hours (model card)", f"{b.device_hours / 1e6:.2f} million"),
+        ("price per GPU-hour (an assumption)", f"${b.price_per_device_hour:.2f}"),
+        ("dollars", f"${b.dollars / 1e6:,.1f} million"),
+        (f"energy at {b.power_watts:.0f} W per GPU × PUE {b.pue:g}", f"{b.energy_mwh:,.0f} MWh"),
+        (f"emissions at {b.tco2_per_mwh:.3f} tCO2eq/MWh", f"{b.tco2:,.0f} tCO2eq"),
+    ])._repr_html_()

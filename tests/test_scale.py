@@ -1,0 +1,171 @@
+"""One model of scale (issue 23 items 2, 4, 5; issue 24 item 7): lessonlib.calc.scale, mfu and bill."""
+from __future__ import annotations
+
+import doctest
+import re
+
+import pytest
+
+from conftest import ROOT
+from lessonlib.calc import bill as B, mfu as M, pricing, scale as S
+from lessonlib.calc import devices as D, published as pub
+from lessonlib.calc.amdahl import speedup_from_share
+
+L3 = {k: f.value for k, f in pub.LLAMA3_405B.items()}
+
+
+@pytest.mark.parametrize("module", [S, M, B])
+def test_doctests(module):
+    assert doctest.testmod(module).failed == 0
+
+
+# --- the reconciled account at 16,384 devices ------------------------------------------------------------
+
+def test_the_account_is_built_from_the_run_not_from_an_assumed_serial_share():
+    a = S.llama3_scale()
+    assert a.devices == L3["gpus"] == 16384
+    # the step efficiency is the run's MFU over one device's utilisation, and Amdahl's law solved for s gives
+    # back that speedup exactly
+    assert a.mfu == pytest.approx(L3["tflops_16k_gpus"] * 1e12 / D.device(pub.LLAMA3_DEVICE).peak_flops_per_s)
+    assert a.step_efficiency == pytest.approx(a.mfu / D.UTILISATION)
+    assert a.speedup == pytest.approx(a.devices * a.step_efficiency)
+    if a.serial_share >= 0:
+        assert speedup_from_share(a.serial_share, a.devices) == pytest.approx(a.speedup)
+    # whatever the sign, what remains serial is below 1e-5: a hundred times less than the contrast's 0.1 %
+    assert abs(a.serial_share) < 1e-5 < a.contrast_serial_share
+    # failures: the exact goodput, with a restart that keeps the report's 90 % effective training time
+    assert a.goodput.useful_fraction == pytest.approx(L3["effective_training"])
+    assert a.per_device_hour == pytest.approx(a.step_efficiency * a.goodput.useful_fraction)
+    # and the model agrees with the bill to within the phases a step's MFU leaves out (<10 %)
+    assert a.bill_per_device_hour < a.per_device_hour < a.bill_per_device_hour * 1.1
+    assert 0.8 < a.bill_per_device_hour < 0.9
+
+
+def test_the_contrast_is_the_strong_scaling_collapse():
+    a = S.llama3_scale()
+    assert a.contrast_speedup == pytest.approx(1 / (0.001 + 0.999 / 16384))       # 942.5x
+    assert round(a.contrast_speedup, 1) == 942.5
+    assert a.contrast_per_device_hour < 0.06 < 10 * a.contrast_per_device_hour < a.per_device_hour
+
+
+def test_zero_removes_the_repeated_update():
+    a = S.llama3_scale()
+    # every replica repeating the whole update would cost a large share at 16,384 devices ...
+    assert a.update_efficiency_dp < 0.7
+    # ... the tensor x pipeline layout splits it 128 ways; ZeRO splits the rest, leaving nothing repeated
+    assert a.model_parallel == 128 and a.update_efficiency_dp < a.update_efficiency_layout < 1
+    # by hand: update 32 B/param at 3.35 TB/s, compute 6 N B at 40 % of 989.4 TFLOP/s
+    t_u = 32 * 405e9 / 3.35e12
+    t_c = 6 * 405e9 * 16e6 / (989.4e12 * 0.4)
+    assert a.update_share == pytest.approx(t_u / (t_u + t_c))
+
+
+def test_scale_account_refuses_bad_input():
+    args = dict(devices=16, mfu=0.4, one_device_utilisation=0.4, n_params=1e9, tokens_per_step=1e6,
+                peak_flops_per_s=1e15, memory_bandwidth=3e12, device_mtbf_hours=1e5, checkpoint_seconds=10,
+                restart_seconds=60, bill_utilisation=0.3, model_parallel=4)
+    S.scale_account(**args)
+    for name, bad in [("mfu", 1.5), ("one_device_utilisation", 0), ("model_parallel", 3), ("devices", 0)]:
+        with pytest.raises(ValueError, match=name):
+            S.scale_account(**{**args, name: bad})
+
+
+PAGES = {"13": "chapters/03-distributed-speedup/13-goodput.md",
+         "14": "chapters/03-distributed-speedup/14-price-a-real-run.md"}
+
+
+def test_both_pages_print_the_one_account():
+    # Both pages call the same function with the same (no) arguments, and print its fields, never typed numbers:
+    # the reconciled per-device-hour, the contrast and the bill's figure.
+    a = S.llama3_scale()
+    for key, path in PAGES.items():
+        text = (ROOT / path).read_text()
+        assert "llama3_scale()" in text, key
+        for field in ("per_device_hour", "bill_per_device_hour", "contrast_per_device_hour", "step_efficiency"):
+            assert f".{field}" in text, (key, field)
+        # neither page types the figures the account computes (0.91, 0.86, 0.052, 942.5)
+        for typed in (f"{a.per_device_hour:.2f}", f"{a.bill_per_device_hour:.2f}", f"{a.contrast_per_device_hour:.3f}",
+                      f"{a.contrast_speedup:.1f}"):
+            assert not re.search(rf"(?<![\d.]){re.escape(typed)}(?![\d])", text), (key, typed)
+
+
+# --- MFU and HFU ------------------------------------------------------------------------------------------
+
+def test_recomputation_raises_hfu_and_not_mfu():
+    f = {r: M.model_hardware_flops(405e9, 16e6, 126, 8192, 16384, recompute=r) for r in M.RECOMPUTE}
+    assert len({x.model for x in f.values()}) == 1                       # model FLOPs: one value
+    assert f["none"].hardware < f["selective"].hardware < f["full"].hardware
+    # at one step time, MFU is the same and HFU grows; full recomputation adds a third of the dense work
+    step = f["none"].model / (16384 * 989.4e12 * 0.4)
+    mfus = {r: M.flops_utilisation(x.model, step, 989.4e12, 16384) for r, x in f.items()}
+    hfus = {r: M.flops_utilisation(x.hardware, step, 989.4e12, 16384) for r, x in f.items()}
+    assert mfus["none"] == pytest.approx(0.4) and len({round(v, 12) for v in mfus.values()}) == 1
+    assert hfus["none"] == pytest.approx(0.4)
+    assert hfus["none"] < hfus["selective"] < hfus["full"]
+    assert M.hfu_from_mfu(0.4, f["full"]) == pytest.approx(hfus["full"])
+    assert f["full"].recomputed == pytest.approx(f["none"].dense / 3 + f["none"].attention / 3)
+
+
+def test_causal_attention_counts_half():
+    full = M.model_hardware_flops(405e9, 1, 126, 8192, 16384, causal=False)
+    causal = M.model_hardware_flops(405e9, 1, 126, 8192, 16384)
+    assert full.attention == 12 * 126 * 8192 * 16384 and causal.attention == full.attention / 2
+    assert causal.dense == full.dense == 6 * 405e9
+
+
+def test_utilisation_above_one_is_refused_with_the_likely_cause():
+    with pytest.raises(ValueError, match="active parameters"):
+        M.flops_utilisation(6 * 671e9 * 14.8e12, 2.788e6 * 3600, 989e12)
+
+
+def test_palm_reports_both():
+    assert pub.PALM_540B["mfu"].value < pub.PALM_540B["hfu"].value
+
+
+# --- mixture of experts in the pricing functions -----------------------------------------------------------
+
+def test_active_parameters_price_the_flops_total_the_memory():
+    ds = {k: f.value for k, f in pub.DEEPSEEK_V3.items()}
+    h800 = D.device(pub.DEEPSEEK_V3_DEVICE)
+    p = pricing.price_run(ds["total_params"], ds["tokens"], h800.peak_flops_per_s, 0.4, h800.memory_bytes,
+                          active_params=ds["active_params"])
+    assert p.flops == 6 * 37e9 * 14.8e12 and p.state_bytes == 16 * 671e9
+    assert p.devices_for_state == -(-16 * 671e9 // 80e9)
+    # the active count gives a bill that implies a utilisation a device can reach ...
+    u = pricing.implied_utilisation(p.flops, ds["gpu_hours"], h800.peak_flops_per_s)
+    assert 0.1 < u < 0.6
+    # ... the total count is refused, and the message names the likely cause
+    with pytest.raises(ValueError, match="total parameters"):
+        pricing.implied_utilisation(6 * 671e9 * 14.8e12, 2.788e6, 989e12)
+    with pytest.raises(ValueError, match="active_params"):
+        pricing.price_run(37e9, 1e12, 1e15, 0.4, 80e9, active_params=671e9)
+    dense = pricing.price_run(7e9, 1e12, 1e15, 0.4, 80e9)
+    assert dense.active_params == dense.total_params == 7e9
+
+
+# --- the bill in money and energy --------------------------------------------------------------------------
+
+def test_deepseek_v3_dollars_are_the_reports():
+    ds = pub.DEEPSEEK_V3
+    b = B.bill(ds["gpu_hours"].value, ds["price_per_gpu_hour"].value, D.device(pub.DEEPSEEK_V3_DEVICE).power_watts)
+    assert b.dollars == pytest.approx(ds["dollars"].value)
+
+
+def test_llama31_energy_and_the_cards_emissions():
+    e = pub.LLAMA31_405B_ENERGY
+    hours = L3["gpu_hours"]
+    assert e["tdp_watts"].value == D.device(pub.LLAMA3_DEVICE).power_watts == 700
+    mwh = B.energy_mwh(hours, e["tdp_watts"].value)
+    assert mwh == pytest.approx(30.84e6 * 0.7 / 1e3)                  # 21,588 MWh
+    intensity = B.carbon_intensity(e["location_tco2"].value, hours, e["tdp_watts"].value)
+    assert 0.3 < intensity < 0.5                                       # a grid's average, tCO2 per MWh
+    assert B.bill(hours, 2.0, 700, intensity).tco2 == pytest.approx(e["location_tco2"].value)
+
+
+def test_bill_refuses_bad_input():
+    with pytest.raises(ValueError, match="pue"):
+        B.energy_mwh(10, 700, pue=0.5)
+    with pytest.raises(ValueError, match="price_per_device_hour"):
+        B.bill(10, -1, 700)
+    with pytest.raises(ValueError, match="carbon intensity"):
+        B.carbon_intensity(1e9, 10, 700)
