@@ -178,6 +178,8 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
         ax.set_xlim(0, 1e3 * (t1 - t0))
         ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}, "
                      f"idle share {st['idle_share']:.0%}", fontsize=10)
+        ax.set_xlabel("time since the step's first computation (ms)", fontsize=8)
+        ax.set_ylabel("process")
     axes[-1, 0].set_xlabel("time since the step's first computation (ms)\nF forward, B backward, I input-gradient "
                            "backward, W weight-gradient backward; s = stage; hatched = a process's later stage; "
                            "gaps = waiting", fontsize=8)
