@@ -73,7 +73,7 @@ def MoELayer(hidden: int, experts: int, top_k: int):
     from .models import MAX_PARAMS
 
     hidden = check_count("hidden", hidden)
-    experts = check_count("experts", experts, maximum=4096)
+    experts = check_count("experts", experts, maximum=256)
     top_k = check_count("top_k", top_k, maximum=experts)
     if experts * 4 * hidden * hidden > MAX_PARAMS:
         raise ValueError(f"experts={experts} of hidden={hidden} hold more than the {MAX_PARAMS:,} parameters allowed")
@@ -129,11 +129,12 @@ def train_router(tokens: int = 256, hidden: int = 16, experts: int = 4, skew: fl
     """
     import torch
 
-    tokens = check_count("tokens", tokens, maximum=100_000)
-    hidden = check_count("hidden", hidden, maximum=256)
-    experts = check_count("experts", experts, minimum=2, maximum=64)
+    # a teaching size: at most a few seconds on one CPU core
+    tokens = check_count("tokens", tokens, maximum=2048)
+    hidden = check_count("hidden", hidden, maximum=32)
+    experts = check_count("experts", experts, minimum=2, maximum=16)
     skew = check_amount("skew", skew, maximum=50.0)
-    steps = check_count("steps", steps, maximum=1000)
+    steps = check_count("steps", steps, maximum=60)
     aux_weight = check_amount("aux_weight", aux_weight, maximum=100.0)
     lr = check_share("lr", lr)
     seed = check_count("seed", seed, minimum=0)
