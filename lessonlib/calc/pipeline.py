@@ -188,10 +188,11 @@ def simulate_actions(actions, durations) -> list:
     tasks = []
 
     def needs(stage, kind, mb):
-        if kind == "F":
+        if kind == "F":  # a forward needs the previous stage's output for this micro-batch
             return [(stage - 1, "F", mb)] if stage > 0 else []
-        if kind == "W":
+        if kind == "W":  # a weight gradient needs the input gradient pass of its own stage
             return [(stage, "I", mb)]
+        # a backward (B or I) needs its own forward, and the gradient from the next stage's backward (B or I)
         return [(stage, "F", mb)] + ([(stage + 1, "B", mb)] if stage < last else [])
 
     def end_of(key):  # a later stage's backward is B or I, whichever the schedule ran
