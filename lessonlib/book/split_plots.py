@@ -85,6 +85,7 @@ def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
         ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
         ax.set_ylim(p - 0.4, -0.6)
         ax.set_ylabel("process")
+        ax.set_xlabel("time since the step's first computation (ms)")
         ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}: idle share "
                      f"{st['idle_share']:.0%} (formula {(p - 1) / (microbatches + p - 1):.0%})", fontsize=10)
     axes[-1, 0].set_xlabel("time since the step's first computation (ms)\nF = forward, B = backward, gaps = waiting")
