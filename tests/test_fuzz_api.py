@@ -694,6 +694,10 @@ def _structure_samples():
                                                              "peak_bytes": [200, 120], "left_bytes": [0, 0]}]},
         {"schedule": "1F1B", "microbatches": 2, "steps": [{"spans": spans, "idle_share": 0.25,
                                                             "peak_bytes": [200, 60], "left_bytes": [0, 0]}]}]}
+    spans5 = [[["F", 0, 0.0, 1.0, 0], ["B", 0, 2.0, 4.0, 0]], [["F", 0, 1.0, 2.0, 1], ["B", 0, 2.0, 3.0, 1]]]
+    pipe5 = {"world_size": 2, "backend": "gloo", "runs": [
+        {"schedule": "1F1B", "microbatches": 1, "steps": [{"spans": spans5, "idle_share": 0.25,
+                                                            "peak_bytes": [200, 60], "left_bytes": [0, 0]}]}]}
     shard_rank = lambda r: {"rank": r, "world_size": 2, "n_params": 1000,  # noqa: E731
                             "zero3": {"weights": 2000, "gradients": 2000, "optimizer_state": 4000},
                             "zero1": {"weights": 4000, "gradients": 4000, "optimizer_state": 4000},
@@ -731,6 +735,8 @@ def _structure_samples():
         "lessonlib.calc.goodput.stall_account": dict(runs=runs, stall_step=2),
         "lessonlib.measure.distributed.splits.expert_step_wait": dict(per_rank=experts),
         "lessonlib.measure.distributed.pipelining.idle_share": dict(per_rank_spans=spans),
+        "lessonlib.calc.pipeline.read_schedule": dict(spans=spans5),
+        "lessonlib.book.split_plots.plot_schedule_timelines": dict(run=pipe5, microbatches=1),
         "lessonlib.book.split_plots.plot_pipeline_timelines": dict(run=pipe, microbatches=2),
         "lessonlib.book.split_plots.plot_idle_shares": dict(run=pipe),
         "lessonlib.book.split_reports.idle_rows": dict(run=pipe),
@@ -836,6 +842,7 @@ STRUCTURE_TARGETS = [
     "lessonlib.book.split_reports.comm_rows", "lessonlib.book.split_reports.comm_table",
     "lessonlib.calc.comm.fit_alpha_beta", "lessonlib.calc.experts.process_load_imbalance",
     "lessonlib.book.split_plots.plot_alpha_beta", "lessonlib.book.sequence_plots.plot_causal_work",
+    "lessonlib.calc.pipeline.read_schedule", "lessonlib.book.split_plots.plot_schedule_timelines",
 ]
 
 
