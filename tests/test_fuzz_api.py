@@ -115,7 +115,7 @@ def _good():
         "name": "a_name", "value": 1.0, "data": {"a": {"x": 1.0}}, "title": "A title", "ylabel": "bytes",
         "png": b"\x89PNG", "alt": "a picture", "fig": None, "question": "What?", "choices": ["yes", "no"],
         "answer": "yes", "serial_share": 0.2, "interval": 3600.0, "restart_seconds": 0.0,
-        "model_name": "1.3B", "optimizer_name": "adam", "precision": "mixed", "batch_per_device": 1,
+        "model_name": "1.3B", "optimizer_name": "adam", "precision": "bf16_master", "batch_per_device": 1,
         "recompute": "none", "device_GB": 80, "ledgers": {"plain": ledger}, "t": None,
         "result": _empty_run(), "controls": {"a": [1, 2]}, "timings": None, "recordings": None,
         "sweeps": None, "reference": {1: 1.0, 2: 0.5}, "resumed": {1: 1.0, 2: 0.5}, "run_dir": None,

@@ -16,7 +16,7 @@ CALLS = {
     "checks": "assert M.count('devices', 4) == 4",
     "progress": "assert list(M.progress([1, 2], desc='x')) == [1, 2]",
     "calc.memory": "assert M.training_state_bytes(7_500_000_000).total == 120_000_000_000",
-    "calc.planner": "assert M.plan(1_000_000, 'adam', 'mixed', 1, 128, 2, 64, 4, 'none', 10**10).failure == 'none'",
+    "calc.planner": "assert M.plan(1_000_000, 'adam', 'bf16_master', 1, 128, 2, 64, 4, 'none', 10**10).failure == 'none'",
     "calc.amdahl": "assert M.amdahl_speedup(20, 80, 4) == 2.5",
     "calc.collectives": "assert M.ring_allreduce_bytes(1000, 4) == 1500",
     "calc.pipeline": "assert M.pipeline_bubble_fraction(4, 8) == 3 / 11",
@@ -27,6 +27,7 @@ CALLS = {
     "calc.pricing": "assert M.mtbf_seconds(3600, 4) == 900",
     "calc.published": "assert M.LLAMA3_405B['params'].value == 405e9",
     "calc.goodput": "assert 0 < M.goodput(8, 7.0, 50_000, 60, 600).per_device_hour < 1",
+    "calc.precision": "assert M.recipe('bf16_master_fp32_grads').bytes_per_param('adam') == 18",
     "calc.sharding": "assert M.zero_state_bytes(7_500_000_000, 8, 3).total == 15_000_000_000",
     "calc.comm": "assert M.collective_seconds('all_reduce', 1e9, 8, 0.0, 100e9) == 0.0175",
 }

@@ -38,7 +38,7 @@ def implied_utilisation(total_flops, device_hours, peak_flops_per_s) -> float:
                        "the active parameters per token (6 × active parameters × tokens), not the total parameters")
 
 
-def state_bytes_per_device(n_params, tensor=1, pipeline=1, optimizer="adam", precision="mixed") -> float:
+def state_bytes_per_device(n_params, tensor=1, pipeline=1, optimizer="adam", precision="bf16_master") -> float:
     """Training-state bytes one device holds when the weights are split ``tensor`` x ``pipeline`` ways.
 
     Tensor parallelism splits each layer's matrices, pipeline parallelism
