@@ -31,7 +31,7 @@ def test_bytes_per_param_of_each_recipe():
 @pytest.mark.parametrize("name", PRECISIONS)
 def test_measured_ledger_matches_the_recipe_role_by_role(gpt, name):
     model, (tok, tgt) = gpt
-    led = precision.recipe_step(model, tok, tgt, models.lm_loss, name)
+    led = precision.measure_recipe(model, tok, tgt, models.lm_loss, name)
     r = recipe(name)
     got = [led.per_param(role) for role in ("weights", "gradients", "master_weights", "optimizer_state")]
     assert got == [r.weights, r.gradients, r.master_weights, r.state_bytes("adam")]

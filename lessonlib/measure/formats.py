@@ -91,7 +91,9 @@ def rounding(x: torch.Tensor, name: str, scaled: bool = False) -> Rounding:
     y = x / s
     back = y.to(dtype).float() * s  # a plain cast: beyond the range a value becomes inf (or NaN in e4m3)
     nz = x != 0
-    over = torch.isfinite(x) & (y.abs() > torch.finfo(dtype).max)
+    f = torch.finfo(dtype)
+    top_gap = f.eps * 2.0 ** int(torch.tensor(f.max).log2().floor())  # the spacing of the largest numbers
+    over = torch.isfinite(x) & (y.abs() >= f.max + top_gap / 2)  # rounds beyond the largest number
     bad = ~torch.isfinite(back) | over
     zero = (back == 0) & nz
     kept = nz & ~bad & ~zero
@@ -159,3 +161,42 @@ def fp8_available(device) -> bool:
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= (8, 9)
     return device.type == "cpu"
+
+
+@dataclass
+class MatmulTensors:
+    """What the matrix products (every ``nn.Linear``) of one fp32 training step saw, flattened:
+    ``inputs`` (activations in), ``weights`` and ``grads`` (gradients of their outputs)."""
+
+    inputs: torch.Tensor
+    weights: torch.Tensor
+    grads: torch.Tensor
+
+
+def matmul_tensors(model, inputs, targets, loss_fn) -> MatmulTensors:
+    """Run forward, loss and backward of ``model`` once and collect what its ``nn.Linear`` layers
+    read (inputs and weights) and the gradients that flowed back into their outputs.
+
+    Gradients are cleared after; the weights are not updated.
+    """
+    from .step_args import check_step_args, check_targets_fit
+
+    (inputs,) = check_step_args(model, inputs, loss_fn, targets=targets)
+    if loss_fn is None:
+        raise TypeError("loss_fn must be callable, got None")
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError("model has no nn.Linear layer to collect from")
+    xs, gs = [], []
+    hooks = [m.register_forward_pre_hook(lambda m, a: xs.append(a[0].detach().flatten())) for m in linears]
+    hooks += [m.register_full_backward_hook(lambda m, gi, go: gs.append(go[0].detach().flatten())) for m in linears]
+    try:
+        out = model(inputs)
+        check_targets_fit(out, targets)
+        loss_fn(out, targets).backward()
+    finally:
+        for h in hooks:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+    return MatmulTensors(torch.cat(xs).float(), torch.cat([m.weight.detach().flatten() for m in linears]).float(),
+                         torch.cat(gs).float())

@@ -4,7 +4,7 @@
   and "bf16_master" (bf16 compute, fp32 master copy): the page "What training
   keeps in memory" shows the half-precision run that stops learning without any
   error, and the master copy that rescues it.
-* :func:`recipe_step` - one Adam step of a model under any recipe of
+* :func:`measure_recipe` - one Adam step of a model under any recipe of
   :data:`lessonlib.calc.precision.PRECISIONS`, done by hand, and the bytes each role
   takes (a :class:`PrecisionLedger`).
 
@@ -203,7 +203,7 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def recipe_step(model, inputs, targets, loss_fn, precision: str = "bf16_master", lr: float = 1e-3) -> PrecisionLedger:
+def measure_recipe(model, inputs, targets, loss_fn, precision: str = "bf16_master", lr: float = 1e-3) -> PrecisionLedger:
     """One Adam step of a copy of ``model`` under ``precision``, done by hand; the bytes of each role.
 
     The copy is cast to the recipe's compute format (fp32, bf16 or fp16; "fp8" runs its
