@@ -713,6 +713,7 @@ def _structure_samples():
                                                             resumed_from=1),
         "lessonlib.book.plots.plot_segment_sweep": dict(sweeps=sweeps),
         "lessonlib.book.memory_plots.plot_memory_multiplier": dict(ratios={"a": 3.0, "b": 12.0}),
+        "lessonlib.book.roofline_plots.plot_roofline": _roofline_sample(),
         "lessonlib.book.memory_plots.plot_activation_sweep": dict(
             results={("batch", 1): (100, 100), ("batch", 2): (200, 200)}, sweeps={"batch": [1, 2]}),
         "lessonlib.book.speedup_plots.plot_goodput_failures": dict(devices=[1, 2], rows={"m": _goodputs()},
@@ -800,6 +801,14 @@ def _never_valid_leaf(path):
 STRUCTURES = None
 
 
+def _roofline_sample():
+    from lessonlib.measure.roofline import OpPoint, Roofline
+
+    roof = Roofline((16, 64), (5e9, 9e10), 9e10, 2e10, 2**22)
+    return dict(roofline=roof, points=[OpPoint("product", 100, 10, 1e-9, 10.0, 1e11, 9e10),
+                                       OpPoint("LayerNorm", 7, 8, 1e-9, 0.875, 7e9, 1.75e10)])
+
+
 def _structures():
     global STRUCTURES
     if STRUCTURES is None:
@@ -823,7 +832,7 @@ STRUCTURE_TARGETS = [
     "lessonlib.book.split_reports.traffic_table", "lessonlib.book.split_reports.tp_collective_table",
     "lessonlib.book.split_reports.comm_rows", "lessonlib.book.split_reports.comm_table",
     "lessonlib.calc.comm.fit_alpha_beta", "lessonlib.calc.experts.process_load_imbalance",
-    "lessonlib.book.split_plots.plot_alpha_beta",
+    "lessonlib.book.split_plots.plot_alpha_beta", "lessonlib.book.roofline_plots.plot_roofline",
 ]
 
 

@@ -6,7 +6,7 @@
   error of the values kept, the share that underflows to zero, the share that overflows.
   With ``scaled=True`` the tensor is first divided by a per-tensor scale
   (``amax / format max``), as FP8 training does.
-* :class:`Fp8Linear` / :func:`use_fp8` - ``nn.Linear`` whose forward product runs on
+* :func:`use_fp8` - turns each ``nn.Linear`` into one whose forward product runs on
   e4m3 copies of its input and weight and whose backward products run on e5m2
   gradients, each with a per-tensor scale, through ``torch._scaled_mm`` (CPU and
   GPUs of compute capability 8.9 or more). It keeps the 1-byte copies for backward.
@@ -139,7 +139,7 @@ class _Fp8Matmul(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-class Fp8Linear(nn.Linear):
+class _Fp8Linear(nn.Linear):
     """An ``nn.Linear`` whose products run in FP8 (:class:`_Fp8Matmul`); weights stay in their dtype."""
 
     def forward(self, x):
@@ -147,19 +147,22 @@ class Fp8Linear(nn.Linear):
 
 
 def use_fp8(model: nn.Module) -> nn.Module:
-    """Turn every ``nn.Linear`` of ``model`` into an :class:`Fp8Linear`, in place (same weights); returns it."""
+    """Turn every ``nn.Linear`` of ``model`` into an FP8 linear layer (:class:`_Fp8Matmul` in its
+    forward), in place (same weights); returns it."""
     instance("model", model, nn.Module, "a torch.nn.Module")
     for m in model.modules():
         if type(m) is nn.Linear:
-            m.__class__ = Fp8Linear
+            m.__class__ = _Fp8Linear
     return model
 
 
 def fp8_available(device) -> bool:
     """Whether ``torch._scaled_mm`` runs FP8 on ``device`` (CPU: yes; CUDA: compute capability >= 8.9)."""
-    device = torch.device(device)
+    from .device import as_device
+
+    device = as_device("device", device)
     if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 9)
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 9)
     return device.type == "cpu"
 
 

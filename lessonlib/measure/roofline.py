@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..checks import count, counts, positive
+from ..checks import count, counts, positive, sequence
 from .device import as_device
 from .rounds import time_rounds
 
@@ -201,8 +201,8 @@ class OpPoint:
 
 def measure_ops(ops, roofline: Roofline, device=None, rounds: int = 9) -> list:
     """Time each :class:`Op` of ``ops`` (interleaved rounds) and place it on ``roofline`` (a list of :class:`OpPoint`)."""
-    ops = list(ops)
-    if not ops or not all(isinstance(o, Op) for o in ops):
+    ops = sequence("ops", ops)
+    if not all(isinstance(o, Op) for o in ops):
         raise TypeError("ops must be a nonempty list of Op (from block_ops)")
     if not isinstance(roofline, Roofline):
         raise TypeError(f"roofline must be a Roofline (from measure_roofline), got {type(roofline).__name__}")
