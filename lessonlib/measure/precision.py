@@ -113,35 +113,11 @@ def mixed_precision_step(model, inputs, targets, loss_fn, lr: float = 1e-3) -> d
     master is rounded down into the bf16 copy for the next forward. Returns bytes:
     ``weights`` (bf16), ``gradients`` (bf16), ``master_weights`` (fp32) and
     ``optimizer_state`` (Adam's two fp32 averages plus its step counters).
+    It is :func:`measure_recipe` with ``precision="bf16_master"``.
     """
-    import copy
-
-    from .memory import optimizer_state_bytes
-    from .step_args import check_step_args, check_targets_fit
-
-    (inputs,) = check_step_args(model, inputs, loss_fn, targets=targets)
-    if loss_fn is None:
-        raise TypeError("loss_fn must be callable, got None")
-    lr = positive("lr", lr, maximum=MAX_LR)
-
-    model16 = copy.deepcopy(model).to(torch.bfloat16)
-    master = [p.detach().float().clone().requires_grad_() for p in model16.parameters()]
-    opt = torch.optim.Adam(master, lr=lr)
-    if inputs.is_floating_point():  # the bf16 copy takes bf16 inputs (token ids stay integers)
-        inputs = inputs.to(torch.bfloat16)
-    out = model16(inputs)
-    check_targets_fit(out, targets)
-    loss_fn(out, targets).backward()
-    w16 = sum(p.numel() * p.element_size() for p in model16.parameters())
-    g16 = sum(p.grad.numel() * p.grad.element_size() for p in model16.parameters())
-    for m, p in zip(master, model16.parameters()):
-        m.grad = p.grad.float()  # (real implementations fuse this cast into the update)
-    opt.step()
-    with torch.no_grad():
-        for m, p in zip(master, model16.parameters()):
-            p.copy_(m)  # the master copy, rounded down for the next forward
-    m32 = sum(p.numel() * p.element_size() for p in master)
-    return {"weights": w16, "gradients": g16, "master_weights": m32, "optimizer_state": optimizer_state_bytes(opt)}
+    led = measure_recipe(model, inputs, targets, loss_fn, "bf16_master", lr)
+    return {"weights": led.weights, "gradients": led.gradients, "master_weights": led.master_weights,
+            "optimizer_state": led.optimizer_state + led.step_counters}
 
 
 @dataclass
