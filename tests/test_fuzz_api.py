@@ -119,7 +119,7 @@ def _good():
         "name": "a_name", "value": 1.0, "data": {"a": {"x": 1.0}}, "title": "A title", "ylabel": "bytes",
         "png": b"\x89PNG", "alt": "a picture", "fig": None, "question": "What?", "choices": ["yes", "no"],
         "answer": "yes", "serial_share": 0.2, "interval": 3600.0, "restart_seconds": 0.0,
-        "model_name": "1.3B", "optimizer_name": "adam", "precision": "mixed", "batch_per_device": 1,
+        "model_name": "1.3B", "optimizer_name": "adam", "precision": "bf16_master", "batch_per_device": 1,
         "recompute": "none", "device_GB": 80, "ledgers": {"plain": ledger}, "t": None,
         "result": _empty_run(), "controls": {"a": [1, 2]}, "timings": None, "recordings": None,
         "sweeps": None, "reference": {1: 1.0, 2: 0.5}, "resumed": {1: 1.0, 2: 0.5}, "run_dir": None,
@@ -727,6 +727,7 @@ def _structure_samples():
                                                             resumed_from=1),
         "lessonlib.book.plots.plot_segment_sweep": dict(sweeps=sweeps),
         "lessonlib.book.memory_plots.plot_memory_multiplier": dict(ratios={"a": 3.0, "b": 12.0}),
+        "lessonlib.book.roofline_plots.plot_roofline": _roofline_sample(),
         "lessonlib.book.memory_plots.plot_activation_sweep": dict(
             results={("batch", 1): (100, 100), ("batch", 2): (200, 200)}, sweeps={"batch": [1, 2]}),
         "lessonlib.book.speedup_plots.plot_goodput_failures": dict(devices=[1, 2], rows={"m": _goodputs()},
@@ -818,6 +819,14 @@ def _never_valid_leaf(path):
 STRUCTURES = None
 
 
+def _roofline_sample():
+    from lessonlib.measure.roofline import OpPoint, Roofline
+
+    roof = Roofline((16, 64), (5e9, 9e10), 9e10, 2e10, 2**22)
+    return dict(roofline=roof, points=[OpPoint("product", 100, 10, 1e-9, 10.0, 1e11, 9e10),
+                                       OpPoint("LayerNorm", 7, 8, 1e-9, 0.875, 7e9, 1.75e10)])
+
+
 def _structures():
     global STRUCTURES
     if STRUCTURES is None:
@@ -843,6 +852,7 @@ STRUCTURE_TARGETS = [
     "lessonlib.calc.comm.fit_alpha_beta", "lessonlib.calc.experts.process_load_imbalance",
     "lessonlib.book.split_plots.plot_alpha_beta", "lessonlib.book.sequence_plots.plot_causal_work",
     "lessonlib.calc.pipeline.read_schedule", "lessonlib.book.split_plots.plot_schedule_timelines",
+    "lessonlib.book.roofline_plots.plot_roofline",
 ]
 
 

@@ -84,7 +84,7 @@ def test_subnormals_are_refused_in_every_function_the_issue_named():
                        (lambda: expected_overhead(TINY, 300, 3600), "interval_seconds"),
                        (lambda: first_order_overhead(TINY, 300, 3600), "interval_seconds"),
                        (lambda: goodput(8, 7.0, 1000.0, TINY), "checkpoint_seconds"),
-                       (lambda: plan_html("1.3B", "adam", "mixed", 1, 2048, "none", 80, 20, TINY), "device_flops_per_s")]:
+                       (lambda: plan_html("1.3B", "adam", "bf16_master", 1, 2048, "none", 80, 20, TINY), "device_flops_per_s")]:
         with pytest.raises(ValueError, match=name):
             call()
 
