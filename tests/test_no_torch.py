@@ -28,6 +28,7 @@ CALLS = {
     "calc.published": "assert M.LLAMA3_405B['params'].value == 405e9",
     "calc.goodput": "assert 0 < M.goodput(8, 7.0, 50_000, 60, 600).per_device_hour < 1",
     "calc.sharding": "assert M.zero_state_bytes(7_500_000_000, 8, 3).total == 15_000_000_000",
+    "calc.serving": "assert M.kv_cache_bytes_per_token(32, 8, 128) == 131072",
     "calc.comm": "assert M.collective_seconds('all_reduce', 1e9, 8, 0.0, 100e9) == 0.0175",
 }
 
