@@ -114,3 +114,17 @@ def test_finetune_formula():
         serving.finetune_state_bytes(10, 11)
     with pytest.raises(ValueError, match="rank"):
         serving.lora_params(4, 8, 5)
+
+
+def test_no_chapter_says_serving_holds_only_the_weights():
+    # Issue 23.6 (1.2): serving also holds a KV cache; a page that says "only the weights" contradicts the
+    # fine-tuning and serving page, which measures it.
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    claim = re.compile(r"serv\w*\W[^.]{0,60}\b(one thing|only)\b[^.]{0,40}\bweights\b", re.I | re.S)
+    found = [(p.name, m.group(0)) for p in sorted((root / "chapters").rglob("*.md"))
+             for m in claim.finditer(p.read_text())]
+    assert not found, found
+    assert claim.search("Serving a model holds one thing: its weights.")  # the check finds the old sentence
