@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import count as check_count, instance as check_instance, positive as check_positive
+from ..checks import count as check_count, instance as check_instance, positive as check_positive, \
+    sequence as check_sequence
 from .models import MAX_SEQ_LEN, TinyGPT
 
 #: The linear layers of a TinyGPT block that :func:`add_lora` adapts by default.
@@ -58,8 +59,9 @@ def add_lora(model: TinyGPT, rank: int = 8, alpha: float = 16.0, targets=LORA_TA
     check_instance("model", model, TinyGPT, "a lessonlib TinyGPT")
     rank = check_count("rank", rank)
     check_positive("alpha", alpha)
-    if isinstance(targets, str) or not targets or not set(targets) <= set(LORA_TARGETS):
-        raise ValueError(f"targets must be a non-empty list of {LORA_TARGETS}, got {targets!r}")
+    targets = check_sequence("targets", targets)
+    if not all(isinstance(t, str) and t in LORA_TARGETS for t in targets):
+        raise ValueError(f"targets must be a non-empty list of names from {LORA_TARGETS}, got {targets!r:.80}")
     model.requires_grad_(False)
     for block in model.blocks:
         for name in targets:
