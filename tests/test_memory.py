@@ -487,3 +487,26 @@ def test_the_loss_keeps_its_logits(dtype, e):
     assert kept == memory.logits_bytes(16, 2, 300, bytes_per_value=e) + e  # + the loss's one weight total
     with pytest.raises(ValueError, match="vocab"):
         acts.loss_activations(vocab=2**30)
+
+
+def test_batch_norm_running_statistics_are_state_not_activations():
+    # Issue 24.8: batch norm in training mode saves its running mean and variance for backward;
+    # they are buffers, held whether or not the model trains, so the activation count leaves them out.
+    torch.manual_seed(0)
+    channels = 64
+    model = torch.nn.Sequential(torch.nn.Linear(8, channels), torch.nn.BatchNorm1d(channels))
+    x = torch.randn(4, 8)
+    counter = measure_activations(model, x)
+    # counted: the Linear's input (4 x 8), its output that batch norm normalises (4 x 64) and the
+    # batch's own mean and inverse std (2 x 64); not the running mean and variance
+    assert counter.bytes == 4 * (4 * 8 + 4 * channels + 2 * channels)
+    y = torch.zeros(4, channels)
+    with_loss = measure_activations(model, x, y, torch.nn.functional.mse_loss)
+    led = measure_training_memory(model, x, y, torch.nn.functional.mse_loss,
+                                  torch.optim.SGD(model.parameters(), lr=0.1), track_peak=False)
+    assert led.activations == with_loss.bytes
+    # the same model with the buffers counted (the old behaviour) would have counted 2 x 64 x 4 bytes more
+    with_buffers = memory_measure.SavedTensorCounter(exclude=list(model.parameters()))
+    with with_buffers:
+        model(x)
+    assert with_buffers.bytes - counter.bytes == 2 * channels * 4

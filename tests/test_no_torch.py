@@ -32,6 +32,7 @@ CALLS = {
     "calc.goodput": "assert 0 < M.goodput(8, 7.0, 50_000, 60, 600).per_device_hour < 1",
     "calc.precision": "assert M.recipe('bf16_master_fp32_grads').bytes_per_param('adam') == 18",
     "calc.sharding": "assert M.zero_state_bytes(7_500_000_000, 8, 3).total == 15_000_000_000",
+    "calc.serving": "assert M.kv_cache_bytes_per_token(32, 8, 128) == 131072",
     "calc.comm": "assert M.collective_seconds('all_reduce', 1e9, 8, 0.0, 100e9) == 0.0175",
     "calc.bill": "assert M.bill(1000, 2.0, 700).dollars == 2000",
     "calc.mfu": "assert M.model_hardware_flops(1e9, 1, 2, 8, 8, recompute='full').hardware > 6e9",
