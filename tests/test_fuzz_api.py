@@ -70,6 +70,7 @@ DENY = {
     "lessonlib.measure.distributed.pipelining.run_pipelines": "starts processes; test_split_measurements",
     "lessonlib.measure.distributed.comm_timing.run_comm_timing": "starts processes; test_split_measurements",
     "lessonlib.measure.distributed.sharded_checkpoint.save_sharded": "starts processes; test_split_measurements",
+    "lessonlib.measure.distributed.overlap.run_overlap": "starts processes; test_overlap checks arguments first",
 }
 
 NAN, INF = float("nan"), float("inf")
@@ -148,7 +149,24 @@ def _good():
         "per_rank_spans": [[("F", 0, 0.0, 1.0), ("B", 0, 1.0, 3.0)], [("F", 0, 1.0, 2.0), ("B", 0, 2.0, 4.0)]],
         "data_parallel_figure.rows": [_dp_row(8), _dp_row(32)], "world_size": 2,
         "proposal_html.layouts": _layouts(), "traffic_summary.records": [("all_reduce", "backward", 1000)],
+        "bucket_bytes": 4096, "t_compute_per_bucket": 2.0, "t_comm_per_bucket": 1.0, "buckets": 8,
+        "t_serial": 10.0, "t_step": 7.0, "t_comm": 4.0, "overlap_table.rows": [_overlap_row()], "compute": 0.005,
+        "timeline": _overlap_timeline(),
     }
+
+
+def _overlap_row():
+    from lessonlib.measure.distributed.overlap import OverlapRow
+
+    return OverlapRow(variant="ddp", label="DDP", step=0.007, comm=0.003, exposed=0.002, hidden=0.33,
+                      hidden_raw=0.33)
+
+
+def _overlap_timeline():
+    step = {"forward": (0.0, 0.001), "backward": (0.001, 0.004), "end": 0.005,
+            "comm": [{"bucket": 0, "bytes": 4096, "start": 0.002, "end": 0.003},
+                     {"bucket": 1, "bytes": 4096, "start": 0.004, "end": 0.005}]}
+    return [{"DDP": dict(step)}, {"DDP": dict(step)}]
 
 
 def _dp_row(batch):
@@ -469,7 +487,7 @@ def _good_calc(name):
 
 
 def test_the_deny_list_is_short_and_every_entry_exists():
-    assert len(DENY) <= 15  # every entry starts processes or trains for long
+    assert len(DENY) <= 16  # every entry starts processes or trains for long
     for qualname in DENY:
         assert qualname in DISCOVERED, f"{qualname} is no longer public: drop it from DENY"
 
@@ -738,6 +756,8 @@ def _structure_samples():
         "lessonlib.calc.comm.fit_alpha_beta": dict(n_bytes=[1e3, 1e5, 1e7], seconds=[1e-4, 2e-4, 1e-2]),
         "lessonlib.calc.experts.process_load_imbalance": dict(tokens_per_expert=[25, 5, 5, 5], experts_per_process=2),
         "lessonlib.book.split_plots.plot_alpha_beta": dict(sizes=[1e3, 1e5], seconds=[1e-4, 2e-4], link=LINKS["nvlink"]),
+        "lessonlib.book.overlap_plots.overlap_table": dict(rows=[_overlap_row()], compute=0.005),
+        "lessonlib.book.overlap_plots.plot_overlap_timeline": dict(timeline=_overlap_timeline()),
     }
 
 
@@ -824,6 +844,7 @@ STRUCTURE_TARGETS = [
     "lessonlib.book.split_reports.comm_rows", "lessonlib.book.split_reports.comm_table",
     "lessonlib.calc.comm.fit_alpha_beta", "lessonlib.calc.experts.process_load_imbalance",
     "lessonlib.book.split_plots.plot_alpha_beta",
+    "lessonlib.book.overlap_plots.overlap_table", "lessonlib.book.overlap_plots.plot_overlap_timeline",
 ]
 
 

@@ -29,6 +29,7 @@ CALLS = {
     "calc.goodput": "assert 0 < M.goodput(8, 7.0, 50_000, 60, 600).per_device_hour < 1",
     "calc.sharding": "assert M.zero_state_bytes(7_500_000_000, 8, 3).total == 15_000_000_000",
     "calc.comm": "assert M.collective_seconds('all_reduce', 1e9, 8, 0.0, 100e9) == 0.0175",
+    "calc.overlap": "assert M.exposed_comm(2.0, 1.0, 8) == 1.0",
 }
 
 
