@@ -49,17 +49,20 @@ def plot_overlap_timeline(timeline):
                            color=COLORS["forward"], label="forward" if rank == 0 else None)
             ax.broken_barh([(ev["backward"][0] * 1e3, (ev["backward"][1] - ev["backward"][0]) * 1e3)],
                            (y_compute - 0.4, 0.8), color=COLORS["backward"], label="backward" if rank == 0 else None)
+            lane = 0.8 / max(1, len(ev["comm"]))  # one thin lane per bucket, first bucket at the top
             for i, c in enumerate(ev["comm"]):
-                ax.broken_barh([(c["start"] * 1e3, (c["end"] - c["start"]) * 1e3)], (y_comm - 0.35, 0.7),
-                               facecolor=COMM_COLOR, edgecolor="black", linewidth=0.6,
-                               label="all-reduce (one bar per bucket)" if rank == 0 and i == 0 else None)
+                ax.broken_barh([(c["start"] * 1e3, (c["end"] - c["start"]) * 1e3)],
+                               (y_comm + 0.4 - (i + 1) * lane, 0.9 * lane),
+                               facecolor=COMM_COLOR, edgecolor="black", linewidth=0.5,
+                               label="all-reduce of one bucket" if rank == 0 and i == 0 else None)
             ax.axvline(ev["end"] * 1e3, color="0.4", linestyle=":", linewidth=1)
             labels += [(y_comm, f"rank {rank} comm"), (y_compute, f"rank {rank} compute")]
         ax.set_yticks([y for y, _ in labels], [t for _, t in labels])
         ax.set_title(variant, fontsize=10)
         ax.set_ylim(-0.7, 2 * len(ranks) - 0.3)
     axes[-1].set_xlabel("time from the step's start (ms); dotted line: the step ends on that rank")
-    axes[0].legend(loc="upper right", fontsize=8, ncol=3)
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", fontsize=8, ncol=3, frameon=False)
     fig.suptitle("One step on each rank: compute and gradient communication")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
