@@ -191,20 +191,25 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
         timed = time_rounds(one_round, rounds, warmup, device=device, num_threads=None, after_round=tick)
 
         # --- one traced step of each DDP variant, for the timeline -------------------------
+        def now():  # on a GPU, the work queued so far is done first, so that a time means finished work
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter()
+
         def events(model, exchange):
             ready = []
             handles = [p.register_post_accumulate_grad_hook(lambda p: ready.append(time.perf_counter()))
                        for p in model.parameters()]
             dist.barrier()
             record.clear()
-            t0 = time.perf_counter()
+            t0 = now()
             model.zero_grad(set_to_none=True)
             out = loss_fn(model(x), y)
-            t1 = time.perf_counter()
+            t1 = now()
             out.backward()
-            t2 = time.perf_counter()
+            t2 = now()
             comm = exchange()
-            t3 = time.perf_counter()
+            t3 = now()
             for h in handles:
                 h.remove()
             return {"forward": (t0, t1), "backward": (t1, max(ready)), "end": max(t2, t3), "comm": comm}
@@ -212,10 +217,10 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
         def one_allreduce():
             ps = list(traced.parameters())
             both = torch.cat([p.grad.reshape(-1) for p in ps])
-            s = time.perf_counter()
+            s = now()
             dist.all_reduce(both)
             return [{"bucket": 0, "bytes": both.numel() * both.element_size(), "start": s,
-                     "end": time.perf_counter()}]
+                     "end": now()}]
 
         with traced.no_sync():
             timeline_after = events(traced, one_allreduce)
