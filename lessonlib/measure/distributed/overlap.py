@@ -280,7 +280,7 @@ class OverlapRun:
     ``(kind, bytes)`` of each collective of one step. ``timeline``: rank by
     rank, per DDP variant, seconds from the step's start: ``forward``,
     ``backward`` (until the last gradient was ready), ``end`` and ``comm``
-    (per bucket: ``start``, ``end``, ``bytes``). ``per_round``: all the rounds.
+    (per bucket, in the order they started: ``start``, ``end``, ``bytes``). ``per_round``: all the rounds.
     """
 
     world_size: int
@@ -317,7 +317,7 @@ def _relative_timeline(per_rank):
                 "backward": tuple(t - t0 for t in ev["backward"]),
                 "end": ev["end"] - t0,
                 "comm": [{"bucket": c["bucket"], "bytes": c["bytes"], "start": c["start"] - t0,
-                          "end": c["end"] - t0} for c in ev["comm"]],
+                          "end": c["end"] - t0} for c in sorted(ev["comm"], key=lambda c: c["start"])],
             }
     return out
 
