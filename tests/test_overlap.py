@@ -224,7 +224,9 @@ def test_two_processes_same_gradients_buckets_and_bytes():
     for name, diff in res.grad_max_diff.items():
         assert diff <= 1e-6 * res.grad_max, name
     assert [r.variant for r in res.rows] == [v for v, _, _ in VARIANTS]
-    for r in res.rows:  # the table adds up: exposed = step - compute; hidden from the same medians
+    assert res.compute == min(res.per_round["compute"])  # the fastest round, as the page says
+    assert all(len(v) == 2 for v in res.per_round.values())
+    for r in res.rows:  # the table adds up: exposed = step - compute; hidden from the same fastest rounds
         assert math.isclose(r.exposed, r.step - res.compute)
         assert math.isclose(r.hidden_raw, (res.compute + r.comm - r.step) / r.comm)
         assert 0.0 <= r.hidden <= 1.0

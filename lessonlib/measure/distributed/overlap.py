@@ -20,7 +20,11 @@ its gradient exchange, each way:
   without compute (``fsdp_comm``; both FSDP variants issue the same collectives,
   in another order, which the worker checks).
 
-Times are seconds (per round, the slowest process; medians over rounds).
+Times are seconds: per round, the slowest process; over the rounds, the
+fastest round. These steps last milliseconds, so on a shared machine one
+descheduled process can stretch a round several times over; the fastest round
+is the one least disturbed by other work (medians of these cases moved by
+2-5x from run to run on a loaded 2-core machine).
 Workers run in spawned processes, so they live here, not in a notebook.
 """
 from __future__ import annotations
@@ -245,7 +249,7 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
 
 @dataclass
 class OverlapRow:
-    """One variant of :func:`run_overlap` (seconds, medians over rounds; the slowest process per round).
+    """One variant of :func:`run_overlap` (seconds; per round the slowest process, then the fastest round).
 
     ``step``: forward + backward + the exchange; ``comm``: its communication
     alone; ``exposed`` = step − compute (the time the exchange added);
@@ -268,7 +272,7 @@ class OverlapRun:
     """What :func:`run_overlap` measured.
 
     ``hidden``, ``layers``: the width and depth of :func:`layer_stack` that ran.
-    ``compute``: median seconds of forward + backward with no exchange.
+    ``compute``: seconds of forward + backward with no exchange (fastest round).
     ``rows``: one :class:`OverlapRow` per variant (:data:`VARIANTS`).
     ``ddp_hidden`` / ``ddp_hidden_raw``: (t_sync_after − t_ddp) / t_allreduce,
     clipped and not. ``param_bytes``: bytes of the parameters (float32);
@@ -330,7 +334,7 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     ``hidden``) on its own ``batch`` rows; DDP's buckets hold about
     ``bucket_cap_mb`` MiB (2**20 bytes). ``rounds`` timed rounds after
     ``warmup`` (see the module's docstring for the cases). Returns an
-    :class:`OverlapRun`; every row is computed from medians, so the table's
+    :class:`OverlapRun`; every row is computed from the fastest rounds' times, so the table's
     numbers add up: exposed = step − compute, hidden = (compute + comm − step) / comm.
     """
     world_size = _check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
@@ -348,14 +352,15 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     per_rank = launch(_overlap_worker, world_size, args=(hidden, layers, batch, bucket_cap_mb, rounds, warmup),
                       timeout=timeout, progress_total=rounds + warmup, desc="overlap rounds")
     merged = Rounds.slowest([r["rounds"] for r in per_rank])
-    compute = merged.median("compute")
+    fastest = {k: min(v) for k, v in merged.seconds.items()}
+    compute = fastest["compute"]
     rows = []
     for name, label, comm_name in VARIANTS:
-        step, comm = merged.median(name), merged.median(comm_name)
+        step, comm = fastest[name], fastest[comm_name]
         h = hidden_share(compute + comm, step, comm)
         rows.append(OverlapRow(variant=name, label=label, step=step, comm=comm, exposed=step - compute,
                                hidden=h.share, hidden_raw=h.raw))
-    ddp = hidden_share(merged.median("sync_after"), merged.median("ddp"), merged.median("allreduce"))
+    ddp = hidden_share(fastest["sync_after"], fastest["ddp"], fastest["allreduce"])
     r0 = per_rank[0]
     return OverlapRun(
         world_size=world_size, backend=r0["backend"], device=r0["device"], hidden=hidden, layers=layers,
