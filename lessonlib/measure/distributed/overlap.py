@@ -226,9 +226,19 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
             return [{"bucket": 0, "bytes": both.numel() * both.element_size(), "start": s,
                      "end": now()}]
 
-        with traced.no_sync():
-            timeline_after = events(traced, one_allreduce)
-        timeline_ddp = events(traced, lambda: [dict(r) for r in record])
+        def least_disturbed(trace, tries=3):
+            """The traced step (same on every rank) whose slowest rank took the least time."""
+            steps = [trace() for _ in range(tries)]
+            took = torch.tensor([st["end"] - st["forward"][0] for st in steps], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            return steps[int(took.argmin())]
+
+        def trace_after():
+            with traced.no_sync():
+                return events(traced, one_allreduce)
+
+        timeline_after = least_disturbed(trace_after)
+        timeline_ddp = least_disturbed(lambda: events(traced, lambda: [dict(r) for r in record]))
     return {
         "rank": rank,
         "world_size": world_size,
@@ -282,7 +292,8 @@ class OverlapRun:
     difference of its averaged gradient from DDP's (``grad_max``: the largest
     gradient entry, for scale). ``fsdp_collectives``: per FSDP variant, the
     ``(kind, bytes)`` of each collective of one step. ``timeline``: rank by
-    rank, per DDP variant, seconds from the step's start: ``forward``,
+    rank, per DDP variant, one traced step (of three, the one whose slowest
+    rank was fastest), seconds from the step's start: ``forward``,
     ``backward`` (until the last gradient was ready), ``end`` and ``comm``
     (per bucket, in the order they started: ``start``, ``end``, ``bytes``). ``per_round``: all the rounds.
     """
