@@ -74,6 +74,7 @@ DENY = {
     "lessonlib.measure.distributed.sharded_checkpoint.save_sharded": "starts processes; test_split_measurements",
     "lessonlib.measure.distributed.sequence_parallel.run_sequence_parallel": "starts processes; test_sequence_parallel",
     "lessonlib.measure.distributed.ring_attention.run_ring_attention": "starts processes; test_ring_attention",
+    "lessonlib.measure.distributed.overlap.run_overlap": "starts processes; test_overlap checks arguments first",
 }
 
 NAN, INF = float("nan"), float("inf")
@@ -152,7 +153,24 @@ def _good():
         "per_rank_spans": [[("F", 0, 0.0, 1.0), ("B", 0, 1.0, 3.0)], [("F", 0, 1.0, 2.0), ("B", 0, 2.0, 4.0)]],
         "data_parallel_figure.rows": [_dp_row(8), _dp_row(32)], "world_size": 2,
         "proposal_html.layouts": _layouts(), "traffic_summary.records": [("all_reduce", "backward", 1000)],
+        "bucket_bytes": 4096, "t_compute_per_bucket": 2.0, "t_comm_per_bucket": 1.0, "buckets": 8,
+        "t_serial": 10.0, "t_step": 7.0, "t_comm": 4.0, "overlap_table.rows": [_overlap_row()], "compute": 0.005,
+        "timeline": _overlap_timeline(),
     }
+
+
+def _overlap_row():
+    from lessonlib.measure.distributed.overlap import OverlapRow
+
+    return OverlapRow(variant="ddp", label="DDP", step=0.007, comm=0.003, exposed=0.002, hidden=0.33,
+                      hidden_raw=0.33)
+
+
+def _overlap_timeline():
+    step = {"forward": (0.0, 0.001), "backward": (0.001, 0.004), "end": 0.005,
+            "comm": [{"bucket": 0, "bytes": 4096, "start": 0.002, "end": 0.003},
+                     {"bucket": 1, "bytes": 4096, "start": 0.004, "end": 0.005}]}
+    return [{"DDP": dict(step)}, {"DDP": dict(step)}]
 
 
 def _dp_row(batch):
@@ -757,6 +775,8 @@ def _structure_samples():
         "lessonlib.book.split_plots.plot_alpha_beta": dict(sizes=[1e3, 1e5], seconds=[1e-4, 2e-4], link=LINKS["nvlink"]),
         "lessonlib.book.sequence_plots.plot_causal_work": dict(devices=2, measured={"contiguous": [3, 7],
                                                                                      "zigzag": [5, 5]}),
+        "lessonlib.book.overlap_plots.overlap_table": dict(rows=[_overlap_row()], compute=0.005),
+        "lessonlib.book.overlap_plots.plot_overlap_timeline": dict(timeline=_overlap_timeline()),
     }
 
 
@@ -853,6 +873,7 @@ STRUCTURE_TARGETS = [
     "lessonlib.book.split_plots.plot_alpha_beta", "lessonlib.book.sequence_plots.plot_causal_work",
     "lessonlib.calc.pipeline.read_schedule", "lessonlib.book.split_plots.plot_schedule_timelines",
     "lessonlib.book.roofline_plots.plot_roofline",
+    "lessonlib.book.overlap_plots.overlap_table", "lessonlib.book.overlap_plots.plot_overlap_timeline",
 ]
 
 

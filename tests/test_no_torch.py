@@ -37,6 +37,7 @@ CALLS = {
     "calc.bill": "assert M.bill(1000, 2.0, 700).dollars == 2000",
     "calc.mfu": "assert M.model_hardware_flops(1e9, 1, 2, 8, 8, recompute='full').hardware > 6e9",
     "calc.scale": "assert 0.8 < M.llama3_scale().per_device_hour < 1",
+    "calc.overlap": "assert M.exposed_comm(2.0, 1.0, 8) == 1.0",
 }
 
 
