@@ -60,6 +60,7 @@ DENY = {
     "lessonlib.measure.recovery.main": "the command line (argparse exits); TrainingProcess checks before it",
     "lessonlib.measure.distributed.launch.launch": "starts processes; test_interrupt checks arguments first",
     "lessonlib.measure.distributed.data_parallel.run_data_parallel": "starts processes; test_interrupt",
+    "lessonlib.measure.distributed.scaling.run_scaling": "starts processes; test_scaling checks its arguments",
     "lessonlib.measure.distributed.splits.run_splits": "starts processes; test_interrupt",
     "lessonlib.measure.distributed.splits.run_expert_parallel": "starts processes; test_parallel",
     "lessonlib.measure.distributed.splits.run_stalled_job": "starts processes; test_parallel",
@@ -148,7 +149,18 @@ def _good():
         "per_rank_spans": [[("F", 0, 0.0, 1.0), ("B", 0, 1.0, 3.0)], [("F", 0, 1.0, 2.0), ("B", 0, 2.0, 4.0)]],
         "data_parallel_figure.rows": [_dp_row(8), _dp_row(32)], "world_size": 2,
         "proposal_html.layouts": _layouts(), "traffic_summary.records": [("all_reduce", "backward", 1000)],
+        "noise_scale": 1024, "min_steps": 1000, "examples": 4096, "scaling_table.run": _scaling_run(),
+        "scaling_display_rows.run": _scaling_run(),
     }
+
+
+def _scaling_run():
+    """A strong-against-weak scaling result as run_scaling returns it (two processes)."""
+    from lessonlib.measure.distributed.scaling import ScalingRow, ScalingRun
+
+    rows = [ScalingRow("one", 1, 8, 8, 4, 32, 0.04, 1.0), ScalingRow("strong", 2, 8, 4, 4, 32, 0.03, 4 / 3),
+            ScalingRow("weak", 2, 16, 8, 2, 32, 0.025, 1.6)]
+    return ScalingRun(world_size=2, backend="gloo", device="cpu", examples=32, rounds=3, rows=rows)
 
 
 def _dp_row(batch):
@@ -738,6 +750,8 @@ def _structure_samples():
         "lessonlib.calc.comm.fit_alpha_beta": dict(n_bytes=[1e3, 1e5, 1e7], seconds=[1e-4, 2e-4, 1e-2]),
         "lessonlib.calc.experts.process_load_imbalance": dict(tokens_per_expert=[25, 5, 5, 5], experts_per_process=2),
         "lessonlib.book.split_plots.plot_alpha_beta": dict(sizes=[1e3, 1e5], seconds=[1e-4, 2e-4], link=LINKS["nvlink"]),
+        "lessonlib.book.scaling_report.scaling_table": dict(run=_scaling_run()),
+        "lessonlib.book.scaling_report.scaling_display_rows": dict(run=_scaling_run()),
     }
 
 
@@ -823,7 +837,8 @@ STRUCTURE_TARGETS = [
     "lessonlib.book.split_reports.traffic_table", "lessonlib.book.split_reports.tp_collective_table",
     "lessonlib.book.split_reports.comm_rows", "lessonlib.book.split_reports.comm_table",
     "lessonlib.calc.comm.fit_alpha_beta", "lessonlib.calc.experts.process_load_imbalance",
-    "lessonlib.book.split_plots.plot_alpha_beta",
+    "lessonlib.book.split_plots.plot_alpha_beta", "lessonlib.book.scaling_report.scaling_table",
+    "lessonlib.book.scaling_report.scaling_display_rows",
 ]
 
 

@@ -18,6 +18,7 @@ CALLS = {
     "calc.memory": "assert M.training_state_bytes(7_500_000_000).total == 120_000_000_000",
     "calc.planner": "assert M.plan(1_000_000, 'adam', 'mixed', 1, 128, 2, 64, 4, 'none', 10**10).failure == 'none'",
     "calc.amdahl": "assert M.amdahl_speedup(20, 80, 4) == 2.5",
+    "calc.batch_size": "assert M.batch_tradeoff(1024, 1024, 1000).steps == 2000 and M.steps_to_finish(8192, 2048) == 4",
     "calc.collectives": "assert M.ring_allreduce_bytes(1000, 4) == 1500",
     "calc.pipeline": "assert M.pipeline_bubble_fraction(4, 8) == 3 / 11",
     "calc.experts": "assert M.expert_load_imbalance([25, 5, 5, 5]) == 2.5",
