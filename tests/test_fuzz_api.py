@@ -168,7 +168,8 @@ def _dp_row(batch):
 
     return DataParallelRow(global_batch=batch, per_process_batch=batch // 2, single=0.01, ddp=0.007,
                            half_compute=0.005, optimizer=0.001, allreduce=0.001, predicted=0.007,
-                           ddp_backward=0.004, speedup=1.4, predicted_speedup=1.4, predicted_over_measured=1.0)
+                           ddp_backward=0.004, speedup=1.4, predicted_speedup=1.4, predicted_over_measured=1.0,
+                           latency=0.0001)
 
 
 def _layouts():

@@ -191,3 +191,68 @@ def test_nccl_latencies_cite_the_release_whose_table_they_come_from():
             assert f"NCCL {NCCL_TUNING_VERSION}" in link.source, link.name
     page = (CH3 / "10-bytes-into-time.md").read_text()
     assert "NCCL_TUNING_VERSION" in page  # printed on the page from the one constant
+
+
+# --- exercise 3b: the four-process all-reduce follows the alpha-beta model ----------------------
+
+def _check_3b_q3(rows, grad_bytes):
+    """The grader of 3b-q3, its hidden part run on ``rows`` (what the measuring cell would give)."""
+    import json
+
+    from lessonlib.calc import collectives
+    from lessonlib.grading import checks, handout, reference
+
+    nb = json.loads((ROOT / "exercises" / "3b-predict-the-two-process-step.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("# Check 3b-q3"))
+    saved = checks.MODE, dict(checks.REGISTRY)
+    checks.MODE = "reference"
+    checks.REGISTRY.clear()
+    try:
+        scope = {"__name__": "__reference__", "rows": rows, "grad_bytes": grad_bytes, "parallel": collectives,
+                 **reference.PRELUDE}
+        exec(compile(handout.hidden_part("".join(cell["source"])), "3b-q3", "exec"), scope)  # noqa: S102
+        return checks.REGISTRY["3b-q3"]
+    finally:
+        checks.MODE = saved[0]
+        checks.REGISTRY.clear()
+        checks.REGISTRY.update(saved[1])
+
+
+def test_3b_predicts_four_processes_with_the_alpha_beta_model_not_bytes_alone():
+    """Issue 23: 3b scaled the all-reduce by bytes only (x1.5 from 2 to 4); its ring steps triple."""
+    import json
+
+    from lessonlib.calc.comm import collective_seconds
+    from lessonlib.grading.answers import to_plain
+    from lessonlib.grading.checks import decode_answers
+
+    grad_bytes, alpha, beta = 1_200_000, 100e-6, 1e9  # a gloo-like link: 100 us a step, 1 GB/s
+    ar2 = collective_seconds("all_reduce", grad_bytes, 2, alpha, beta)
+    lat2 = collective_seconds("all_reduce", 4, 2, alpha, beta)
+
+    def row(b, half):
+        single, opt, ddp = 2 * half, 0.001, half + 0.001 + ar2
+        pred = half + opt + ar2
+        return dict(global_batch=b, per_process_batch=b // 2, single=single, ddp=ddp, half_compute=half,
+                    optimizer=opt, allreduce=ar2, predicted=pred, ddp_backward=ddp - opt, speedup=single / ddp,
+                    predicted_speedup=single / pred, predicted_over_measured=pred / ddp, latency=lat2)
+
+    rows = {64: row(64, 0.0005), 1024: row(1024, 0.008)}
+    check = _check_3b_q3(rows, grad_bytes)
+    large = rows[1024]
+    by_model = large["half_compute"] / 2 + large["optimizer"] + collective_seconds("all_reduce", grad_bytes, 4,
+                                                                                  alpha, beta)
+    by_bytes = large["half_compute"] / 2 + large["optimizer"] + large["allreduce"] * 1.5  # the old answer
+
+    def answers(p4):
+        got = {"largest_overhead_small": "allreduce", "predicted_4": p4, "predicted_speedup_4": large["single"] / p4,
+               "measured": rows}
+        return decode_answers(json.loads(json.dumps({k: to_plain(v, k) for k, v in got.items()})))
+
+    check(answers(by_model))
+    with pytest.raises(AssertionError, match="predicted_4"):
+        check(answers(by_bytes))
+    # between the byte ratio (1.5x, all bandwidth) and the step ratio (3x, all latency)
+    growth = collective_seconds("all_reduce", grad_bytes, 4, alpha, beta) / ar2
+    assert growth == pytest.approx((6 * alpha + 1.5 * grad_bytes / beta) / (2 * alpha + grad_bytes / beta))
+    assert 1.5 < growth < 3
