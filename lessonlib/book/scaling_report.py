@@ -19,10 +19,13 @@ _QUESTION = {"one": "the reference", "strong": "strong scaling: the same job (sa
 def scaling_display_rows(run) -> list:
     """The numbers :func:`scaling_table` shows, one dict per case: seconds rounded to 0.001 s and
     the speedup as the ratio of the rounded times (rounded to 0.01), so the shown numbers divide."""
-    from ..measure.distributed.scaling import ScalingRun
+    from ..measure.distributed.scaling import CASES, ScalingRun
 
     if not isinstance(run, ScalingRun):
         raise TypeError(f"run must be run_scaling's ScalingRun, got {type(run).__name__}")
+    cases = [getattr(r, "case", None) for r in run.rows]
+    if sorted(map(str, cases)) != sorted(CASES):
+        raise ValueError(f"run must hold one row of each case {CASES}, got {cases}")
     ref = round(run.row("one").seconds, 3)
     out = []
     for r in run.rows:

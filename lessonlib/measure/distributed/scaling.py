@@ -115,7 +115,10 @@ class ScalingRun:
         from ...checks import choice
 
         choice("case", case, CASES)
-        return next(r for r in self.rows if r.case == case)
+        found = [r for r in self.rows if getattr(r, "case", None) == case]
+        if len(found) != 1:
+            raise ValueError(f"run has {len(found)} rows of case {case!r}; run_scaling gives exactly one")
+        return found[0]
 
 
 def run_scaling(examples: int = 8192, batch: int = 1024, world_size: int = 2, rounds: int = 5, warmup: int = 1,
