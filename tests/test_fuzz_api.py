@@ -482,7 +482,7 @@ def _good_calc(name):
 
 
 def test_the_deny_list_is_short_and_every_entry_exists():
-    assert len(DENY) <= 15  # every entry starts processes or trains for long
+    assert len(DENY) <= 16  # every entry starts processes or trains for long (16th: run_scaling, issue 23)
     for qualname in DENY:
         assert qualname in DISCOVERED, f"{qualname} is no longer public: drop it from DENY"
 
