@@ -67,7 +67,8 @@ def critical_batch_figure(noise_scale, min_steps, batches):
     ax.plot(batches, [p.examples_over_min for p in pts], marker="s", ms=3,
             label="examples / fewest examples (E / E_min)")
     ax.axvline(noise_scale, color="grey", ls=":", lw=1)
-    ax.text(noise_scale, 1.05, " critical batch", fontsize=9, color="grey", va="bottom")
+    ax.text(noise_scale * 1.15, 0.55, "critical batch\n(B_noise)", fontsize=9, color="grey", va="center",
+            transform=ax.get_xaxis_transform())  # x in data, y in axes fraction: clear of both curves
     ax.set(xscale="log", yscale="log", xlabel="global batch (examples per step, log scale)",
            ylabel="cost relative to its minimum (×, log scale)",
            title="Past the critical batch, more examples per step stop saving steps")
