@@ -62,6 +62,7 @@ DENY = {
     "lessonlib.measure.recovery.main": "the command line (argparse exits); TrainingProcess checks before it",
     "lessonlib.measure.distributed.launch.launch": "starts processes; test_interrupt checks arguments first",
     "lessonlib.measure.distributed.data_parallel.run_data_parallel": "starts processes; test_interrupt",
+    "lessonlib.measure.distributed.scaling.run_scaling": "starts processes; test_scaling checks its arguments",
     "lessonlib.measure.distributed.splits.run_splits": "starts processes; test_interrupt",
     "lessonlib.measure.distributed.splits.run_expert_parallel": "starts processes; test_parallel",
     "lessonlib.measure.distributed.splits.run_stalled_job": "starts processes; test_parallel",
@@ -156,6 +157,8 @@ def _good():
         "bucket_bytes": 4096, "t_compute_per_bucket": 2.0, "t_comm_per_bucket": 1.0, "buckets": 8,
         "t_serial": 10.0, "t_step": 7.0, "t_comm": 4.0, "overlap_table.rows": [_overlap_row()], "compute": 0.005,
         "timeline": _overlap_timeline(),
+        "noise_scale": 1024, "min_steps": 1000, "examples": 4096, "scaling_table.run": _scaling_run(),
+        "scaling_display_rows.run": _scaling_run(),
     }
 
 
@@ -173,12 +176,22 @@ def _overlap_timeline():
     return [{"DDP": dict(step)}, {"DDP": dict(step)}]
 
 
+def _scaling_run():
+    """A strong-against-weak scaling result as run_scaling returns it (two processes)."""
+    from lessonlib.measure.distributed.scaling import ScalingRow, ScalingRun
+
+    rows = [ScalingRow("one", 1, 8, 8, 4, 32, 0.04, 1.0), ScalingRow("strong", 2, 8, 4, 4, 32, 0.03, 4 / 3),
+            ScalingRow("weak", 2, 16, 8, 2, 32, 0.025, 1.6)]
+    return ScalingRun(world_size=2, backend="gloo", device="cpu", examples=32, rounds=3, rows=rows)
+
+
 def _dp_row(batch):
     from lessonlib.measure.distributed.data_parallel import DataParallelRow
 
     return DataParallelRow(global_batch=batch, per_process_batch=batch // 2, single=0.01, ddp=0.007,
                            half_compute=0.005, optimizer=0.001, allreduce=0.001, predicted=0.007,
-                           ddp_backward=0.004, speedup=1.4, predicted_speedup=1.4, predicted_over_measured=1.0)
+                           ddp_backward=0.004, speedup=1.4, predicted_speedup=1.4, predicted_over_measured=1.0,
+                           latency=0.0001)
 
 
 def _layouts():
@@ -777,6 +790,8 @@ def _structure_samples():
                                                                                      "zigzag": [5, 5]}),
         "lessonlib.book.overlap_plots.overlap_table": dict(rows=[_overlap_row()], compute=0.005),
         "lessonlib.book.overlap_plots.plot_overlap_timeline": dict(timeline=_overlap_timeline()),
+        "lessonlib.book.scaling_report.scaling_table": dict(run=_scaling_run()),
+        "lessonlib.book.scaling_report.scaling_display_rows": dict(run=_scaling_run()),
     }
 
 
@@ -874,6 +889,7 @@ STRUCTURE_TARGETS = [
     "lessonlib.calc.pipeline.read_schedule", "lessonlib.book.split_plots.plot_schedule_timelines",
     "lessonlib.book.roofline_plots.plot_roofline",
     "lessonlib.book.overlap_plots.overlap_table", "lessonlib.book.overlap_plots.plot_overlap_timeline",
+    "lessonlib.book.scaling_report.scaling_table", "lessonlib.book.scaling_report.scaling_display_rows",
 ]
 
 

@@ -299,7 +299,7 @@ def test_report_functions_refuse_a_zero_reference_a_missing_phase_and_a_short_tu
 
     row = DataParallelRow(global_batch=8, per_process_batch=4, single=0.0, ddp=0.0, half_compute=0.0, optimizer=0.0,
                           allreduce=0.0, predicted=0.0, ddp_backward=0.0, speedup=1.0, predicted_speedup=1.0,
-                          predicted_over_measured=1.0)
+                          predicted_over_measured=1.0, latency=0.0)
     run = DataParallelRun(world_size=2, backend="gloo", device="cpu", n_params=1, grad_bytes=4,
                           replica_grads_equal=True, replica_weights_equal=True, full_batch_grad_max_diff=0.0,
                           full_batch_grad_max=1.0, rounds=1, rows=[row])

@@ -21,6 +21,7 @@ CALLS = {
     "calc.planner": "assert M.plan(1_000_000, 'adam', 'bf16_master', 1, 128, 2, 64, 4, 'none', 10**10).failure == 'none'",
     "calc.amdahl": "assert M.amdahl_speedup(20, 80, 4) == 2.5",
     "calc.sequence": "assert M.causal_block_counts(2, 'contiguous') == [3, 7]",
+    "calc.batch_size": "assert M.batch_tradeoff(1024, 1024, 1000).steps == 2000 and M.steps_to_finish(8192, 2048) == 4",
     "calc.collectives": "assert M.ring_allreduce_bytes(1000, 4) == 1500",
     "calc.pipeline": "assert M.pipeline_bubble_fraction(4, 8) == 3 / 11",
     "calc.experts": "assert M.expert_load_imbalance([25, 5, 5, 5]) == 2.5",
