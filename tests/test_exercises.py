@@ -226,7 +226,7 @@ FORGED_ANSWERS = {
 
 
 def _run(check, text):
-    from lessonlib.grading.checks import Answers
+    from lessonlib.grading.graders import Answers
 
     return check(Answers(reply=text))
 
@@ -339,7 +339,7 @@ def test_redefining_the_helper_an_old_hidden_test_used_earns_nothing(graded_real
 # --------------------------------------------------------------------------
 
 def _plan_answers(keep_q3, keep_q2, extra):
-    from lessonlib.grading.checks import decode_answers
+    from lessonlib.grading.graders import decode_answers
 
     answers = {"keep": {"$set": keep_q3}, "extra_forward_calls": extra}
     if keep_q2 is not None:
@@ -365,7 +365,7 @@ def _timing_answers(seconds=None, rounds=None):
     import random
     import statistics
 
-    from lessonlib.grading.checks import decode_answers
+    from lessonlib.grading.graders import decode_answers
 
     rng = random.Random(0)
     if rounds is None:

@@ -70,7 +70,7 @@ def _attacks(course: Path) -> dict[str, object]:
 
     # --- change the checking environment ----------------------------------
     subs["patch-helpers/toy.ipynb"] = honest(a1=(
-        "import lessonlib.grading as g, lessonlib.grading.checks as c, lessonlib.grading.answers as a\n"
+        "import lessonlib.grading as g, lessonlib.grading.graders as c, lessonlib.grading.answers as a\n"
         "for m in (g, c, a):\n"
         "    for name in ('check_close', 'require_number', 'check_choice', 'check_key_points', 'check_one_of'):\n"
         "        setattr(m, name, lambda *args, **kwargs: None)\n"

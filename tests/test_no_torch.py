@@ -27,7 +27,7 @@ CALLS = {
     "calc.experts": "assert M.expert_load_imbalance([25, 5, 5, 5]) == 2.5",
     "calc.reliability": "assert M.young_daly_interval(300, 86400) == 7200",
     "calc.recompute": "assert M.chain_memory_units(16, 4) == 7",
-    "calc.devices": "assert M.sustained_flops_per_s('A100 SXM 80GB', 0.5) == 156e12",
+    "calc.hardware": "assert M.sustained_flops_per_s('A100 SXM 80GB', 0.5) == 156e12",
     "calc.pricing": "assert M.mtbf_seconds(3600, 4) == 900",
     "calc.published": "assert M.LLAMA3_405B['params'].value == 405e9",
     "calc.goodput": "assert 0 < M.goodput(8, 7.0, 50_000, 60, 600).per_device_hour < 1",

@@ -200,22 +200,22 @@ def _check_3b_q3(rows, grad_bytes):
     import json
 
     from lessonlib.calc import collectives
-    from lessonlib.grading import checks, handout, reference
+    from lessonlib.grading import graders, handout, reference
 
     nb = json.loads((ROOT / "exercises" / "3b-predict-the-two-process-step.ipynb").read_text())
     cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("# Check 3b-q3"))
-    saved = checks.MODE, dict(checks.REGISTRY)
-    checks.MODE = "reference"
-    checks.REGISTRY.clear()
+    saved = graders.MODE, dict(graders.REGISTRY)
+    graders.MODE = "reference"
+    graders.REGISTRY.clear()
     try:
         scope = {"__name__": "__reference__", "rows": rows, "grad_bytes": grad_bytes, "parallel": collectives,
                  **reference.PRELUDE}
         exec(compile(handout.hidden_part("".join(cell["source"])), "3b-q3", "exec"), scope)  # noqa: S102
-        return checks.REGISTRY["3b-q3"]
+        return graders.REGISTRY["3b-q3"]
     finally:
-        checks.MODE = saved[0]
-        checks.REGISTRY.clear()
-        checks.REGISTRY.update(saved[1])
+        graders.MODE = saved[0]
+        graders.REGISTRY.clear()
+        graders.REGISTRY.update(saved[1])
 
 
 def test_3b_predicts_four_processes_with_the_alpha_beta_model_not_bytes_alone():
@@ -224,7 +224,7 @@ def test_3b_predicts_four_processes_with_the_alpha_beta_model_not_bytes_alone():
 
     from lessonlib.calc.comm import collective_seconds
     from lessonlib.grading.answers import to_plain
-    from lessonlib.grading.checks import decode_answers
+    from lessonlib.grading.graders import decode_answers
 
     grad_bytes, alpha, beta = 1_200_000, 100e-6, 1e9  # a gloo-like link: 100 us a step, 1 GB/s
     ar2 = collective_seconds("all_reduce", grad_bytes, 2, alpha, beta)

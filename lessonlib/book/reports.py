@@ -11,7 +11,7 @@ from ..checks import reads as _reads
 import math
 
 from ..calc.amdahl import amdahl_time, speedup_from_share
-from ..calc.devices import rate_text, sustained_flops_per_s
+from ..calc.hardware import rate_text, sustained_flops_per_s
 from ..calc.goodput import SECONDS_PER_HOUR, goodput, job_mtbf_seconds
 from ..calc.memory import (OPTIMIZER_BYTES_PER_PARAM, RECOMPUTE_CHOICES, activation_bytes_per_value, format_bytes,
                            training_state_bytes)
@@ -212,7 +212,7 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
 
     ``device_GB`` is device memory in 10^9 bytes; training tokens are
     ``tokens_per_param`` x parameters; ``device_flops_per_s`` is the sustained rate
-    (default: the course's device at its stated utilisation, :func:`lessonlib.calc.devices.sustained_flops_per_s`).
+    (default: the course's device at its stated utilisation, :func:`lessonlib.calc.hardware.sustained_flops_per_s`).
     Every argument is checked first, under its own name.
     """
     if device_flops_per_s is None:

@@ -1,4 +1,4 @@
-"""lessonlib.calc.devices: one table of devices, used by every page that turns FLOPs into time."""
+"""lessonlib.calc.hardware: one table of devices, used by every page that turns FLOPs into time."""
 from __future__ import annotations
 
 import doctest
@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from lessonlib.calc import devices as D
+from lessonlib.calc import hardware as D
 from lessonlib.calc.planner import PRESETS, SECONDS_PER_DAY, single_device_seconds, training_flops
 from lessonlib.book.reports import plan_html
 
