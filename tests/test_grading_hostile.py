@@ -144,7 +144,7 @@ def _attacks(course: Path) -> dict[str, object]:
         "evil = 'def check_close(*a, **k):\\n    return None\\n'\n"
         f"for root in [pathlib.Path(lessonlib.__file__).parent, pathlib.Path({str(LIBRARY)!r}),\n"
         "             pathlib.Path(sys.prefix)]:\n"
-        "    for f in list(root.rglob('checks.py'))[:5] + [root / 'grading' / 'evil.py']:\n"
+        "    for f in list(root.rglob('graders.py'))[:5] + list(root.rglob('checks.py'))[:5] + [root / 'grading' / 'evil.py']:\n"
         "        try:\n"
         "            f.write_text(evil)\n"
         "        except OSError:\n"
