@@ -208,7 +208,7 @@ def _check_3b_q3(rows, grad_bytes):
     graders.MODE = "reference"
     graders.REGISTRY.clear()
     try:
-        scope = {"__name__": "__reference__", "rows": rows, "grad_bytes": grad_bytes, "parallel": collectives,
+        scope = {"__name__": "__reference__", "rows": rows, "grad_bytes": grad_bytes, "collectives": collectives,
                  **reference.PRELUDE}
         exec(compile(handout.hidden_part("".join(cell["source"])), "3b-q3", "exec"), scope)  # noqa: S102
         return graders.REGISTRY["3b-q3"]
