@@ -13,7 +13,7 @@ Pure Python (no torch). Three things:
 from __future__ import annotations
 
 from ..checks import choice as _check_choice, count as _check_count
-from .memory import BYTES_PER_VALUE_CHOICES
+from .memory import BYTES_PER_VALUE_CHOICES, activation_bytes_per_layer
 
 #: The two ways :func:`sequence_layout` hands out a sequence's chunks.
 LAYOUTS = ("contiguous", "zigzag")
@@ -63,7 +63,9 @@ def sequence_parallel_activation_bytes(seq_len, batch, hidden, heads, tensor_par
     if a % t or h % t or s % t:
         raise ValueError(f"tensor_parallel ({t}) must divide heads ({a}), hidden ({h}) and seq_len ({s}): "
                          "each device takes whole heads and an equal slice of the sequence")
-    return (s * b * h * (16 * e + 2) + a * s * s * b * (2 * e + 1)) // t
+    # the one formula (calc.memory), with the scores stored as the paper counts them
+    return activation_bytes_per_layer(s, b, h, a, "none", e, tensor_parallel=t, attention="stored",
+                                      sequence_parallel=True)
 
 
 def gathered_input_bytes(seq_len, batch, hidden, tensor_parallel, bytes_per_value: int = 2) -> int:
