@@ -71,3 +71,28 @@ def test_every_static_script_is_used():
     static = {p.name for p in (BOOK / "static").glob("*.js")}
     used = {name for p in py_files(BOOK) for name in re.findall(r"""["'](\w+\.js)["']""", p.read_text())}
     assert static <= used, f"scripts nothing embeds: {sorted(static - used)}"
+
+
+#: The one table renderer (see its docstring); grading's text report stands apart (see results._aligned).
+RENDERER = BOOK / "tables.py"
+TABLE_MARKUP = re.compile(r"<table\b|<tr\b|<t[dh]\b|-{3,}\s*\|", re.I)
+
+
+def table_literals(source: str) -> list[int]:
+    """Lines of string literals that write table markup (HTML rows or cells, a Markdown rule line)."""
+    return [line for line, text in literals(source) if TABLE_MARKUP.search(text)]
+
+
+@pytest.mark.parametrize("path", [p for p in py_files(PKG) if p != RENDERER], ids=lambda p: str(p.relative_to(PKG)))
+def test_tables_come_from_the_one_renderer(path):
+    lines = table_literals(path.read_text())
+    assert not lines, (f"{path.relative_to(PKG.parent)} lines {lines}: table markup written by hand; "
+                       "build the rows and call lessonlib.book.tables.table")
+
+
+def test_the_table_check_sees_a_hand_written_table():
+    assert table_literals('x = f"<table><tr><td>{a}</td></tr></table>"\n') == [1]
+    assert table_literals('x = "<tr><th>total</th></tr>"\n') == [1]
+    assert table_literals('lines = ["| a |", "|---|"]\n') == [1]
+    assert table_literals('def f():\n    """An HTML <table> of the rows."""\n') == []
+    assert table_literals(RENDERER.read_text()) != []  # the renderer itself writes them
