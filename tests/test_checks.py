@@ -45,7 +45,7 @@ def test_errors_name_the_argument_as_the_caller_spelled_it():
     with pytest.raises(ValueError, match="train_tokens must be a whole number"):
         plan(1000, train_tokens=2.5, device_flops_per_s=1e12)
     with pytest.raises(ValueError, match="device_GB must be positive"):
-        plan_html("1.3B", "adam", "mixed", 1, 2048, "none", device_GB=0)
+        plan_html("1.3B", "adam", "bf16_master", 1, 2048, "none", device_GB=0)
     with pytest.raises(ValueError, match="dropout must be below 1"):
         TinyGPT(vocab=8, seq_len=4, hidden=8, heads=2, layers=1, dropout=1.5)
 
@@ -67,7 +67,7 @@ def test_what_used_to_hang_or_pass_silently_is_refused_at_once():
     with pytest.raises(ValueError, match="backward_to_forward must be finite"):
         predicted_flops_ratio(1.0, float("nan"))
     with pytest.raises(ValueError, match="batch_per_device must be a whole number"):
-        plan_html("1.3B", "adam", "mixed", "8" * 10**6, 2048, "none", 80)  # no 1.3 GB string first
+        plan_html("1.3B", "adam", "bf16_master", "8" * 10**6, 2048, "none", 80)  # no 1.3 GB string first
     assert time.process_time() - t0 < 5  # refused before any work (CPU time: immune to a busy machine)
     with pytest.raises(ValueError, match="trials"):  # the simulation's cap applies to its trials too
         simulate_overhead(3600, 60, 86400, 10 * 86400, trials=MAX_EVENTS + 1)

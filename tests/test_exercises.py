@@ -9,6 +9,7 @@ nothing; exercise 3c also gets a wrong answer and a redefined helper.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import nbformat
@@ -210,6 +211,14 @@ FORGED_ANSWERS = {
     # the opposite claims
     "Yes, it is sensible. Checkpointing keeps fewer activations, so memory goes down. "
     "Recomputation makes every step faster than before.": "misconception",
+    # the recovery checkpoint in other words (a save "every hour", "a checkpoint of the model", resuming)
+    "Yes, it is sensible. Saving a checkpoint of the model every hour lowers the memory on the GPU. "
+    "Writing it costs more time.": "misconception",
+    "Yes, it is worth it. Checkpointing keeps fewer activations, so the memory goes down. "
+    "It also means we can resume after a crash, which takes more time.": "recovery checkpoint",
+    # the key words in the wrong relation: more activations kept cannot lower memory
+    "Yes, it is sensible. Checkpointing keeps more activations, so memory is reduced. "
+    "It adds extra compute, so each step takes more time.": "keeps more activations",
     # off-topic sentences that use the key words
     "Yes, I would turn it on. Memory prices are lower this year than last. "
     "My commute takes more time every morning now.": "did not find",
@@ -217,7 +226,7 @@ FORGED_ANSWERS = {
 
 
 def _run(check, text):
-    from lessonlib.grading.checks import Answers
+    from lessonlib.grading.graders import Answers
 
     return check(Answers(reply=text))
 
@@ -243,6 +252,16 @@ def test_free_text_that_negates_or_misstates_a_key_point_is_flagged_not_passed(c
 def test_free_text_that_is_empty_or_too_short_fails(check_2b_q2, text, why):
     with pytest.raises(AssertionError, match=why):
         _run(check_2b_q2, text)
+
+
+def test_2b_summary_compares_the_slowdown_it_measured():
+    """Issue 23, item 6: 2b's summary said "the slowdown is smaller" beside a measured 1.42x: the comparison
+    is made from this run's FLOP ratio and its timed steps, never typed."""
+    nb = nbformat.read(EXERCISES / "2b-should-they-checkpoint.ipynb", as_version=4)
+    summary = next(c.source for c in nb.cells if "What this exercise showed" in c.source)
+    assert "time_ratios(" in summary and "step_flops(" in summary
+    assert "if _t > _r else" in summary
+    assert not re.search(r"slowdown is (smaller|larger|bigger)", summary)
 
 
 # --------------------------------------------------------------------------
@@ -320,7 +339,7 @@ def test_redefining_the_helper_an_old_hidden_test_used_earns_nothing(graded_real
 # --------------------------------------------------------------------------
 
 def _plan_answers(keep_q3, keep_q2, extra):
-    from lessonlib.grading.checks import decode_answers
+    from lessonlib.grading.graders import decode_answers
 
     answers = {"keep": {"$set": keep_q3}, "extra_forward_calls": extra}
     if keep_q2 is not None:
@@ -346,7 +365,7 @@ def _timing_answers(seconds=None, rounds=None):
     import random
     import statistics
 
-    from lessonlib.grading.checks import decode_answers
+    from lessonlib.grading.graders import decode_answers
 
     rng = random.Random(0)
     if rounds is None:

@@ -62,6 +62,7 @@ DENY = {
     "lessonlib.measure.recovery.main": "the command line (argparse exits); TrainingProcess checks before it",
     "lessonlib.measure.distributed.launch.launch": "starts processes; test_interrupt checks arguments first",
     "lessonlib.measure.distributed.data_parallel.run_data_parallel": "starts processes; test_interrupt",
+    "lessonlib.measure.distributed.scaling.run_scaling": "starts processes; test_scaling checks its arguments",
     "lessonlib.measure.distributed.splits.run_splits": "starts processes; test_interrupt",
     "lessonlib.measure.distributed.splits.run_expert_parallel": "starts processes; test_parallel",
     "lessonlib.measure.distributed.splits.run_stalled_job": "starts processes; test_parallel",
@@ -74,6 +75,7 @@ DENY = {
     "lessonlib.measure.distributed.sharded_checkpoint.save_sharded": "starts processes; test_split_measurements",
     "lessonlib.measure.distributed.sequence_parallel.run_sequence_parallel": "starts processes; test_sequence_parallel",
     "lessonlib.measure.distributed.ring_attention.run_ring_attention": "starts processes; test_ring_attention",
+    "lessonlib.measure.distributed.overlap.run_overlap": "starts processes; test_overlap checks arguments first",
 }
 
 NAN, INF = float("nan"), float("inf")
@@ -119,7 +121,7 @@ def _good():
         "name": "a_name", "value": 1.0, "data": {"a": {"x": 1.0}}, "title": "A title", "ylabel": "bytes",
         "png": b"\x89PNG", "alt": "a picture", "fig": None, "question": "What?", "choices": ["yes", "no"],
         "answer": "yes", "serial_share": 0.2, "interval": 3600.0, "restart_seconds": 0.0,
-        "model_name": "1.3B", "optimizer_name": "adam", "precision": "mixed", "batch_per_device": 1,
+        "model_name": "1.3B", "optimizer_name": "adam", "precision": "bf16_master", "batch_per_device": 1,
         "recompute": "none", "device_GB": 80, "ledgers": {"plain": ledger}, "t": None,
         "result": _empty_run(), "controls": {"a": [1, 2]}, "timings": None, "recordings": None,
         "sweeps": None, "reference": {1: 1.0, 2: 0.5}, "resumed": {1: 1.0, 2: 0.5}, "run_dir": None,
@@ -152,7 +154,35 @@ def _good():
         "per_rank_spans": [[("F", 0, 0.0, 1.0), ("B", 0, 1.0, 3.0)], [("F", 0, 1.0, 2.0), ("B", 0, 2.0, 4.0)]],
         "data_parallel_figure.rows": [_dp_row(8), _dp_row(32)], "world_size": 2,
         "proposal_html.layouts": _layouts(), "traffic_summary.records": [("all_reduce", "backward", 1000)],
+        "bucket_bytes": 4096, "t_compute_per_bucket": 2.0, "t_comm_per_bucket": 1.0, "buckets": 8,
+        "t_serial": 10.0, "t_step": 7.0, "t_comm": 4.0, "overlap_table.rows": [_overlap_row()], "compute": 0.005,
+        "timeline": _overlap_timeline(),
+        "noise_scale": 1024, "min_steps": 1000, "examples": 4096, "scaling_table.run": _scaling_run(),
+        "scaling_display_rows.run": _scaling_run(),
     }
+
+
+def _overlap_row():
+    from lessonlib.measure.distributed.overlap import OverlapRow
+
+    return OverlapRow(variant="ddp", label="DDP", step=0.007, comm=0.003, exposed=0.002, hidden=0.33,
+                      hidden_raw=0.33)
+
+
+def _overlap_timeline():
+    step = {"forward": (0.0, 0.001), "backward": (0.001, 0.004), "end": 0.005,
+            "comm": [{"bucket": 0, "bytes": 4096, "start": 0.002, "end": 0.003},
+                     {"bucket": 1, "bytes": 4096, "start": 0.004, "end": 0.005}]}
+    return [{"DDP": dict(step)}, {"DDP": dict(step)}]
+
+
+def _scaling_run():
+    """A strong-against-weak scaling result as run_scaling returns it (two processes)."""
+    from lessonlib.measure.distributed.scaling import ScalingRow, ScalingRun
+
+    rows = [ScalingRow("one", 1, 8, 8, 4, 32, 0.04, 1.0), ScalingRow("strong", 2, 8, 4, 4, 32, 0.03, 4 / 3),
+            ScalingRow("weak", 2, 16, 8, 2, 32, 0.025, 1.6)]
+    return ScalingRun(world_size=2, backend="gloo", device="cpu", examples=32, rounds=3, rows=rows)
 
 
 def _dp_row(batch):
@@ -160,7 +190,8 @@ def _dp_row(batch):
 
     return DataParallelRow(global_batch=batch, per_process_batch=batch // 2, single=0.01, ddp=0.007,
                            half_compute=0.005, optimizer=0.001, allreduce=0.001, predicted=0.007,
-                           ddp_backward=0.004, speedup=1.4, predicted_speedup=1.4, predicted_over_measured=1.0)
+                           ddp_backward=0.004, speedup=1.4, predicted_speedup=1.4, predicted_over_measured=1.0,
+                           latency=0.0001)
 
 
 def _layouts():
@@ -694,6 +725,10 @@ def _structure_samples():
                                                              "peak_bytes": [200, 120], "left_bytes": [0, 0]}]},
         {"schedule": "1F1B", "microbatches": 2, "steps": [{"spans": spans, "idle_share": 0.25,
                                                             "peak_bytes": [200, 60], "left_bytes": [0, 0]}]}]}
+    spans5 = [[["F", 0, 0.0, 1.0, 0], ["B", 0, 2.0, 4.0, 0]], [["F", 0, 1.0, 2.0, 1], ["B", 0, 2.0, 3.0, 1]]]
+    pipe5 = {"world_size": 2, "backend": "gloo", "runs": [
+        {"schedule": "1F1B", "microbatches": 1, "steps": [{"spans": spans5, "idle_share": 0.25,
+                                                            "peak_bytes": [200, 60], "left_bytes": [0, 0]}]}]}
     shard_rank = lambda r: {"rank": r, "world_size": 2, "n_params": 1000,  # noqa: E731
                             "zero3": {"weights": 2000, "gradients": 2000, "optimizer_state": 4000},
                             "zero1": {"weights": 4000, "gradients": 4000, "optimizer_state": 4000},
@@ -723,6 +758,7 @@ def _structure_samples():
                                                             resumed_from=1),
         "lessonlib.book.plots.plot_segment_sweep": dict(sweeps=sweeps),
         "lessonlib.book.memory_plots.plot_memory_multiplier": dict(ratios={"a": 3.0, "b": 12.0}),
+        "lessonlib.book.roofline_plots.plot_roofline": _roofline_sample(),
         "lessonlib.book.memory_plots.plot_activation_sweep": dict(
             results={("batch", 1): (100, 100), ("batch", 2): (200, 200)}, sweeps={"batch": [1, 2]}),
         "lessonlib.book.speedup_plots.plot_goodput_failures": dict(devices=[1, 2], rows={"m": _goodputs()},
@@ -731,6 +767,8 @@ def _structure_samples():
         "lessonlib.calc.goodput.stall_account": dict(runs=runs, stall_step=2),
         "lessonlib.measure.distributed.splits.expert_step_wait": dict(per_rank=experts),
         "lessonlib.measure.distributed.pipelining.idle_share": dict(per_rank_spans=spans),
+        "lessonlib.calc.pipeline.read_schedule": dict(spans=spans5),
+        "lessonlib.book.split_plots.plot_schedule_timelines": dict(run=pipe5, microbatches=1),
         "lessonlib.book.split_plots.plot_pipeline_timelines": dict(run=pipe, microbatches=2),
         "lessonlib.book.split_plots.plot_idle_shares": dict(run=pipe),
         "lessonlib.book.split_reports.idle_rows": dict(run=pipe),
@@ -750,6 +788,10 @@ def _structure_samples():
         "lessonlib.book.split_plots.plot_alpha_beta": dict(sizes=[1e3, 1e5], seconds=[1e-4, 2e-4], link=LINKS["nvlink"]),
         "lessonlib.book.sequence_plots.plot_causal_work": dict(devices=2, measured={"contiguous": [3, 7],
                                                                                      "zigzag": [5, 5]}),
+        "lessonlib.book.overlap_plots.overlap_table": dict(rows=[_overlap_row()], compute=0.005),
+        "lessonlib.book.overlap_plots.plot_overlap_timeline": dict(timeline=_overlap_timeline()),
+        "lessonlib.book.scaling_report.scaling_table": dict(run=_scaling_run()),
+        "lessonlib.book.scaling_report.scaling_display_rows": dict(run=_scaling_run()),
     }
 
 
@@ -812,6 +854,14 @@ def _never_valid_leaf(path):
 STRUCTURES = None
 
 
+def _roofline_sample():
+    from lessonlib.measure.roofline import OpPoint, Roofline
+
+    roof = Roofline((16, 64), (5e9, 9e10), 9e10, 2e10, 2**22)
+    return dict(roofline=roof, points=[OpPoint("product", 100, 10, 1e-9, 10.0, 1e11, 9e10),
+                                       OpPoint("LayerNorm", 7, 8, 1e-9, 0.875, 7e9, 1.75e10)])
+
+
 def _structures():
     global STRUCTURES
     if STRUCTURES is None:
@@ -836,6 +886,10 @@ STRUCTURE_TARGETS = [
     "lessonlib.book.split_reports.comm_rows", "lessonlib.book.split_reports.comm_table",
     "lessonlib.calc.comm.fit_alpha_beta", "lessonlib.calc.experts.process_load_imbalance",
     "lessonlib.book.split_plots.plot_alpha_beta", "lessonlib.book.sequence_plots.plot_causal_work",
+    "lessonlib.calc.pipeline.read_schedule", "lessonlib.book.split_plots.plot_schedule_timelines",
+    "lessonlib.book.roofline_plots.plot_roofline",
+    "lessonlib.book.overlap_plots.overlap_table", "lessonlib.book.overlap_plots.plot_overlap_timeline",
+    "lessonlib.book.scaling_report.scaling_table", "lessonlib.book.scaling_report.scaling_display_rows",
 ]
 
 

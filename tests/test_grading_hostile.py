@@ -70,7 +70,7 @@ def _attacks(course: Path) -> dict[str, object]:
 
     # --- change the checking environment ----------------------------------
     subs["patch-helpers/toy.ipynb"] = honest(a1=(
-        "import lessonlib.grading as g, lessonlib.grading.checks as c, lessonlib.grading.answers as a\n"
+        "import lessonlib.grading as g, lessonlib.grading.graders as c, lessonlib.grading.answers as a\n"
         "for m in (g, c, a):\n"
         "    for name in ('check_close', 'require_number', 'check_choice', 'check_key_points', 'check_one_of'):\n"
         "        setattr(m, name, lambda *args, **kwargs: None)\n"
@@ -144,7 +144,7 @@ def _attacks(course: Path) -> dict[str, object]:
         "evil = 'def check_close(*a, **k):\\n    return None\\n'\n"
         f"for root in [pathlib.Path(lessonlib.__file__).parent, pathlib.Path({str(LIBRARY)!r}),\n"
         "             pathlib.Path(sys.prefix)]:\n"
-        "    for f in list(root.rglob('checks.py'))[:5] + [root / 'grading' / 'evil.py']:\n"
+        "    for f in list(root.rglob('graders.py'))[:5] + list(root.rglob('checks.py'))[:5] + [root / 'grading' / 'evil.py']:\n"
         "        try:\n"
         "            f.write_text(evil)\n"
         "        except OSError:\n"

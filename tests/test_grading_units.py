@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from grading_toy import GOOD_TEXT, honest, make_course, student, submit, toy_exercise
-from lessonlib.grading import (Flag, answers, autograde, check_choice, check_close, check_key_points, checks,
+from lessonlib.grading import (Flag, answers, autograde, check_choice, check_close, check_key_points, graders,
                                grader, hand_in, reference, require_number)
 from lessonlib.grading.autograde import Cell, NotebookResult, QuestionResult
 
@@ -28,7 +28,7 @@ def test_hand_in_sends_plain_data_that_decodes_to_the_same_values():
              "seq": (1, 2.5), "keep": {2, 4}, "rows": {64: {"single": 0.1}, 1024: {"single": 0.2}},
              "np": np.float32(0.5), "arr": np.arange(3), "nan": float("nan")}
     plain = {k: answers.to_plain(v, k) for k, v in value.items()}
-    back = checks.decode_answers(json.loads(json.dumps(plain)))
+    back = graders.decode_answers(json.loads(json.dumps(plain)))
     assert back["rows"] == {64: {"single": 0.1}, 1024: {"single": 0.2}}  # integer keys survive
     assert back["keep"] == {2, 4} and back["seq"] == [1, 2.5] and back["arr"] == [0, 1, 2]
     assert back["np"] == 0.5 and back["big"] == 7_500_000_000 and math.isnan(back["nan"])
@@ -60,7 +60,7 @@ def test_hand_in_records_each_call_and_the_grader_takes_them_once(capsys):
 def test_decode_rejects_objects_it_did_not_make():
     for bad in ({"$dict": [[[1], 2]]}, {"__class__": "os.system"}, {"$set": [[1]]}, {"$float": "1e999"}):
         with pytest.raises(ValueError):
-            checks.decode(bad)
+            graders.decode(bad)
 
 
 # ----- checks and their feedback ----------------------------------------------------
@@ -123,12 +123,12 @@ def test_reference_runs_the_notebook_without_solutions(tmp_path):
     src = make_course(tmp_path)
     registry = reference.load(src / "toy.ipynb")
     assert sorted(registry) == ["toy-q1", "toy-q2", "toy-q3"]
-    assert checks.MODE == "live" and "toy-q1" not in checks.REGISTRY  # restored for this process
-    ok = reference.run_check(registry["toy-q1"], checks.decode_answers({"speedup": 2.5}), 5)
+    assert graders.MODE == "live" and "toy-q1" not in graders.REGISTRY  # restored for this process
+    ok = reference.run_check(registry["toy-q1"], graders.decode_answers({"speedup": 2.5}), 5)
     assert ok == ("passed", "")
-    status, msg = reference.run_check(registry["toy-q1"], checks.decode_answers({"speedup": "2.5"}), 5)
+    status, msg = reference.run_check(registry["toy-q1"], graders.decode_answers({"speedup": "2.5"}), 5)
     assert status == "failed" and "number" in msg
-    status, msg = reference.run_check(registry["toy-q3"], checks.decode_answers({"answer": "Yes. " * 20}), 5)
+    status, msg = reference.run_check(registry["toy-q3"], graders.decode_answers({"answer": "Yes. " * 20}), 5)
     assert status == "flagged"
 
 
@@ -136,7 +136,7 @@ def test_reference_check_that_hangs_is_stopped():
     def hang(got):
         while True:
             pass
-    assert reference.run_check(hang, checks.Answers(), 0.2)[0] == "error"
+    assert reference.run_check(hang, graders.Answers(), 0.2)[0] == "error"
 
 
 @pytest.mark.slow  # starts a process
@@ -177,9 +177,9 @@ def test_free_text_needs_each_point_in_its_own_well_formed_sentence():
 
 
 def test_well_formed_is_a_screen_for_keyword_lists():
-    assert checks.well_formed("It keeps fewer activations, so memory goes down.")
+    assert graders.well_formed("It keeps fewer activations, so memory goes down.")
     for bad in ("Memory less, memory less.", "memory less time more", "Yes.", "time time time more"):
-        assert not checks.well_formed(bad), bad
+        assert not graders.well_formed(bad), bad
 
 
 # ----- reading submissions and putting the checks in ----------------------------------
@@ -292,7 +292,7 @@ def test_grade_folder_rejects_bad_arguments(tmp_path):
 
 def test_good_text_of_the_toy_passes_its_own_check(tmp_path):
     registry = reference.load(make_course(tmp_path) / "toy.ipynb", questions=["toy-q3"], given=False)
-    assert reference.run_check(registry["toy-q3"], checks.decode_answers({"answer": GOOD_TEXT}), 5)[0] == "passed"
+    assert reference.run_check(registry["toy-q3"], graders.decode_answers({"answer": GOOD_TEXT}), 5)[0] == "passed"
 
 
 @pytest.mark.slow  # starts a process
@@ -303,7 +303,7 @@ def test_the_student_side_imports_nothing_else_from_lessonlib_and_no_torch():
             "print(sorted(m for m in sys.modules if m.startswith('lessonlib')))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == str(["lessonlib", "lessonlib.grading", "lessonlib.grading.answers",
-                                      "lessonlib.grading.checks"])
+                                      "lessonlib.grading.graders"])
 
 
 @pytest.mark.slow  # starts a process
@@ -447,12 +447,12 @@ def test_the_key_is_made_once_outside_the_results_and_refused_inside(tmp_path, m
 # ----- answers that must agree; claims, not words (issue 26) -------------------------
 
 def test_a_check_sees_what_the_notebook_handed_in_to_its_other_questions(capsys):
-    got = checks.decode_answers({"plan": {"$set": [2, 4]}, "@t-q1": {"$dict": [["plan", {"$set": [2, 4]}]]}})
+    got = graders.decode_answers({"plan": {"$set": [2, 4]}, "@t-q1": {"$dict": [["plan", {"$set": [2, 4]}]]}})
     assert dict(got) == {"plan": {2, 4}} and got.answers_to("t-q1")["plan"] == {2, 4}
     with pytest.raises(AssertionError, match="nothing was handed in to t-q9"):
         got.answers_to("t-q9")
     with pytest.raises(ValueError, match="malformed"):
-        checks.decode_answers({"@t-q1": 3})
+        graders.decode_answers({"@t-q1": 3})
     hand_in("t-q4", plan={1, 2})
     hand_in("t-q5", plan={1, 3})
     with pytest.raises(AssertionError, match="agree"):
@@ -467,7 +467,7 @@ def test_autograde_passes_other_answers_and_drops_a_students_own(tmp_path):
         5: [{"question": "t-q2", "answers": {"n": 1}}]})
     assert handed == {"t-q1": {"plan": [1]}, "t-q2": {"n": 1}}
     sent = autograde._with_others({"n": 1}, handed, "t-q2")
-    got = checks.decode_answers(sent)
+    got = graders.decode_answers(sent)
     assert dict(got) == {"n": 1} and set(got.others) == {"t-q1"} and got.answers_to("t-q1") == {"plan": [1]}
 
 
@@ -483,4 +483,4 @@ def test_free_text_negated_or_misconceived_is_flagged_not_passed():
     with pytest.raises(Flag, match="misconception: saving to disk frees memory"):
         check_key_points("a", good + " Saving it to disk frees memory too.", KEYS, misconceptions=wrong)
     check_key_points("a", good, KEYS, misconceptions=wrong)
-    assert checks.negated("It doesn\u2019t help.") and not checks.negated("Another note on memory.")
+    assert graders.negated("It doesn\u2019t help.") and not graders.negated("Another note on memory.")

@@ -84,7 +84,7 @@ def test_subnormals_are_refused_in_every_function_the_issue_named():
                        (lambda: expected_overhead(TINY, 300, 3600), "interval_seconds"),
                        (lambda: first_order_overhead(TINY, 300, 3600), "interval_seconds"),
                        (lambda: goodput(8, 7.0, 1000.0, TINY), "checkpoint_seconds"),
-                       (lambda: plan_html("1.3B", "adam", "mixed", 1, 2048, "none", 80, 20, TINY), "device_flops_per_s")]:
+                       (lambda: plan_html("1.3B", "adam", "bf16_master", 1, 2048, "none", 80, 20, TINY), "device_flops_per_s")]:
         with pytest.raises(ValueError, match=name):
             call()
 
@@ -299,7 +299,7 @@ def test_report_functions_refuse_a_zero_reference_a_missing_phase_and_a_short_tu
 
     row = DataParallelRow(global_batch=8, per_process_batch=4, single=0.0, ddp=0.0, half_compute=0.0, optimizer=0.0,
                           allreduce=0.0, predicted=0.0, ddp_backward=0.0, speedup=1.0, predicted_speedup=1.0,
-                          predicted_over_measured=1.0)
+                          predicted_over_measured=1.0, latency=0.0)
     run = DataParallelRun(world_size=2, backend="gloo", device="cpu", n_params=1, grad_bytes=4,
                           replica_grads_equal=True, replica_weights_equal=True, full_batch_grad_max_diff=0.0,
                           full_batch_grad_max=1.0, rounds=1, rows=[row])

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from lessonlib.calc.comm import LINKS, collective_seconds
-from lessonlib.calc.devices import DEVICES
+from lessonlib.calc.hardware import DEVICES
 from lessonlib.calc.layout import Cluster, Layout, ModelShape, layout_cost, ridge_flops_per_byte
 from lessonlib.calc.layout_search import published_models, rank_of, search_layouts
 from lessonlib.calc.sharding import zero_state_bytes

@@ -17,19 +17,19 @@ def test_adam_mixed_is_16_bytes_per_param():
     assert r.total == 120_000_000_000
     assert (r.weights, r.gradients, r.master_weights, r.optimizer_state) == (
         15_000_000_000, 15_000_000_000, 30_000_000_000, 60_000_000_000)
-    assert memory.bytes_per_param("adam", "mixed") == 16
+    assert memory.bytes_per_param("adam", "bf16_master") == 16
 
 
 @pytest.mark.parametrize("optimizer,precision,per_param", [
     ("sgd", "fp32", 8), ("momentum", "fp32", 12), ("adam", "fp32", 16),
-    ("sgd", "mixed", 8), ("momentum", "mixed", 12), ("adam", "mixed", 16),
+    ("sgd", "bf16_master", 8), ("momentum", "bf16_master", 12), ("adam", "bf16_master", 16),
 ])
 def test_state_combinations(optimizer, precision, per_param):
     r = training_state_bytes(1000, optimizer, precision)
     assert r.total == per_param * 1000
     assert r.total == r.weights + r.gradients + r.master_weights + r.optimizer_state
     assert r.gradients == r.weights
-    assert r.master_weights == (4000 if precision == "mixed" else 0)
+    assert r.master_weights == (4000 if precision == "bf16_master" else 0)
 
 
 def test_serving_is_16bit_weights():
@@ -112,7 +112,7 @@ def test_whole_floats_are_counts():
 @pytest.mark.parametrize("kwargs,word", [
     (dict(n_params=0), "n_params"), (dict(n_params=-5), "n_params"), (dict(n_params=2.5), "n_params"),
     (dict(n_params="10"), "n_params"), (dict(n_params=True), "n_params"),
-    (dict(n_params=10, optimizer="adamw"), "optimizer"), (dict(n_params=10, precision="fp8"), "precision"),
+    (dict(n_params=10, optimizer="adamx"), "optimizer"), (dict(n_params=10, precision="fp4"), "precision"),
 ])
 def test_training_state_bad_input(kwargs, word):
     with pytest.raises(ValueError, match=word):
@@ -139,7 +139,7 @@ def test_bytes_per_param_bad_input():
     with pytest.raises(ValueError, match="optimizer"):
         memory.bytes_per_param("rmsprop")
     with pytest.raises(ValueError, match="precision"):
-        memory.bytes_per_param("adam", "bf16")
+        memory.bytes_per_param("adam", "int8")
 
 
 def test_serving_bad_input():
@@ -487,3 +487,26 @@ def test_the_loss_keeps_its_logits(dtype, e):
     assert kept == memory.logits_bytes(16, 2, 300, bytes_per_value=e) + e  # + the loss's one weight total
     with pytest.raises(ValueError, match="vocab"):
         acts.loss_activations(vocab=2**30)
+
+
+def test_batch_norm_running_statistics_are_state_not_activations():
+    # Issue 24.8: batch norm in training mode saves its running mean and variance for backward;
+    # they are buffers, held whether or not the model trains, so the activation count leaves them out.
+    torch.manual_seed(0)
+    channels = 64
+    model = torch.nn.Sequential(torch.nn.Linear(8, channels), torch.nn.BatchNorm1d(channels))
+    x = torch.randn(4, 8)
+    counter = measure_activations(model, x)
+    # counted: the Linear's input (4 x 8), its output that batch norm normalises (4 x 64) and the
+    # batch's own mean and inverse std (2 x 64); not the running mean and variance
+    assert counter.bytes == 4 * (4 * 8 + 4 * channels + 2 * channels)
+    y = torch.zeros(4, channels)
+    with_loss = measure_activations(model, x, y, torch.nn.functional.mse_loss)
+    led = measure_training_memory(model, x, y, torch.nn.functional.mse_loss,
+                                  torch.optim.SGD(model.parameters(), lr=0.1), track_peak=False)
+    assert led.activations == with_loss.bytes
+    # the same model with the buffers counted (the old behaviour) would have counted 2 x 64 x 4 bytes more
+    with_buffers = memory_measure.SavedTensorCounter(exclude=list(model.parameters()))
+    with with_buffers:
+        model(x)
+    assert with_buffers.bytes - counter.bytes == 2 * channels * 4

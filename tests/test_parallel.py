@@ -260,7 +260,7 @@ def test_data_parallel_table_reconciles_on_skewed_rounds():
     predicted = t["half_compute"] + t["optimizer"] + t["allreduce"]
     row = DataParallelRow(global_batch=32, per_process_batch=16, predicted=predicted, ddp_backward=0.002,
                           speedup=t["single"] / t["ddp"], predicted_speedup=t["single"] / predicted,
-                          predicted_over_measured=predicted / t["ddp"], **t)
+                          predicted_over_measured=predicted / t["ddp"], latency=0.0001, **t)
     res = DataParallelRun(world_size=2, backend="gloo", device="cpu", n_params=1, grad_bytes=4,
                           replica_grads_equal=True, replica_weights_equal=True, full_batch_grad_max_diff=0.0,
                           full_batch_grad_max=1.0, rounds=11, rows=[row])

@@ -62,17 +62,17 @@ def test_bad_rate():
 
 def test_plan_html_every_preset():
     for name in planner.PRESETS:
-        html = plan_html(name, "adam", "mixed", 1, 1024, "none", 80)
+        html = plan_html(name, "adam", "bf16_master", 1, 1024, "none", 80)
         assert "<table>" in html
     with pytest.raises(ValueError, match="model"):
-        plan_html("nope", "adam", "mixed", 1, 1024, "none", 80)
+        plan_html("nope", "adam", "bf16_master", 1, 1024, "none", 80)
 
 
 # --- issue 12, item 3: precision, recomputation's time, presets' shapes ---
 
 def test_precision_changes_the_activations_and_the_state_breakdown():
     kw = dict(batch_per_device=2, seq_len=2048, device_bytes=400e9, attention="stored")
-    mixed = planner.plan(**P7, precision="mixed", **kw)
+    mixed = planner.plan(**P7, precision="bf16_master", **kw)
     fp32 = planner.plan(**P7, precision="fp32", **kw)
     # Adam: 2+2+4+8 = 4+4+0+8 = 16 bytes/param either way, so the state total is the same...
     assert mixed.state_bytes == fp32.state_bytes
@@ -83,10 +83,10 @@ def test_precision_changes_the_activations_and_the_state_breakdown():
     assert fp32.max_batch_that_fits < mixed.max_batch_that_fits
     # fused attention (the default) keeps no scores: 34 sbh and 66 sbh
     kw["attention"] = "fused"
-    assert planner.plan(**P7, precision="mixed", **kw).activation_bytes == L * 34 * s * b * h
+    assert planner.plan(**P7, precision="bf16_master", **kw).activation_bytes == L * 34 * s * b * h
     assert planner.plan(**P7, precision="fp32", **kw).activation_bytes == L * 66 * s * b * h
     # SGD: mixed keeps 2 + 2 + 4 master = 8, fp32 4 + 4 = 8: the same total; the breakdown differs
-    html_m = plan_html("1.3B", "adam", "mixed", 8, 1024, "none", 80)
+    html_m = plan_html("1.3B", "adam", "bf16_master", 8, 1024, "none", 80)
     html_f = plan_html("1.3B", "adam", "fp32", 8, 1024, "none", 80)
     assert "master copy 4" in html_m and "no master copy" in html_f
     assert "2 bytes per value" in html_m and "4 bytes per value" in html_f
@@ -98,7 +98,7 @@ def test_every_explorer_combination_differs_between_mixed_and_fp32():
 
     for model, opt, batch, seq, rec, dev in itertools.product(
             planner.PRESETS, ["adam", "sgd"], [1, 8, 64], [1024, 4096], ["none", "selective", "full"], [24, 80, 141]):
-        assert plan_html(model, opt, "mixed", batch, seq, rec, dev) != plan_html(model, opt, "fp32", batch, seq, rec, dev)
+        assert plan_html(model, opt, "bf16_master", batch, seq, rec, dev) != plan_html(model, opt, "fp32", batch, seq, rec, dev)
 
 
 def test_fp32_can_fail_where_mixed_fits():
@@ -106,7 +106,7 @@ def test_fp32_can_fail_where_mixed_fits():
     pr = planner.PRESETS["1.3B"]
     args = dict(batch_per_device=4, seq_len=2048, layers=pr["layers"], hidden=pr["hidden"], heads=pr["heads"],
                 device_bytes=80e9, attention="stored")
-    assert planner.plan(pr["n_params"], precision="mixed", **args).failure == "none"
+    assert planner.plan(pr["n_params"], precision="bf16_master", **args).failure == "none"
     assert planner.plan(pr["n_params"], precision="fp32", **args).failure == "activations"
 
 
@@ -122,8 +122,8 @@ def test_recomputation_adds_its_forward_to_the_time():
     # selective: only the attention scores, 4 s h FLOPs per token and layer (about 2.7 % here)
     assert sel.flops - none.flops == pytest.approx(4 * 2048 * 4096 * 32 * 150e9)
     assert 1.02 < sel.days / none.days < 1.04
-    html_none = plan_html("7.5B", "adam", "mixed", 1, 1024, "none", 141)
-    html_full = plan_html("7.5B", "adam", "mixed", 1, 1024, "full", 141)
+    html_none = plan_html("7.5B", "adam", "bf16_master", 1, 1024, "none", 141)
+    html_full = plan_html("7.5B", "adam", "bf16_master", 1, 1024, "full", 141)
     assert "one forward pass recomputed" in html_full and html_none != html_full
 
 

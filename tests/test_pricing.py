@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from lessonlib.calc import devices, pricing, reliability
+from lessonlib.calc import hardware, pricing, reliability
 from lessonlib.calc import published as pub
 from lessonlib.calc.memory import training_state_bytes
 from lessonlib.calc.planner import training_flops
 
 L3 = {k: f.value for k, f in pub.LLAMA3_405B.items()}
-H100 = devices.device(pub.LLAMA3_DEVICE)
-A100 = devices.device(pub.LLAMA2_DEVICE)
+H100 = hardware.device(pub.LLAMA3_DEVICE)
+A100 = hardware.device(pub.LLAMA2_DEVICE)
 FLOPS = training_flops(int(L3["params"]), int(L3["tokens"]))
 
 
@@ -71,7 +71,7 @@ def test_llama2_inputs_are_the_model_cards():
 
 
 def test_devices_are_the_cited_ones():
-    assert pub.LLAMA3_DEVICE in devices.DEVICES and pub.LLAMA2_DEVICE in devices.DEVICES
+    assert pub.LLAMA3_DEVICE in hardware.DEVICES and pub.LLAMA2_DEVICE in hardware.DEVICES
     assert A100.peak_flops_per_s == 312e12
 
 
@@ -112,7 +112,7 @@ def test_llama2_implies_a_consistent_utilisation():
     for size in ("7B", "13B", "70B"):
         f = training_flops(int(pub.LLAMA2[size]["params"].value), int(pub.LLAMA2_TOKENS.value))
         u = pricing.implied_utilisation(f, pub.LLAMA2[size]["gpu_hours"].value, A100.peak_flops_per_s)
-        assert abs(u - devices.UTILISATION) <= L3["mfu_high"] - L3["mfu_low"], (size, u)
+        assert abs(u - hardware.UTILISATION) <= L3["mfu_high"] - L3["mfu_low"], (size, u)
 
 
 def test_state_bytes_and_the_layout():

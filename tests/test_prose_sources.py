@@ -45,6 +45,11 @@ def course_texts():
     return out
 
 
+def repository_texts():
+    """course_texts() and the tests' own source: a fixture is text in the repository too."""
+    return course_texts() + [(str(p.relative_to(ROOT)), p.read_text()) for p in sorted((ROOT / "tests").rglob("*.py"))]
+
+
 def shared_runs(texts, sources):
     """{place: [runs of RUN words it shares with the sources]}."""
     source_runs = set()
@@ -59,12 +64,14 @@ def shared_runs(texts, sources):
 
 
 def test_the_check_finds_a_copied_run():
-    source = "The umbrella retailer's stock forecast model can produce a forecast quickly, says the team."
-    copied = ("intro", "As we saw, the umbrella retailer's stock forecast model can produce a forecast quickly.")
-    own = ("intro", "The retailer's forecasting model answers fast; training it is another matter.")
+    # Invented text: a test's fixture must not itself quote a source document (the test below
+    # scans tests/ too).
+    source = "The harbour ferry company counts its passengers at every pier before the evening tide turns."
+    copied = ("intro", "As we saw, the harbour ferry company counts its passengers at every pier before noon.")
+    own = ("intro", "Ferries carry people; counting them is a different job altogether.")
     assert shared_runs([copied], [source]) == {"intro": [
-        "the umbrella retailer's stock forecast model can produce a forecast",
-        "umbrella retailer's stock forecast model can produce a forecast quickly"]}
+        "harbour ferry company counts its passengers at every pier before",
+        "the harbour ferry company counts its passengers at every pier"]}
     assert shared_runs([own], [source]) == {}
 
 
@@ -73,7 +80,7 @@ def test_no_ten_word_run_from_the_source_documents():
     if seeds is None:
         pytest.skip("the source documents are not on this machine")
     sources = [p.read_text(errors="replace") for p in sorted(seeds.iterdir()) if p.is_file()]
-    found = shared_runs(course_texts(), sources)
+    found = shared_runs(repository_texts(), sources)
     assert not found, "rephrase these passages:\n" + "\n".join(f"{k}: {v}" for k, v in found.items())
 
 

@@ -185,3 +185,22 @@ def test_predicted_flops_ratio_with_first_layer_fed_by_data(n):
 def test_predicted_flops_ratio_bad_share():
     with pytest.raises(ValueError, match="no_input_grad_share"):
         predicted_flops_ratio(no_input_grad_share=1.5)
+
+
+# ---- issue 24.8: forward_flops and step_flops name what they cannot count ------------------------
+
+def test_forward_and_step_flops_warn_about_uncounted_transformer_kernels():
+    from lessonlib.measure.timing import UncountedFlopsWarning
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True))
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    model.eval()  # the fused fast path: no formula, counted as 0 before
+    with pytest.warns(UncountedFlopsWarning, match="transformer_encoder_layer"):
+        assert recompute.forward_flops(model, x) == 0
+    with pytest.raises(ValueError, match="no FLOP formula"):
+        recompute.forward_flops(model, x, strict=True)
+    model.train()  # dropout 0: SDPA's CPU flash kernel, whose backward has no formula
+    with pytest.warns(UncountedFlopsWarning, match="attention"):
+        recompute.step_flops(model, x)
+    assert x.grad is None and all(p.grad is None for p in model.parameters())

@@ -81,3 +81,13 @@ def test_every_page_has_a_row_in_its_index(page):
     folder, name = page.rsplit("/", 1)
     index = (ROOT / folder / "index.md").read_text()
     assert re.search(rf"[(<]{re.escape(name)}(\.ipynb)?[)>]", index), f"{folder}/index.md has no row for {name}"
+
+
+def test_the_map_of_lessonlib_names_every_module():
+    """CONTRIBUTING's table of layers names every module of lessonlib, so a newcomer finds where a concept lives."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    table = [line for line in text.splitlines() if re.match(r"\| (ground|calc|measure|book|grading) \|", line)]
+    assert len(table) == 5
+    named = set(re.findall(r"`(\w+)(?:\.py)?`", " ".join(table)))
+    modules = {p.stem for p in (ROOT / "lessonlib").rglob("*.py") if not p.name.startswith("__")}
+    assert not modules - named, f"modules missing from CONTRIBUTING's map of lessonlib: {sorted(modules - named)}"

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT
 from lessonlib.calc import bill as B, mfu as M, pricing, scale as S
-from lessonlib.calc import devices as D, published as pub
+from lessonlib.calc import hardware as D, published as pub
 from lessonlib.calc.amdahl import speedup_from_share
 
 L3 = {k: f.value for k, f in pub.LLAMA3_405B.items()}

@@ -8,7 +8,7 @@ from lessonlib.calc.sharding import (fsdp_local_numel, fsdp_padded_numel, fsdp_s
 
 def test_stage_zero_is_the_unsharded_state():
     for opt in ("sgd", "momentum", "adam"):
-        for prec in ("fp32", "mixed"):
+        for prec in ("fp32", "bf16_master"):
             assert zero_state_bytes(1000, 8, 0, opt, prec) == training_state_bytes(1000, opt, prec)
 
 
@@ -70,7 +70,7 @@ def test_step_traffic_by_stage():
     (dict(n_params=10, devices=2, stage=True), "stage"),
     (dict(n_params=10, devices=2, stage="3"), "stage"),
     (dict(n_params=10, devices=2, stage=1, optimizer="lion"), "optimizer"),
-    (dict(n_params=10, devices=2, stage=1, precision="fp8"), "precision"),
+    (dict(n_params=10, devices=2, stage=1, precision="fp4"), "precision"),
 ])
 def test_zero_state_bytes_bad_input(kwargs, word):
     with pytest.raises(ValueError, match=word):

@@ -11,10 +11,11 @@ from ..checks import reads as _reads
 import math
 
 from ..calc.amdahl import amdahl_time, speedup_from_share
-from ..calc.devices import rate_text, sustained_flops_per_s
+from ..calc.hardware import rate_text, sustained_flops_per_s
 from ..calc.goodput import SECONDS_PER_HOUR, goodput, job_mtbf_seconds
-from ..calc.memory import (ACTIVATION_BYTES_PER_VALUE, OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM,
-                           RECOMPUTE_CHOICES, format_bytes, training_state_bytes)
+from ..calc.memory import (OPTIMIZER_BYTES_PER_PARAM, RECOMPUTE_CHOICES, activation_bytes_per_value, format_bytes,
+                           training_state_bytes)
+from ..calc.precision import precision_name
 from ..calc.planner import PRESETS, plan, propose
 from ..calc.reliability import (daly_interval, expected_overhead, first_order_overhead, optimal_interval,
                                  young_interval)
@@ -206,14 +207,14 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
 
     ``device_GB`` is device memory in 10^9 bytes; training tokens are
     ``tokens_per_param`` x parameters; ``device_flops_per_s`` is the sustained rate
-    (default: the course's device at its stated utilisation, :func:`lessonlib.calc.devices.sustained_flops_per_s`).
+    (default: the course's device at its stated utilisation, :func:`lessonlib.calc.hardware.sustained_flops_per_s`).
     Every argument is checked first, under its own name.
     """
     if device_flops_per_s is None:
         device_flops_per_s = sustained_flops_per_s()
     check_choice("model", model, PRESETS)
     check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
-    check_choice("precision", precision, PRECISION_BYTES_PER_PARAM)
+    precision = precision_name(precision)
     batch_per_device = _check_count("batch_per_device", batch_per_device)
     seq_len = _check_count("seq_len", seq_len)
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
@@ -235,7 +236,7 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     parts = [f"weights {per.weights}", f"gradients {per.gradients}"]
     parts += [f"master copy {per.master_weights}"] if per.master_weights else ["no master copy"]
     parts += [f"optimizer {per.optimizer_state}"]
-    e = ACTIVATION_BYTES_PER_VALUE[precision]
+    e = activation_bytes_per_value(precision)
     extra = {"none": "", "full": ", + one forward pass recomputed",
              "selective": ", + attention scores recomputed"}[recompute]
     rows = [

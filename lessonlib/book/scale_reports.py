@@ -33,13 +33,13 @@ def scale_report(one_device_utilisation) -> str:
 def bill_report(price_per_gpu_hour, pue, tco2_per_mwh) -> str:
     """The money-and-energy calculator's answer for Llama 3.1 405B's published GPU-hours (for an Explorer):
     dollars at ``price_per_gpu_hour`` (US$), energy at the H100's TDP times ``pue``, emissions at ``tco2_per_mwh``."""
-    from ..calc import bill as _bill, devices as _devices, published as _pub
+    from ..calc import bill as _bill, hardware as _hardware, published as _pub
 
     price_per_gpu_hour = _check_amount("price_per_gpu_hour", price_per_gpu_hour)
     pue = _check_positive("pue", pue)
     tco2_per_mwh = _check_amount("tco2_per_mwh", tco2_per_mwh)
     hours = _pub.LLAMA3_405B["gpu_hours"].value
-    b = _bill.bill(hours, price_per_gpu_hour, _devices.device(_pub.LLAMA3_DEVICE).power_watts, tco2_per_mwh, pue)
+    b = _bill.bill(hours, price_per_gpu_hour, _hardware.device(_pub.LLAMA3_DEVICE).power_watts, tco2_per_mwh, pue)
     return table(["line of the bill", "value"], [
         ("GPU-hours (model card)", f"{b.device_hours / 1e6:.2f} million"),
         ("price per GPU-hour (an assumption)", f"${b.price_per_device_hour:.2f}"),

@@ -78,7 +78,7 @@ def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
         st = r["steps"][step]
         t0 = min(s[2] for spans in st["spans"] for s in spans)
         for stage, spans in enumerate(st["spans"]):
-            for kind, mb, a, b in spans:
+            for kind, mb, a, b, *_ in spans:
                 ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (stage - 0.4, 0.8), facecolors=cmap(mb % 10),
                                edgecolor="white", alpha=1.0 if kind == "F" else 0.55)
                 if b - a > 0.02 * (max(s[3] for sp in st["spans"] for s in sp) - t0):
@@ -86,8 +86,9 @@ def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
         ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
         ax.set_ylim(p - 0.4, -0.6)
         ax.set_ylabel("process")
-        ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, idle share {st['idle_share']:.0%} "
-                     f"(formula {(p - 1) / (microbatches + p - 1):.0%})", fontsize=10)
+        ax.set_xlabel("time since the step's first computation (ms)")
+        ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}: idle share "
+                     f"{st['idle_share']:.0%} (formula {(p - 1) / (microbatches + p - 1):.0%})", fontsize=10)
     axes[-1, 0].set_xlabel("time since the step's first computation (ms)\nF = forward, B = backward, gaps = waiting")
     fig.suptitle("Pipeline steps recorded on real processes")
     fig.tight_layout()
@@ -135,4 +136,55 @@ def plot_alpha_beta(sizes, seconds, link: Link, devices: int = 2, collective: st
            ylabel="time (µs, log scale)",
            title=f"{collective.replace('_', '-')} on {devices} processes: measured and the α–β model")
     ax.legend(fontsize=8)
+    return fig
+
+
+@_reads("run")
+def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: int = 0):
+    """Busy spans of each process in one real step, one panel per schedule (ms from the step's start).
+
+    For results of ``run_pipelines`` whose spans carry a stage index: bars are
+    coloured by micro-batch, hatched on a process's later stage (its second
+    stage of an interleaved or V placement), and labelled ``F``, ``B``, ``I``
+    (input-gradient backward) or ``W`` (weight-gradient backward) with the
+    micro-batch and, small, the stage.
+    """
+    _record("run", run, ("world_size", "runs"), "a result of run_pipelines")
+    microbatches = check_count("microbatches", microbatches)
+    step = check_count("step", step, minimum=0)
+    runs = [r for r in run["runs"] if r["microbatches"] == microbatches
+            and (schedules is None or r["schedule"] in check_sequence("schedules", schedules))]
+    if not runs:
+        raise ValueError(f"no run with microbatches={microbatches}" + ("" if schedules is None else
+                                                                       f" and a schedule in {list(schedules)}"))
+    p = run["world_size"]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 1.2 + 1.05 * p * len(runs)), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    for ax, r in zip(axes[:, 0], runs):
+        if step >= len(r["steps"]):
+            raise ValueError(f"step must be below the {len(r['steps'])} steps measured, got {step}")
+        st = r["steps"][step]
+        every = [s for spans in st["spans"] for s in spans]
+        t0, t1 = min(s[2] for s in every), max(s[3] for s in every)
+        for proc, spans in enumerate(st["spans"]):
+            for kind, mb, a, b, *rest in spans:
+                later = bool(rest) and rest[0] >= p  # this process's second stage (loop or V)
+                ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (proc - 0.4, 0.8), facecolors=cmap(mb % 10),
+                               edgecolor="white", hatch="///" if later else None,
+                               alpha=1.0 if kind == "F" else 0.6)
+                if b - a > 0.025 * (t1 - t0):
+                    label = f"{kind}{mb}" + (f"\n s{rest[0]}" if rest else "")
+                    ax.text(1e3 * (a + b) / 2 - 1e3 * t0, proc, label, ha="center", va="center", fontsize=8)
+        ax.set_yticks(range(p), [f"process {s}" for s in range(p)])
+        ax.set_ylim(p - 0.4, -0.6)
+        ax.set_xlim(0, 1e3 * (t1 - t0))
+        ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}, "
+                     f"idle share {st['idle_share']:.0%}", fontsize=10)
+        ax.set_xlabel("time since the step's first computation (ms)", fontsize=8)
+        ax.set_ylabel("process")
+    axes[-1, 0].set_xlabel("time since the step's first computation (ms)\nF forward, B backward, I input-gradient "
+                           "backward, W weight-gradient backward; s = stage; hatched = a process's later stage; "
+                           "gaps = waiting", fontsize=8)
+    fig.suptitle("Pipeline schedules recorded on real processes")
+    fig.tight_layout()
     return fig

@@ -1,10 +1,12 @@
-"""Amdahl's law: how much faster a job gets on more devices.
+"""Amdahl's law and Gustafson's law: how much faster a job gets on more devices.
 
 Work is split into a serial part, which runs in sequence whatever the device
 count, and a parallel part, which divides among the devices; communication is
 paid only when more than one device takes part. Units of work are whatever the
 caller uses (seconds, or abstract work units); speedups are dimensionless (×).
-Pure Python (no torch).
+Amdahl keeps the job fixed (strong scaling); Gustafson keeps the time per
+device fixed and grows the job with the devices (weak scaling,
+:func:`gustafson_speedup`). Pure Python (no torch).
 """
 from __future__ import annotations
 
@@ -67,3 +69,27 @@ def speedup_from_share(serial_share, devices, communication_share=0.0) -> float:
     serial_share = _check_share("serial_share", serial_share)
     communication_share = _check_amount("communication_share", communication_share)
     return amdahl_speedup(serial_share, 1.0 - serial_share, devices, communication_share)
+
+
+def gustafson_speedup(serial_share, devices) -> float:
+    """Gustafson's scaled speedup (dimensionless, ×): the job grows with the devices.
+
+    Weak scaling: each of ``devices`` devices keeps a fixed amount of parallel
+    work, so the job grows with the device count. ``serial_share`` is the
+    fraction of the *``devices``-device* run's time that is serial (0 to 1).
+    One device would need ``serial_share + devices × (1 - serial_share)`` of
+    that time for the same, larger job, so::
+
+        scaled speedup = devices - serial_share × (devices - 1)
+
+    It grows without a ceiling, where Amdahl's speedup of a fixed job stops at
+    ``1 / serial_share``: the two laws answer different questions (how much
+    larger a job finishes in the same time, against how much sooner a fixed
+    job finishes).
+
+    >>> gustafson_speedup(0.2, 4)
+    3.4
+    """
+    serial_share = _check_share("serial_share", serial_share)
+    devices = _check_count("devices", devices)
+    return devices - serial_share * (devices - 1)

@@ -63,9 +63,17 @@ class Link:
         return collective_seconds(collective, n_bytes, devices, self.alpha_s, self.beta_bytes_per_s)
 
 
+#: The NCCL release whose tuning table the latencies of :data:`LINKS` are read from. NCCL retunes
+#: these constants between releases: the network's ring/Simple latency is 9.6 us in this one and
+#: 14.0 us in 2.28.3 (its ``ncclTunerConstantsDefaults.hwLatencies``); NVLink's stays 3.4 us.
+NCCL_TUNING_VERSION = "2.7.5-1"
+#: Where in that release the table is: file, array, and the commit of the tag.
+NCCL_TUNING_TABLE = (f"NCCL {NCCL_TUNING_VERSION} (tag v{NCCL_TUNING_VERSION}, commit 01afd20a), "
+                     "src/graph/tuning.cc, array hwLat, row Ring/Simple, https://github.com/NVIDIA/nccl")
+
 #: GPU-cluster links (per GPU, one direction). Bandwidths from NVIDIA's
 #: datasheets; per-step latencies from NCCL's cost model (ring algorithm,
-#: "Simple" protocol, the one used for large messages).
+#: "Simple" protocol, the one used for large messages) in :data:`NCCL_TUNING_VERSION`.
 LINKS = {
     "nvlink": Link(
         "NVLink 4 between H100 GPUs in one node",
@@ -74,7 +82,7 @@ LINKS = {
         source=("bandwidth: 900 GB/s of NVLink per H100 SXM GPU, both directions together "
                 "(NVIDIA H100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/), "
                 "so 450 GB/s each way; latency: 3.4 us per ring step over NVLink in NCCL's tuning model "
-                "(src/graph/tuning.cc, hwLat, Ring/Simple, https://github.com/NVIDIA/nccl)"),
+                f"({NCCL_TUNING_TABLE})"),
     ),
     "infiniband": Link(
         "InfiniBand NDR between nodes, one 400 Gb/s port per GPU",
@@ -83,7 +91,7 @@ LINKS = {
         source=("bandwidth: one single-port 400 Gb/s ConnectX-7 adapter per GPU in a DGX H100 "
                 "(NVIDIA DGX H100 User Guide, https://docs.nvidia.com/dgx/dgxh100-user-guide/), "
                 "400 Gb/s = 50 GB/s each way; latency: 9.6 us per ring step over the network in NCCL's "
-                "tuning model (src/graph/tuning.cc, hwLat, Ring/Simple, https://github.com/NVIDIA/nccl)"),
+                f"tuning model ({NCCL_TUNING_TABLE}; later releases retune it, e.g. 14.0 us in 2.28.3)"),
     ),
 }
 

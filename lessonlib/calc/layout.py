@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..checks import choice, count, flag, positive, share, text
 from .comm import LINKS, Link, collective_seconds
-from .devices import DEVICES, Device
+from .hardware import DEVICES, Device
 from .memory import activation_bytes_per_layer
 from .sharding import ZERO_STAGES, zero_state_bytes, zero_step_traffic
 
@@ -36,7 +36,7 @@ CONTEXT_METHODS = ("ring", "all_gather")
 
 def ridge_flops_per_byte(device) -> float:
     """The roofline's ridge point of ``device`` (a name in the device table, or a
-    :class:`~lessonlib.calc.devices.Device`): dense peak FLOP/s over memory bytes/s (FLOPs per byte).
+    :class:`~lessonlib.calc.hardware.Device`): dense peak FLOP/s over memory bytes/s (FLOPs per byte).
 
     A bf16 matmul of an (m x k) by a (k x n) matrix does 2mkn FLOPs and moves 2(mk + kn + mn)
     bytes: with m tokens far fewer than k and n, about m FLOPs a byte. Below the ridge it is
@@ -82,8 +82,8 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class Cluster:
-    """``devices`` accelerators of type ``device`` (a key of :data:`lessonlib.calc.devices.DEVICES`, or a
-    :class:`~lessonlib.calc.devices.Device`), ``node_size`` to a node joined by ``intra`` links, nodes
+    """``devices`` accelerators of type ``device`` (a key of :data:`lessonlib.calc.hardware.DEVICES`, or a
+    :class:`~lessonlib.calc.hardware.Device`), ``node_size`` to a node joined by ``intra`` links, nodes
     joined by ``inter`` links (keys of :data:`lessonlib.calc.comm.LINKS`, or a fitted
     :class:`~lessonlib.calc.comm.Link`: the reader's own processes)."""
 

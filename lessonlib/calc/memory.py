@@ -17,25 +17,21 @@ from dataclasses import dataclass, asdict
 
 from ..checks import (amount as check_amount, choice as check_choice, count as check_count, flag as check_flag,
                       text as check_text)
+from .precision import OPTIMIZER_STATES, RECIPES, precision_name
 
 
 #: Bytes per activation value the formula accepts: 16-bit (2, the paper's) and fp32 (4).
 BYTES_PER_VALUE_CHOICES = (2, 4)
 
 
-#: Bytes per parameter that each optimizer keeps between steps (fp32 values).
-OPTIMIZER_BYTES_PER_PARAM = {
-    "sgd": 0,        # plain SGD remembers nothing
-    "momentum": 4,   # one fp32 velocity per parameter
-    "adam": 8,       # two fp32 running averages: of the gradient and of its square
-}
+#: Bytes per parameter that each optimizer keeps between steps, in fp32 (the state values
+#: of every recipe but pure "bf16", whose state is bf16: :mod:`lessonlib.calc.precision`).
+OPTIMIZER_BYTES_PER_PARAM = {name: 4 * n for name, n in OPTIMIZER_STATES.items()}
 
 
-#: Bytes per parameter for (weights, gradients, master copy) by precision.
-PRECISION_BYTES_PER_PARAM = {
-    "fp32": (4, 4, 0),   # fp32 weights and gradients, no separate master copy
-    "mixed": (2, 2, 4),  # 16-bit weights and gradients + fp32 master weights
-}
+#: Bytes per parameter for (weights, gradients, master copy) by precision (the recipes of
+#: :mod:`lessonlib.calc.precision`: "fp32" 4 + 4 + 0, "bf16_master" 2 + 2 + 4, ...).
+PRECISION_BYTES_PER_PARAM = {r.name: (r.weights, r.gradients, r.master_weights) for r in RECIPES.values()}
 
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -58,27 +54,29 @@ class StateBytes:
         return asdict(self)
 
 
-def training_state_bytes(n_params, optimizer: str = "adam", precision: str = "mixed") -> StateBytes:
+def training_state_bytes(n_params, optimizer: str = "adam", precision: str = "bf16_master") -> StateBytes:
     """Bytes of weights, gradients, master copy and optimizer state for training.
 
     Parameters
     ----------
     n_params : positive whole number of parameters.
     optimizer : "sgd" (0 bytes/param), "momentum" (4: one fp32 velocity) or
-        "adam" (8: two fp32 running averages).
-    precision : "fp32" (4 bytes weights + 4 gradients, no master copy) or
-        "mixed" (2 bytes 16-bit weights + 2 gradients + 4 fp32 master copy).
+        "adam" / "adamw" (8: two fp32 running averages; 4 in pure bf16).
+    precision : one of :data:`lessonlib.calc.precision.PRECISIONS`: "fp32" (4 bytes
+        weights + 4 gradients, no master copy), "bf16_master" (2 bytes bf16 weights
+        + 2 gradients + 4 fp32 master copy), "bf16_master_fp32_grads" (2 + 4 + 4),
+        "bf16" (2 + 2, no master copy, bf16 optimizer state), "fp16_master" and
+        "fp8" (2 + 2 + 4). The former name "mixed" means "bf16_master".
 
-    Adam in mixed precision gives 2 + 2 + 4 + 8 = 16 bytes per parameter:
+    Adam with bf16 compute and an fp32 master copy gives 2 + 2 + 4 + 8 = 16 bytes per parameter:
 
     >>> training_state_bytes(7_500_000_000).total
     120000000000
     """
     n = check_count("n_params", n_params)
-    check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
-    check_choice("precision", precision, PRECISION_BYTES_PER_PARAM)
-    w, g, m = PRECISION_BYTES_PER_PARAM[precision]
-    o = OPTIMIZER_BYTES_PER_PARAM[optimizer]
+    check_choice("optimizer", optimizer, OPTIMIZER_STATES)
+    r = RECIPES[precision_name(precision)]
+    w, g, m, o = r.weights, r.gradients, r.master_weights, r.state_bytes(optimizer)
     return StateBytes(
         weights=w * n,
         gradients=g * n,
@@ -88,8 +86,8 @@ def training_state_bytes(n_params, optimizer: str = "adam", precision: str = "mi
     )
 
 
-def bytes_per_param(optimizer: str = "adam", precision: str = "mixed") -> int:
-    """Training-state bytes per parameter (16 for Adam in mixed precision)."""
+def bytes_per_param(optimizer: str = "adam", precision: str = "bf16_master") -> int:
+    """Training-state bytes per parameter (16 for Adam with bf16 compute and an fp32 master copy)."""
     return training_state_bytes(1, optimizer, precision).total
 
 
@@ -100,9 +98,25 @@ def serving_bytes(n_params, bytes_per_weight: int = 2) -> int:
     return n * b
 
 
-#: Bytes per activation value by training precision: 16-bit activations in
-#: mixed precision, 4-byte ones in fp32. (Dropout masks take 1 byte in both.)
-ACTIVATION_BYTES_PER_VALUE = {"mixed": 2, "fp32": 4}
+#: Bytes per activation value by training precision, for the precisions whose activations
+#: :func:`activation_bytes_per_layer` models: 16-bit activations, 4-byte ones in fp32.
+#: (Dropout masks take 1 byte in all.) "fp8" is left out: only its matrix-product inputs
+#: are 1 byte, which the formula's one ``bytes_per_value`` cannot say.
+ACTIVATION_BYTES_PER_VALUE = {r.name: r.activation for r in RECIPES.values() if r.activation in (2, 4)}
+
+
+def activation_bytes_per_value(precision) -> int:
+    """Bytes of one stored activation value under ``precision`` (2 for 16-bit, 4 for fp32).
+
+    >>> activation_bytes_per_value("bf16")
+    2
+    """
+    name = precision_name(precision)
+    if name not in ACTIVATION_BYTES_PER_VALUE:
+        raise ValueError(f"precision {precision!r}: the activation formula counts 2- or 4-byte values, and only "
+                         f"the matrix-product inputs of {name} are 1 byte; choose one of "
+                         f"{', '.join(map(repr, ACTIVATION_BYTES_PER_VALUE))}")
+    return ACTIVATION_BYTES_PER_VALUE[name]
 
 
 def check_heads(hidden, heads, hidden_name: str = "hidden", heads_name: str = "heads") -> None:

@@ -30,9 +30,9 @@ from dataclasses import dataclass, replace
 
 from ..checks import (choice as check_choice, count as check_count, flag as check_flag, positive as check_positive,
                       result as check_result, text as check_text)
-from .memory import (ACTIVATION_BYTES_PER_VALUE, ATTENTION_CHOICES, OPTIMIZER_BYTES_PER_PARAM,
-                     PRECISION_BYTES_PER_PARAM, RECOMPUTE_CHOICES, activation_bytes, check_heads,
-                     training_state_bytes)
+from .memory import (ATTENTION_CHOICES, OPTIMIZER_BYTES_PER_PARAM, RECOMPUTE_CHOICES, activation_bytes,
+                     activation_bytes_per_value, check_heads, training_state_bytes)
+from .precision import precision_name
 
 
 SECONDS_PER_DAY = 86_400
@@ -147,7 +147,7 @@ ANSWERS = {
 }
 
 
-def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_device=1, seq_len=2048,
+def plan(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
          layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9,
          train_tokens=None, device_flops_per_s=None, max_days: float = 30.0, *, attention: str = "fused",
          sequence_parallel: bool = False, vocab=None) -> Plan:
@@ -157,9 +157,9 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
     FLOP/s one device sustains; ``max_days`` is how long one device may take.
     The time check runs only when both ``train_tokens`` and ``device_flops_per_s`` are given.
 
-    ``precision`` changes both numbers: "mixed" keeps 16-bit weights and
-    gradients plus an fp32 master copy and 2-byte activations; "fp32" keeps
-    no master copy and 4-byte activations. ``recompute`` shrinks the
+    ``precision`` (:data:`lessonlib.calc.precision.PRECISIONS`) changes both numbers:
+    "bf16_master" keeps 16-bit weights and gradients plus an fp32 master copy and
+    2-byte activations; "fp32" keeps no master copy and 4-byte activations. ``recompute`` shrinks the
     activations and adds its forward work to the time (:func:`training_flops`).
     ``attention`` ("fused", the default, or "stored": the paper's stored scores),
     ``sequence_parallel`` and ``vocab`` (adds the loss's logits; None: the layers
@@ -168,7 +168,7 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
     # Every argument checked here, under the name the caller used.
     n_params = check_count("n_params", n_params)
     check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
-    check_choice("precision", precision, PRECISION_BYTES_PER_PARAM)
+    precision = precision_name(precision)
     batch_per_device = check_count("batch_per_device", batch_per_device)
     seq_len, layers = check_count("seq_len", seq_len), check_count("layers", layers)
     hidden, heads = check_count("hidden", hidden), check_count("heads", heads)
@@ -185,7 +185,7 @@ def plan(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_
         device_flops_per_s = check_positive("device_flops_per_s", device_flops_per_s)
     max_days = check_positive("max_days", max_days)
     state = training_state_bytes(n_params, optimizer, precision).total
-    e = ACTIVATION_BYTES_PER_VALUE[precision]
+    e = activation_bytes_per_value(precision)
     conv = dict(attention=attention, sequence_parallel=sequence_parallel, vocab=vocab)
     act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute, e, **conv)
     dev = check_count("device_bytes", device_bytes)
@@ -255,7 +255,7 @@ class Layout:
         return self.fits_memory and self.fits_time
 
 
-def layout(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_device=1, seq_len=2048,
+def layout(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
            layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
            device_flops_per_s=None, max_days: float = 30.0, *, devices=1, zero_stage=0, tensor_parallel=1,
            change: str = "", attention: str = "fused", sequence_parallel: bool = False, vocab=None) -> Layout:
@@ -292,7 +292,7 @@ def _layout(one: Plan, args, recompute, max_days, devices, zero_stage, tensor_pa
     state = zero_state_bytes(-(-check_count("n_params", n_params) // t), d // t, zero_stage, optimizer,
                              precision).total
     act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute,
-                           ACTIVATION_BYTES_PER_VALUE[precision], tensor_parallel=t, **conv)
+                           activation_bytes_per_value(precision), tensor_parallel=t, **conv)
     days = None if one.days is None else one.days / d
     return Layout(d, t, zero_stage, recompute, state, act, one.device_bytes, days, max_days, change)
 
@@ -304,7 +304,7 @@ def _layout(one: Plan, args, recompute, max_days, devices, zero_stage, tensor_pa
 _COST = {"zero": {0: 0, 1: 0, 2: 0, 3: 2}, "recompute": {"none": 0, "selective": 1, "full": 3}, "tp": 2}
 
 
-def propose(n_params, optimizer: str = "adam", precision: str = "mixed", batch_per_device=1, seq_len=2048,
+def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
             layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
             device_flops_per_s=None, max_days: float = 30.0, *, devices=1, zero_stage=0,
             tensor_parallel=1, attention: str = "fused", sequence_parallel: bool = False, vocab=None) -> list:

@@ -54,7 +54,7 @@ class RunPrice:
 
 
 def price_run(total_params, tokens, peak_flops_per_s, utilisation, memory_bytes, active_params=None,
-              optimizer="adam", precision="mixed") -> RunPrice:
+              optimizer="adam", precision="bf16_master") -> RunPrice:
     """Price a run: the *active* parameters (per token) price the FLOPs, the *total* parameters the memory.
 
     For a dense model ``active_params`` is the total (the default). A mixture-of-experts
@@ -78,7 +78,7 @@ def price_run(total_params, tokens, peak_flops_per_s, utilisation, memory_bytes,
                     devices_for_state=math.ceil(state / positive("memory_bytes", memory_bytes)))
 
 
-def state_bytes_per_device(n_params, tensor=1, pipeline=1, optimizer="adam", precision="mixed") -> float:
+def state_bytes_per_device(n_params, tensor=1, pipeline=1, optimizer="adam", precision="bf16_master") -> float:
     """Training-state bytes one device holds when the weights are split ``tensor`` x ``pipeline`` ways.
 
     ``n_params`` is the *total* parameter count (for a mixture of experts, every expert's).

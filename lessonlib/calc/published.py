@@ -176,13 +176,13 @@ _NUM = r"(?<![\w.{])\d[\d.,]*"
 #: tests/test_one_value.py fails on a page that types one of them instead.
 SHARED_QUANTITIES = {
     "device rate": SharedQuantity(
-        "device rate", "lessonlib.calc.devices: sustained_flops_per_s() or device(name).peak_flops_per_s, "
-                       "printed with devices.rate_text",
+        "device rate", "lessonlib.calc.hardware: sustained_flops_per_s() or device(name).peak_flops_per_s, "
+                       "printed with hardware.rate_text",
         _NUM + r"\s*(?:[eE]\+?1[1-6]|× ?10[⁰¹²³⁴⁵⁶⁷⁸⁹]+)\s*(?:FLOP/s|FLOPs? per second)"
         + "|" + _NUM + r"\s*[GTP]FLOP/s"
         + r"|\b\w*(?:rate|flops|peak)\w*\s*=\s*\d[\d_.]*[eE]\+?1[1-6]\b"),
     "utilisation": SharedQuantity(
-        "utilisation", "lessonlib.calc.devices.UTILISATION, or a published Figure (LLAMA3_405B['mfu_low'], ...)",
+        "utilisation", "lessonlib.calc.hardware.UTILISATION, or a published Figure (LLAMA3_405B['mfu_low'], ...)",
         _NUM + r"\s*%\s*(?:MFU|HFU|utili[sz]ation|of (?:an? |the |its )?[\w -]{0,20}peak)"),
     "model size": SharedQuantity(
         "model size", "lessonlib.calc.planner.PRESETS[name]['n_params'] or a published Figure's value",

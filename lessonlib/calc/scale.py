@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checks import count, positive, result, share
-from . import devices as _devices, published as _pub
+from . import hardware as _hardware, published as _pub
 from .amdahl import speedup_from_share
 from .goodput import Goodput, goodput
 from .pricing import implied_utilisation, mtbf_seconds, restart_for_useful_fraction, save_seconds
@@ -128,7 +128,7 @@ def scale_account(devices, mfu, one_device_utilisation, n_params, tokens_per_ste
         contrast_per_device_hour=c.per_device_hour)
 
 
-def llama3_scale(one_device_utilisation=_devices.UTILISATION) -> ScaleAccount:
+def llama3_scale(one_device_utilisation=_hardware.UTILISATION) -> ScaleAccount:
     """The account of Llama 3 405B's main pre-training stage on 16,384 H100s, from the published figures.
 
     The MFU is Table 4's 16,384-GPU, 8K-context throughput over the H100's dense peak; the failures are the
@@ -136,11 +136,11 @@ def llama3_scale(one_device_utilisation=_devices.UTILISATION) -> ScaleAccount:
     the storage's sustained rate; the restart is the longest that keeps the report's 'more than 90 %' effective
     training time at the best interval (:func:`lessonlib.calc.pricing.restart_for_useful_fraction`); the bill's
     utilisation is 6ND over the model card's GPU-hours. ``one_device_utilisation`` defaults to the course's
-    stated :data:`lessonlib.calc.devices.UTILISATION`. Both chapter 3 pages that speak of 16,384 devices print
+    stated :data:`lessonlib.calc.hardware.UTILISATION`. Both chapter 3 pages that speak of 16,384 devices print
     this one account.
     """
     v = {k: f.value for k, f in _pub.LLAMA3_405B.items()}
-    h100 = _devices.device(_pub.LLAMA3_DEVICE)
+    h100 = _hardware.device(_pub.LLAMA3_DEVICE)
     n = int(v["gpus"])
     job_mtbf = mtbf_seconds(v["snapshot_days"] * 86400, int(v["unexpected"]))
     save = save_seconds(v["ckpt_per_gpu_max"] * n, v["storage_sustained"])

@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 
 from ..checks import choice as check_choice, count as check_count, sequence as check_sequence, text as check_text
-from .memory import OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES_PER_PARAM, StateBytes
+from .memory import OPTIMIZER_BYTES_PER_PARAM, StateBytes, training_state_bytes
+from .precision import precision_name
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -41,7 +42,7 @@ def check_stage(name: str, value) -> int:
     return check_count(check_text("name", name), value, minimum=min(ZERO_STAGES), maximum=max(ZERO_STAGES))
 
 
-def zero_state_bytes(n_params, devices, stage, optimizer: str = "adam", precision: str = "mixed") -> StateBytes:
+def zero_state_bytes(n_params, devices, stage, optimizer: str = "adam", precision: str = "bf16_master") -> StateBytes:
     """Bytes of training state that each of ``devices`` devices keeps under ZeRO ``stage``.
 
     ``n_params`` parameters; ``devices`` data-parallel devices (N); ``stage``
@@ -65,9 +66,8 @@ def zero_state_bytes(n_params, devices, stage, optimizer: str = "adam", precisio
     d = check_count("devices", devices)
     stage = check_stage("stage", stage)
     check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
-    check_choice("precision", precision, PRECISION_BYTES_PER_PARAM)
-    w, g, m = PRECISION_BYTES_PER_PARAM[precision]
-    o = OPTIMIZER_BYTES_PER_PARAM[optimizer]
+    per = training_state_bytes(1, optimizer, precision_name(precision))  # bytes per parameter of each part
+    w, g, m, o = per.weights, per.gradients, per.master_weights, per.optimizer_state
     shard = -(-n // d)  # ceil(n / d) parameters per device once padded
     sharded = SHARDED_PARTS[stage]
     part = {name: per * (shard if name in sharded else n)

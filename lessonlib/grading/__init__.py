@@ -18,7 +18,7 @@ what ``verify`` guarantees). Those import nbformat, nbclient and friends; this
 package's ``__init__`` does not.
 """
 from .answers import check_one_of, hand_in, hand_in_folder, require_number
-from .checks import Flag, check_choice, check_close, check_key_points, grader, key_points_found
+from .graders import Flag, check_choice, check_close, check_key_points, grader, key_points_found
 
 __all__ = ["Flag", "check_choice", "check_close", "check_key_points", "check_one_of", "grader",
            "hand_in", "hand_in_folder", "key_points_found", "require_number"]

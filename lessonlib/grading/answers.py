@@ -41,7 +41,7 @@ _MAX_DEPTH, _MAX_ITEMS, _MAX_TEXT = 6, 2000, 20_000
 _GRADE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 #: The last hand-in of each question in this process: ``grade_id -> JSON-ready payload``.
-#: Read by :func:`lessonlib.grading.checks.grader` when an instructor notebook checks itself.
+#: Read by :func:`lessonlib.grading.graders.grader` when an instructor notebook checks itself.
 handed: dict[str, dict] = {}
 #: Hand-ins since the grader last emptied the log (at most :data:`MAX_LOG`).
 log: list[dict] = []

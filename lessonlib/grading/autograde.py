@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Mapping
 
 from . import provenance
-from .checks import OTHER
+from .graders import OTHER
 from .handout import META_KEY, _meta, _source, check_cells, exercise_notebooks, student_notebook, visible_part
 from .reference import Reference, ReferenceFailed
 from .manifest import default_key_path, load_key, manifest_path, verify, write_results
@@ -207,7 +207,7 @@ def _handed_by_question(check_at: Mapping[int, str], handed: Mapping[int, list])
 
 
 def _with_others(answers: dict, handed: Mapping[str, dict], gid: str) -> dict:
-    """``answers`` with the other questions' answers as ``@grade_id`` entries (see ``checks.Answers``)."""
+    """``answers`` with the other questions' answers as ``@grade_id`` entries (see ``graders.Answers``)."""
     out = dict(answers)
     room = MAX_OTHERS_BYTES
     for other, theirs in handed.items():

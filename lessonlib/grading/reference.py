@@ -6,7 +6,7 @@ runs the instructor's notebook *without its solutions*: every code cell that
 is not a solution cell and not ``instructor-only``, and, of each check cell,
 only the hidden part. The hidden parts compute expected values from the
 instructor's own cells and register ``@grader(...)`` functions (see
-:mod:`lessonlib.grading.checks`). No student code ever runs in this process.
+:mod:`lessonlib.grading.graders`). No student code ever runs in this process.
 
 Then it answers requests, one JSON object a line on stdin::
 
@@ -44,9 +44,9 @@ import traceback
 import weakref
 from pathlib import Path
 
-from . import checks
+from . import graders
 from .answers import check_one_of, require_number
-from .checks import Answers, Flag, check_choice, check_close, check_key_points, decode_answers, grader
+from .graders import Answers, Flag, check_choice, check_close, check_key_points, decode_answers, grader
 from .handout import INSTRUCTOR_ONLY, _meta, _source, hidden_part, is_check_cell, is_solution_cell
 
 MAX_REQUEST_BYTES = 1024 * 1024
@@ -72,9 +72,9 @@ def load(path: Path | str, questions=None, given: bool = True) -> dict:
     path = Path(path)
     with open(path, encoding="utf-8") as f:
         nb = json.load(f)
-    saved = checks.MODE, dict(checks.REGISTRY)
-    checks.MODE = "reference"
-    checks.REGISTRY.clear()
+    saved = graders.MODE, dict(graders.REGISTRY)
+    graders.MODE = "reference"
+    graders.REGISTRY.clear()
     try:
         namespace: dict = {"__name__": "__reference__"}
         for i, cell in enumerate(nb.get("cells", [])):
@@ -95,11 +95,11 @@ def load(path: Path | str, questions=None, given: bool = True) -> dict:
             else:
                 scope, code = namespace, source
             exec(compile(code, f"{path.name} cell {i}", "exec"), scope)  # noqa: S102 - instructor code
-        registry = dict(checks.REGISTRY)
+        registry = dict(graders.REGISTRY)
     finally:
-        checks.MODE = saved[0]
-        checks.REGISTRY.clear()
-        checks.REGISTRY.update(saved[1])
+        graders.MODE = saved[0]
+        graders.REGISTRY.clear()
+        graders.REGISTRY.update(saved[1])
     missing = [_meta(c).get("grade_id") for c in nb.get("cells", [])
                if is_check_cell(c) and _meta(c).get("grade_id") not in registry
                and (questions is None or _meta(c).get("grade_id") in questions)]

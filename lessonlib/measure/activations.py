@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..calc.memory import activation_bytes, serving_bytes, training_state_bytes
+from ..calc.precision import precision_name
 from . import data, models
 from ..checks import choice, count, counts, function, instance, mapping, text
 from .device import as_device
@@ -199,12 +200,12 @@ def memory_multiplier(optimizer: str, precision: str, batch: int, seq_len: int, 
     """Training-step memory (state + activations) over the weights' own bytes, on :data:`MULTIPLIER_GPT`.
 
     fp32: weights, gradients and optimizer state measured, activations measured in
-    fp32, over the fp32 weights. mixed (Adam only): the 16 bytes per parameter
+    fp32, over the fp32 weights. "bf16_master" (Adam only): the 16 bytes per parameter
     of :func:`lessonlib.calc.memory.training_state_bytes` plus activations measured
     in bf16, over the 16-bit weights.
     """
     choice("optimizer", optimizer, ("sgd", "adam"))
-    choice("precision", precision, ("fp32", "mixed"))
+    precision = choice("precision", precision_name(precision), ("fp32", "bf16_master"))
     batch, seq_len, _ = _check_shape(batch, seq_len, MULTIPLIER_GPT["hidden"])
     count("seq_len", seq_len, maximum=MULTIPLIER_GPT["seq_len"])
     device = as_device("device", device)
@@ -212,7 +213,7 @@ def memory_multiplier(optimizer: str, precision: str, batch: int, seq_len: int, 
         state, weights = _state_fp32(optimizer, device)
         return (state + _activations(torch.float32, batch, seq_len, device)) / weights
     if optimizer != "adam":
-        raise ValueError("precision='mixed' is measured for optimizer='adam' only")
+        raise ValueError("precision='bf16_master' is measured for optimizer='adam' only")
     n = models.n_params(models.TinyGPT(**MULTIPLIER_GPT))
     state = training_state_bytes(n).total
     return (state + _activations(torch.bfloat16, batch, seq_len, device)) / serving_bytes(n)

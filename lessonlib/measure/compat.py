@@ -225,6 +225,31 @@ def base_class(name: str) -> type:
     return _Missing
 
 
+def frozen_aware(tracker_class: type) -> type:
+    """``tracker_class`` (MemTracker), subclassed so that it also runs frozen modules (a fine-tune's base model).
+
+    MemTracker registers a gradient hook on every parameter of each module it
+    enters, which a parameter without ``requires_grad`` refuses (torch 2.13).
+    The hooks only label a gradient as one; the bytes are counted by the
+    tracker's dispatch mode either way, so the totals read here are the same.
+    """
+    import inspect
+
+    if not isinstance(tracker_class, type):
+        raise TypeError(f"tracker_class must be a class (MemTracker), got {type(tracker_class).__name__}")
+    method = getattr(tracker_class, "_track_module_params_and_buffers", None)
+    if method is None or "install_grad_hooks" not in inspect.signature(method).parameters:
+        return tracker_class
+
+    class FrozenAware(tracker_class):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            frozen = any(not p.requires_grad for p in module.parameters())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks=install_grad_hooks
+                                                            and not frozen)
+
+    return FrozenAware
+
+
 def missing() -> dict[str, str]:
     """``{name: "<what> (needs <API>, torch >= <version>)"}`` for every capability this torch lacks.
 

@@ -1,5 +1,9 @@
 """The two crashes the recovery page stages, and the size of what a checkpoint holds.
 
+:func:`entry_bytes` splits each entry of a checkpoint into its tensors' bytes and
+the container ``torch.save`` wraps them in; :func:`container_cost` measures that
+container: a fixed part per file and a part per tensor.
+
 :func:`crash_twice` kills a training job (``lessonlib.measure.recovery``) with
 SIGKILL at a random step, keeps copies of that moment, resumes it, and kills
 it again in the middle of a save. Its random moments come from a seeded
@@ -25,6 +29,70 @@ def saved_bytes(obj) -> int:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getbuffer().nbytes
+
+
+def _tensors(obj, found: dict) -> dict:
+    """{storage key: bytes} of every tensor in nested dicts, lists and tuples (a storage counts once)."""
+    if isinstance(obj, torch.Tensor):
+        st = obj.untyped_storage()
+        found[(obj.device.type, st.data_ptr())] = st.nbytes()
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _tensors(v, found)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _tensors(v, found)
+    return found
+
+
+@dataclass
+class EntryBytes:
+    """One entry of a checkpoint as ``torch.save`` writes it, bytes.
+
+    file_bytes:    what ``torch.save`` wrote for it (:func:`saved_bytes`)
+    tensor_bytes:  the bytes of its tensors' storages, the payload
+    tensors:       how many tensors it holds
+    """
+
+    file_bytes: int
+    tensor_bytes: int
+    tensors: int
+
+    @property
+    def overhead(self) -> int:
+        """file_bytes - tensor_bytes: the container (zip records, pickle, alignment), bytes."""
+        return self.file_bytes - self.tensor_bytes
+
+
+def entry_bytes(obj) -> EntryBytes:
+    """Split what ``torch.save`` writes for ``obj`` into its tensors' bytes and the container around them."""
+    found = _tensors(obj, {})
+    return EntryBytes(saved_bytes(obj), sum(found.values()), len(found))
+
+
+@dataclass
+class ContainerCost:
+    """What ``torch.save``'s zip container adds around the tensors, measured, bytes.
+
+    fixed:       the file of an empty dict: the zip's records that every file has (the pickle,
+                 format version, byte order, storage alignment, serialization id) and its directory
+    per_tensor:  each further tensor: its own zip record (a local header and a directory
+                 entry, both naming it), padding that aligns its data to 64 bytes, and its
+                 line in the pickle
+    """
+
+    fixed: int
+    per_tensor: float
+
+
+def container_cost(tensors: int = 16) -> ContainerCost:
+    """Measure :class:`ContainerCost` by saving ``{}`` and a dict of ``tensors`` one-number tensors."""
+    from ..checks import count
+
+    n = count("tensors", tensors, maximum=10_000)
+    fixed = saved_bytes({})
+    many = {f"t{i}": torch.zeros(1) for i in range(n)}
+    return ContainerCost(fixed, (saved_bytes(many) - fixed - 4 * n) / n)
 
 
 @dataclass

@@ -28,7 +28,9 @@ class MemoryLedger:
     gradients:        bytes of ``.grad`` after backward
     optimizer_state:  bytes of every tensor in ``optimizer.state`` after the step
     activations:      bytes saved for backward (saved_tensors_hooks), de-duplicated
-                      by storage, parameters excluded
+                      by storage, parameters and buffers excluded: a buffer
+                      (BatchNorm's running mean and variance, a causal mask) is
+                      state the model holds whether or not it trains
     peak:             peak bytes during the step (model, optimizer and inputs,
                       plus what the step allocated), or None when no tracker is
                       available. GPU: from ``torch.cuda.max_memory_allocated``, the
@@ -189,16 +191,27 @@ class SavedTensorCounter:
         return self._ctx.__exit__(*exc)
 
 
+def model_state(model) -> list:
+    """The tensors ``model`` holds as state: its parameters and its buffers.
+
+    Autograd may save a buffer for backward (batch norm in training mode saves
+    its running mean and variance), but a buffer is held whether or not the
+    model trains, like a weight: it is state, never an activation.
+    """
+    instance("model", model, torch.nn.Module, "a torch.nn.Module")
+    return [*model.parameters(), *model.buffers()]
+
+
 def measure_activations(model, inputs, targets=None, loss_fn=None) -> SavedTensorCounter:
     """Run the forward pass (and ``loss_fn`` if given) and count what autograd saves for backward.
 
     Returns the :class:`SavedTensorCounter`: ``.bytes`` (bytes saved, parameters
-    excluded, de-duplicated by storage) and ``.items`` (module name, shape,
+    and buffers excluded, de-duplicated by storage) and ``.items`` (module name, shape,
     dtype, bytes). No backward is run; the
     graph is freed when the result goes out of scope.
     """
     args = check_step_args(model, inputs, loss_fn, targets=targets)
-    counter = SavedTensorCounter(exclude=list(model.parameters())).watch(model)
+    counter = SavedTensorCounter(exclude=model_state(model)).watch(model)
     with counter:
         out = model(*args)
         if loss_fn is not None:
@@ -316,13 +329,13 @@ def peak_memory(fn, device=None, track=()):
         result = fn()
         torch.cuda.synchronize(device)
         return result, PeakMemory(start, start + max(0, int(torch.cuda.max_memory_allocated(device)) - int(before)))
-    from .compat import feature
+    from .compat import feature, frozen_aware
 
     MemTracker = feature("mem_tracker")  # private API: None on a torch without it
     if MemTracker is None:
         return fn(), None
     try:
-        tracker = MemTracker()
+        tracker = frozen_aware(MemTracker)()
         tracker.track_external(*track)
     except Exception:  # pragma: no cover - depends on the torch build
         return fn(), None
@@ -371,7 +384,7 @@ def measure_training_memory(model, inputs, targets, loss_fn, optimizer, track_pe
         optimizer.step()
         return grads
 
-    counter = SavedTensorCounter(exclude=params)
+    counter = SavedTensorCounter(exclude=model_state(model))
     if track_peak:
         grads, peak = peak_memory(lambda: step(counter), device=device, track=(model, optimizer, *args))
         peak = None if peak is None else peak.peak

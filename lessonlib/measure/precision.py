@@ -1,12 +1,22 @@
-"""Number formats in training: a linear regression trained in fp32, pure bf16, and bf16 with an fp32 master copy.
+"""Number formats in training, measured: the precision recipes of :mod:`lessonlib.calc.precision`.
 
-The page "What training keeps in memory" calls these to show a half-precision
-run that stops learning without any error, and the master copy that rescues it.
+* :func:`train_linear` - a linear regression trained in "fp32", "bf16" (pure bf16)
+  and "bf16_master" (bf16 compute, fp32 master copy): the page "What training
+  keeps in memory" shows the half-precision run that stops learning without any
+  error, and the master copy that rescues it.
+* :func:`measure_recipe` - one Adam step of a model under any recipe of
+  :data:`lessonlib.calc.precision.PRECISIONS`, done by hand, and the bytes each role
+  takes (a :class:`PrecisionLedger`).
+
+The precision names are the one vocabulary of :mod:`lessonlib.calc.precision`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from ..calc.precision import RECIPES, precision_name
 from ..checks import choice, count, number, positive, sequence
 from .models import _check_tensor
 
@@ -28,28 +38,29 @@ def _check_regression(X, y, W=None, b=None):
         if W.shape != (X.shape[1], 1) or b.shape != (1,):
             raise ValueError(f"W must be ({X.shape[1]}, 1) and b (1,); got {tuple(W.shape)} and {tuple(b.shape)}")
 
-MODES = ("fp32", "pure bf16", "bf16 + fp32 master")
+#: The precisions :func:`train_linear` runs (names of :data:`lessonlib.calc.precision.PRECISIONS`).
+LINEAR_PRECISIONS = ("fp32", "bf16", "bf16_master")
 
 
-def train_linear(mode: str, X: torch.Tensor, y: torch.Tensor, lr: float = 0.01, steps: int = 600):
+def train_linear(precision: str, X: torch.Tensor, y: torch.Tensor, lr: float = 0.01, steps: int = 600):
     """Full-batch gradient descent on ``y ≈ X W + b``; returns (loss at every step, W, b).
 
-    ``mode``: "fp32" (everything in 32 bits), "pure bf16" (weights, computation and
-    update in bf16), or "bf16 + fp32 master" (forward and backward in bf16 on a bf16
+    ``precision``: "fp32" (everything in 32 bits), "bf16" (pure bf16: weights, computation
+    and update in bf16), or "bf16_master" (forward and backward in bf16 on a bf16
     copy of fp32 master weights; the update is applied to the master copy). The loss
     is the mean squared error, computed in fp32 from the model's outputs.
     """
-    choice("mode", mode, MODES)
+    mode = choice("precision", precision_name(precision), LINEAR_PRECISIONS)
     _check_regression(X, y)
     lr = positive("lr", lr, maximum=MAX_LR)
     steps = count("steps", steps, maximum=MAX_STEPS)
     low = torch.bfloat16
     features = X.shape[1]
-    W, b = torch.zeros(features, 1), torch.zeros(1)  # fp32: the master copy in "bf16 + fp32 master"
-    if mode == "pure bf16":
+    W, b = torch.zeros(features, 1), torch.zeros(1)  # fp32: the master copy in "bf16_master"
+    if mode == "bf16":
         W, b = W.to(low), b.to(low)
     Xc, yc = (X, y) if mode == "fp32" else (X.to(low), y.to(low))
-    cast = (lambda t: t.to(low)) if mode == "bf16 + fp32 master" else (lambda t: t.clone())
+    cast = (lambda t: t.to(low)) if mode == "bf16_master" else (lambda t: t.clone())
     losses = []
     for _ in range(steps):
         Wc, bc = cast(W).requires_grad_(), cast(b).requires_grad_()
@@ -73,7 +84,7 @@ def largest_update_over_half_gap(X: torch.Tensor, y: torch.Tensor, W: torch.Tens
     """The largest bf16 update ``lr × |gradient|`` of (W, b), over half the gap between bf16 numbers there.
 
     Below 1, every update rounds away: the weights cannot change. ``W`` and ``b`` are
-    the bf16 weights (``torch.bfloat16``), e.g. from :func:`train_linear` in "pure bf16".
+    the bf16 weights (``torch.bfloat16``), e.g. from :func:`train_linear` in "bf16".
     """
     for name, t in (("W", W), ("b", b)):
         _check_tensor(name, t, floating=True)  # required here (optional to _check_regression)
@@ -102,32 +113,148 @@ def mixed_precision_step(model, inputs, targets, loss_fn, lr: float = 1e-3) -> d
     master is rounded down into the bf16 copy for the next forward. Returns bytes:
     ``weights`` (bf16), ``gradients`` (bf16), ``master_weights`` (fp32) and
     ``optimizer_state`` (Adam's two fp32 averages plus its step counters).
+    It is :func:`measure_recipe` with ``precision="bf16_master"``.
+    """
+    led = measure_recipe(model, inputs, targets, loss_fn, "bf16_master", lr)
+    return {"weights": led.weights, "gradients": led.gradients, "master_weights": led.master_weights,
+            "optimizer_state": led.optimizer_state + led.step_counters}
+
+
+@dataclass
+class PrecisionLedger:
+    """Bytes one Adam step held, role by role, under a precision recipe (all fields in bytes but the first two).
+
+    precision:          the recipe's name (:data:`lessonlib.calc.precision.PRECISIONS`)
+    n_params:           parameters of the model
+    weights:            the copy forward and backward read
+    gradients:          the gradient buffers held after backward (fp32 ones in "bf16_master_fp32_grads")
+    master_weights:     the separate fp32 copy the optimizer updates (0: none)
+    optimizer_state:    Adam's two running averages (its per-tensor step counters left out)
+    step_counters:      Adam's step counters, one 4-byte number per tensor
+    activations:        bytes saved for backward (parameters and FP8 weight copies excluded)
+    matmul_input_bytes: of those, the inputs the matrix products (``nn.Linear``) keep
+    matmul_input_values: how many values those inputs hold
+    weights_in_flight:  1-byte FP8 copies of the weights kept for backward ("fp8"; 0 otherwise)
+    loss_scale:         the factor the loss was multiplied by before backward (1.0: none)
+    """
+
+    precision: str
+    n_params: int
+    weights: int
+    gradients: int
+    master_weights: int
+    optimizer_state: int
+    step_counters: int
+    activations: int
+    matmul_input_bytes: int
+    matmul_input_values: int
+    weights_in_flight: int
+    loss_scale: float
+
+    def per_param(self, role: str) -> float:
+        """Bytes per parameter of ``role`` ("weights", "gradients", "master_weights", "optimizer_state")."""
+        choice("role", role, ("weights", "gradients", "master_weights", "optimizer_state"))
+        return getattr(self, role) / self.n_params
+
+    @property
+    def state_per_param(self) -> float:
+        """Training-state bytes per parameter: weights + gradients + master copy + optimizer state."""
+        return (self.weights + self.gradients + self.master_weights + self.optimizer_state) / self.n_params
+
+    @property
+    def activation_bytes_per_value(self) -> float:
+        """Bytes per value of the matrix-product inputs kept for backward."""
+        return self.matmul_input_bytes / self.matmul_input_values
+
+
+#: The compute format of each recipe; "fp8" computes its products in FP8 on bf16 weights.
+_LOW = {"fp32": torch.float32, "bf16_master": torch.bfloat16, "bf16_master_fp32_grads": torch.bfloat16,
+        "bf16": torch.bfloat16, "fp16_master": torch.float16, "fp8": torch.bfloat16}
+
+#: The loss scale "fp16_master" uses (a fixed power of two; dynamic scaling lowers it when a gradient overflows).
+FP16_LOSS_SCALE = 2.0 ** 12
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def measure_recipe(model, inputs, targets, loss_fn, precision: str = "bf16_master", lr: float = 1e-3) -> PrecisionLedger:
+    """One Adam step of a copy of ``model`` under ``precision``, done by hand; the bytes of each role.
+
+    The copy is cast to the recipe's compute format (fp32, bf16 or fp16; "fp8" runs its
+    ``nn.Linear`` products in FP8 through :func:`lessonlib.measure.formats.use_fp8`).
+    Recipes with a master copy keep fp32 copies of the weights, which Adam updates; the
+    gradients are cast onto them ("fp16_master" first divides out its loss scale;
+    "bf16_master_fp32_grads" accumulates each gradient into an fp32 buffer as soon as
+    backward produces it and frees the bf16 one, as Megatron-LM does). "bf16" and
+    "fp32" let Adam update the weights themselves. ``model`` is left unchanged.
     """
     import copy
 
-    from .memory import optimizer_state_bytes
+    from .formats import fp8_available, use_fp8
+    from .memory import SavedTensorCounter, optimizer_state_bytes
     from .step_args import check_step_args, check_targets_fit
 
     (inputs,) = check_step_args(model, inputs, loss_fn, targets=targets)
     if loss_fn is None:
         raise TypeError("loss_fn must be callable, got None")
+    name = precision_name(precision)
     lr = positive("lr", lr, maximum=MAX_LR)
+    low = _LOW[name]
+    work = copy.deepcopy(model).to(low)
+    if name == "fp8":
+        if not fp8_available(inputs.device):
+            raise ValueError(f"precision 'fp8': torch._scaled_mm has no FP8 kernel on {inputs.device}")
+        use_fp8(work)
+    params = list(work.parameters())
+    n = sum(p.numel() for p in params)
+    has_master = RECIPES[name].master_weights > 0
+    master = [p.detach().float().clone() for p in params] if has_master else params
+    if name == "bf16_master_fp32_grads":  # fp32 gradient buffers, filled as backward goes (Megatron's main_grad)
+        for p, m in zip(params, master):
+            m.grad = torch.zeros_like(m)
 
-    model16 = copy.deepcopy(model).to(torch.bfloat16)
-    master = [p.detach().float().clone().requires_grad_() for p in model16.parameters()]
+            def accumulate(p, m=m):
+                m.grad.add_(p.grad)
+                p.grad = None
+            p.register_post_accumulate_grad_hook(accumulate)
     opt = torch.optim.Adam(master, lr=lr)
-    if inputs.is_floating_point():  # the bf16 copy takes bf16 inputs (token ids stay integers)
-        inputs = inputs.to(torch.bfloat16)
-    out = model16(inputs)
-    check_targets_fit(out, targets)
-    loss_fn(out, targets).backward()
-    w16 = sum(p.numel() * p.element_size() for p in model16.parameters())
-    g16 = sum(p.grad.numel() * p.grad.element_size() for p in model16.parameters())
-    for m, p in zip(master, model16.parameters()):
-        m.grad = p.grad.float()  # (real implementations fuse this cast into the update)
+    if inputs.is_floating_point():
+        inputs = inputs.to(low)
+    counter = SavedTensorCounter(exclude=params).watch(work)
+    with counter:
+        out = work(inputs)
+        check_targets_fit(out, targets)
+        loss = loss_fn(out, targets)
+    scale = FP16_LOSS_SCALE if name == "fp16_master" else 1.0
+    (loss.float() * scale).backward()
+    held = [m.grad for m in master] if name == "bf16_master_fp32_grads" else [p.grad for p in params]
+    gradients = _nbytes(g for g in held if g is not None)
+    if has_master and name != "bf16_master_fp32_grads":
+        for p, m in zip(params, master):
+            m.grad = p.grad.float() / scale  # (real implementations fuse this cast into the update)
     opt.step()
-    with torch.no_grad():
-        for m, p in zip(master, model16.parameters()):
-            p.copy_(m)  # the master copy, rounded down for the next forward
-    m32 = sum(p.numel() * p.element_size() for p in master)
-    return {"weights": w16, "gradients": g16, "master_weights": m32, "optimizer_state": optimizer_state_bytes(opt)}
+    if has_master:
+        with torch.no_grad():
+            for p, m in zip(params, master):
+                p.copy_(m)  # the master copy, rounded into the compute format for the next forward
+    steps = _nbytes(s["step"] for s in opt.state.values() if torch.is_tensor(s.get("step")))
+    # inputs the products keep: what each nn.Linear saved with its input's width (rows x in_features);
+    # under "fp8" one of those per layer is the e4m3 copy of its weight (out x in), a weight in flight
+    inputs_kept, in_flight = [], 0
+    for mod_name, m in work.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            kept = [(shape, b) for where, shape, dtype, b in counter.items
+                    if where == mod_name and len(shape) == 2 and shape[-1] == m.in_features]
+            if name == "fp8":
+                kept.remove(next(k for k in kept if k[0] == tuple(m.weight.shape)))
+                in_flight += m.weight.numel()  # 1 byte each
+            inputs_kept += kept
+    values = sum(rows * cols for (rows, cols), _ in inputs_kept)
+    return PrecisionLedger(
+        precision=name, n_params=n, weights=_nbytes(params), gradients=gradients,
+        master_weights=_nbytes(master) if has_master else 0,
+        optimizer_state=optimizer_state_bytes(opt) - steps, step_counters=steps,
+        activations=counter.bytes - in_flight, matmul_input_bytes=sum(b for _, b in inputs_kept),
+        matmul_input_values=values, weights_in_flight=in_flight, loss_scale=scale)

@@ -29,7 +29,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-from .compat import checkpoint_early_stop, require
+from .compat import checkpoint_early_stop
+from .timing import tally_flops
 from .memory import SavedTensorCounter, peak_memory
 from .rounds import time_rounds
 from ..checks import choice, count, flag, fraction_below_one, function, sequence
@@ -187,26 +188,36 @@ def make_input(model: nn.Sequential, batch: int, seq_len: int, seed: int = 1) ->
     return torch.randn(batch, seq_len, hidden, generator=g).to(device).requires_grad_()
 
 
-def step_flops(model, x, strategy="none", early_stop: bool = True) -> int:
-    """FLOPs of one training step (forward + backward, recomputation included)."""
+def step_flops(model, x, strategy="none", early_stop: bool = True, strict: bool = False) -> int:
+    """FLOPs of one training step (forward + backward, recomputation included).
+
+    Counted by :func:`lessonlib.measure.timing.tally_flops`: an operation with no FLOP
+    formula (a fused kernel) is named in an ``UncountedFlopsWarning``, or refused
+    with ``strict=True``, instead of counting silently as zero.
+    """
     _check_model_and_input(model, x)
     _check_strategy("strategy", strategy, model)
     flag("early_stop", early_stop)
-    FlopCounterMode = require("flop_counter")
-    with FlopCounterMode(display=False) as counter:
-        train_step(model, x, strategy, early_stop)
-    model.zero_grad(set_to_none=True)
-    x.grad = None
-    return int(counter.get_total_flops())
+    try:
+        tally = tally_flops(train_step, model, x, strategy, early_stop, strict=strict,
+                            what=f"step_flops (strategy {strategy!r})")
+    finally:
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+    return tally.flops
 
 
-def forward_flops(model, x) -> int:
-    """FLOPs of one forward pass (no gradient work)."""
+def forward_flops(model, x, strict: bool = False) -> int:
+    """FLOPs of one forward pass (no gradient work).
+
+    As :func:`step_flops`, names uncounted operations in a warning (or refuses with ``strict=True``).
+    """
     _check_model_and_input(model, x)
-    FlopCounterMode = require("flop_counter")
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(x)
-    return int(counter.get_total_flops())
+
+    def forward():
+        with torch.no_grad():
+            model(x)
+    return tally_flops(forward, strict=strict, what="forward_flops").flops
 
 
 def saved_step_activations(model, x, strategy="none") -> SavedActivations:

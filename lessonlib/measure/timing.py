@@ -6,9 +6,11 @@
   kernels it has formulas for. Elementwise work (activations, the loss, the
   optimizer update) is not counted, by design. Fused kernels it has no
   formula for - the mkldnn LSTM/GRU on CPU, scaled_dot_product_attention's
-  flash kernel on CPU, ``nn.TransformerEncoder``'s fast path - would count
-  as zero: :func:`count_flops` names them in an :class:`UncountedFlopsWarning`
-  (or refuses, with ``strict=True``).
+  flash kernel on CPU, ``nn.TransformerEncoder``'s fast path, ``torch.cdist`` -
+  would count as zero: every operation that runs is recorded, and those with no
+  formula that are not known to be FLOP-free (:data:`FLOP_FREE_OPS`) are named in
+  an :class:`UncountedFlopsWarning` (or refused, with ``strict=True``).
+* :func:`tally_flops` - the same count and check around any function.
 * :func:`time_training_step` - medians of each phase's time (seconds) and of
   per-round ratios, from interleaved rounds after a warm-up.
 """
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..checks import count as check_count, flag as check_flag
+from ..checks import count as check_count, flag as check_flag, function as check_function, text as check_text
 from .device import MAX_THREADS
 from .step_args import check_step_args, check_targets_fit
 from .rounds import time_rounds
@@ -40,15 +42,40 @@ class UncountedFlopsWarning(UserWarning):
     """A step ran matrix-product-like operations that FlopCounterMode has no formula for."""
 
 
-#: Words in an operation's name that mark arithmetic-heavy work (products,
-#: convolutions, recurrent and attention kernels). Such an op without a
-#: FlopCounterMode formula is reported as uncounted; elementwise ops are not.
-HEAVY_OP_WORDS = ("mm", "matmul", "dot", "mv", "linear", "einsum", "conv", "rnn", "lstm", "gru",
-                  "attention", "transformer")
+#: Operations that do no matrix-product-like work, so a FLOP count leaves them out by design:
+#: tensor creation, copies and indexing, random numbers, normalisation, softmax, dropout,
+#: losses, reductions, embedding lookups and pooling (work that grows with the tensor's size,
+#: not with a product's inner dimension). Views and ops tagged ``pointwise`` are added to
+#: them by their tags. Every other operation without a FlopCounterMode formula is reported as
+#: uncounted: the list says what is known to be free, rather than guessing heavy ops by name.
+FLOP_FREE_OPS = frozenset("""
+    empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones ones_like new_ones
+    full full_like new_full arange linspace scalar_tensor fill_ zero_ lift_fresh lift_fresh_copy _to_copy copy_
+    clone contiguous _unsafe_view cat stack split split_with_sizes chunk unbind index index_select index_put_
+    _unsafe_index gather scatter scatter_ scatter_add scatter_add_ masked_fill masked_fill_ masked_scatter tril triu
+    repeat flip roll constant_pad_nd slice_backward select_backward index_select_backward as_strided_scatter
+    slice_scatter select_scatter diagonal_scatter embedding embedding_dense_backward embedding_backward
+    bernoulli bernoulli_ normal normal_ uniform_ rand randn randint randperm random_ exponential_
+    native_layer_norm native_layer_norm_backward native_batch_norm native_batch_norm_backward
+    _native_batch_norm_legit _native_batch_norm_legit_functional _native_batch_norm_legit_no_training
+    native_group_norm native_group_norm_backward _softmax _softmax_backward_data _log_softmax
+    _log_softmax_backward_data _safe_softmax native_dropout native_dropout_backward
+    nll_loss_forward nll_loss_backward nll_loss2d_forward nll_loss2d_backward mse_loss mse_loss_backward
+    binary_cross_entropy binary_cross_entropy_backward binary_cross_entropy_with_logits smooth_l1_loss
+    smooth_l1_loss_backward huber_loss huber_loss_backward
+    sum mean amax amin max min argmax argmin var var_mean std std_mean prod cumsum any all linalg_vector_norm norm
+    _local_scalar_dense equal sort topk bincount histc nonzero count_nonzero
+    max_pool2d_with_indices max_pool2d_with_indices_backward avg_pool2d avg_pool2d_backward
+    _adaptive_avg_pool2d _adaptive_avg_pool2d_backward max_pool1d adaptive_max_pool2d adaptive_max_pool2d_backward
+    detach alias resize_ set_ _reshape_alias
+""".split())
+
+#: Tags that mark an operation as elementwise or random: no FLOPs by the course's count.
+_FREE_TAGS = tuple(getattr(torch.Tag, t) for t in ("pointwise", "nondeterministic_seeded") if hasattr(torch.Tag, t))
 
 
 class _OpsSeen(TorchDispatchMode):
-    """Records the name of every operation that runs inside its block."""
+    """Records every operation that runs inside its block."""
 
     def __init__(self):
         super().__init__()
@@ -59,22 +86,67 @@ class _OpsSeen(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _uncounted(ops) -> list:
+def _flop_registry() -> dict:
     import torch.utils.flop_counter as fc
 
-    # flop_registry arrived in torch 2.2; 2.1 calls the same table flop_mapping. Without either
-    # this check cannot tell what is counted, and warns about nothing.
-    flop_registry = getattr(fc, "flop_registry", None) or getattr(fc, "flop_mapping", None) or {}
-    if not flop_registry:
+    # flop_registry arrived in torch 2.2; 2.1 calls the same table flop_mapping
+    return getattr(fc, "flop_registry", None) or getattr(fc, "flop_mapping", None) or {}
+
+
+def _uncounted(ops) -> list:
+    """The operations in ``ops`` that have no FlopCounterMode formula and are not known to be FLOP-free."""
+    registry = _flop_registry()
+    if not registry:  # without the table this check cannot tell what is counted
         return []
     names = set()
     for op in ops:
-        if op in flop_registry or op.overloadpacket in flop_registry:
+        if op in registry or op.overloadpacket in registry or getattr(op, "is_view", False):
             continue
-        name = str(op.overloadpacket).split(".")[-1]
-        if any(w in name.lower() for w in HEAVY_OP_WORDS):
-            names.add(str(op))
+        if op.overloadpacket.__name__ in FLOP_FREE_OPS or any(t in op.tags for t in _FREE_TAGS):
+            continue
+        names.add(str(op))
     return sorted(names)
+
+
+@dataclass
+class FlopTally:
+    """FLOPs FlopCounterMode counted while a function ran, and what it could not count.
+
+    flops:     FLOPs counted (matrix products, convolutions, attention kernels with a formula)
+    uncounted: names of the operations that ran without a formula and are not known to be
+               FLOP-free: their work is missing from ``flops`` (empty: nothing missed)
+    """
+
+    flops: int
+    uncounted: tuple = ()
+
+
+def tally_flops(fn, *args, strict: bool = False, what: str = "the count") -> FlopTally:
+    """Run ``fn(*args)`` under ``FlopCounterMode`` and a record of every operation; return a :class:`FlopTally`.
+
+    When an operation without a FLOP formula ran (see :data:`FLOP_FREE_OPS` for those
+    known to be free), an :class:`UncountedFlopsWarning` names it, or with ``strict=True``
+    a ``ValueError``. ``what`` names the count in the message.
+    """
+    check_function("fn", fn)
+    strict = check_flag("strict", strict)
+    check_text("what", what)
+    seen = _OpsSeen()
+    FlopCounterMode = require("flop_counter")
+    with FlopCounterMode(display=False) as fc, seen:
+        fn(*args)
+    tally = FlopTally(int(fc.get_total_flops()), tuple(_uncounted(seen.ops)))
+    _report(tally.uncounted, f"{what} ({tally.flops:,} FLOPs counted)", strict, stacklevel=3)
+    return tally
+
+
+def _report(missed, counted: str, strict: bool, stacklevel: int) -> None:
+    if missed:
+        msg = (f"FlopCounterMode has no FLOP formula for {', '.join(missed)}: their work is missing from "
+               f"{counted}")
+        if strict:
+            raise ValueError(msg)
+        warnings.warn(msg, UncountedFlopsWarning, stacklevel=stacklevel + 1)
 
 
 @dataclass
@@ -87,14 +159,17 @@ class FlopCount:
     total:     forward + loss + backward
     ratio:     (forward + backward) / forward - 3 for a model whose every matrix
                product also needs the gradient of its input
-    uncounted: names of heavy operations that ran but have no formula, so
-               their FLOPs are missing from the counts (empty: nothing missed)
+    uncounted: names of operations that ran without a formula and are not known
+               to be FLOP-free, so their FLOPs are missing from the counts (empty:
+               nothing missed)
+    inference: True when nothing needed a gradient (no backward ran: backward is 0)
     """
 
     forward: int
     loss: int
     backward: int
     uncounted: tuple = ()
+    inference: bool = False
 
     @property
     def total(self) -> int:
@@ -114,12 +189,17 @@ def count_flops(model, inputs, targets=None, loss_fn=None, strict: bool = False)
 
     Without ``loss_fn`` the backward starts from ``output.sum()``. Counted are
     the operations ``FlopCounterMode`` has formulas for (matrix products,
-    convolutions, some attention kernels); elementwise work is not. When a
-    heavy operation without a formula runs (an mkldnn LSTM on CPU, the CPU
-    flash-attention kernel, ``nn.TransformerEncoder``'s fast path), its FLOPs
-    are missing: the result names it in ``.uncounted`` and an
-    :class:`UncountedFlopsWarning` is issued, or, with ``strict=True``, a
-    ``ValueError`` is raised instead.
+    convolutions, some attention kernels); elementwise work is not. Every
+    operation that runs is recorded: one with no formula that is not known to
+    be FLOP-free (:data:`FLOP_FREE_OPS`, views, pointwise ops) - an mkldnn LSTM
+    on CPU, the CPU flash-attention kernel, ``nn.TransformerEncoder``'s fast
+    path, ``torch.cdist`` - is missing from the count: the result names it in
+    ``.uncounted`` and an :class:`UncountedFlopsWarning` is issued, or, with
+    ``strict=True``, a ``ValueError`` is raised instead.
+
+    Inference counts too: when nothing needs a gradient (a model in eval mode
+    under ``torch.no_grad()``, or frozen parameters) there is no backward to run,
+    and ``backward`` is 0 (``inference`` is True).
     """
     strict = check_flag("strict", strict)
     args = check_step_args(model, inputs, loss_fn, targets=targets)
@@ -133,26 +213,18 @@ def count_flops(model, inputs, targets=None, loss_fn=None, strict: bool = False)
     with FlopCounterMode(display=False) as fc, seen:
         loss = loss_fn(out, targets) if loss_fn is not None else out.float().sum()
     lss = fc.get_total_flops()
+    inference = not loss.requires_grad
+    bwd = 0
+    if not inference:
+        with FlopCounterMode(display=False) as fc, seen:
+            loss.backward()
+        bwd = fc.get_total_flops()
+        for p in model.parameters():
+            p.grad = None
     missed = tuple(_uncounted(seen.ops))
-    if not loss.requires_grad:
-        if missed:
-            warnings.warn(f"FlopCounterMode has no FLOP formula for {', '.join(missed)}", UncountedFlopsWarning,
-                          stacklevel=2)
-        raise ValueError("the loss does not require a gradient, so there is no backward to count "
-                         "(is the model in eval mode under torch.no_grad(), or are its parameters frozen?)")
-    with FlopCounterMode(display=False) as fc, seen:
-        loss.backward()
-    bwd = fc.get_total_flops()
-    for p in model.parameters():
-        p.grad = None
-    missed = tuple(_uncounted(seen.ops))
-    if missed:
-        msg = (f"FlopCounterMode has no FLOP formula for {', '.join(missed)}: their work is missing from the "
-               "count (forward {0:,}, backward {1:,} FLOPs counted)".format(int(fwd), int(bwd)))
-        if strict:
-            raise ValueError(msg)
-        warnings.warn(msg, UncountedFlopsWarning, stacklevel=2)
-    return FlopCount(forward=int(fwd), loss=int(lss), backward=int(bwd), uncounted=missed)
+    _report(missed, "the count (forward {0:,}, backward {1:,} FLOPs counted)".format(int(fwd), int(bwd)), strict,
+            stacklevel=2)
+    return FlopCount(forward=int(fwd), loss=int(lss), backward=int(bwd), uncounted=missed, inference=inference)
 
 
 @dataclass

@@ -86,7 +86,10 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
        all-reducing the gradients inside ``backward``; the optimizer step is
        timed separately;
     3. the pieces: forward+backward on the share with no gradient exchange
-       (``no_sync``) and one all-reduce of a tensor as large as the gradients.
+       (``no_sync``) and one all-reduce of a tensor as large as the gradients;
+       then one all-reduce of a single float (``latency``: the per-message cost
+       that the alpha-beta model of :mod:`lessonlib.calc.comm` calls alpha, paid
+       once per ring step).
     Rounds are timed by :func:`lessonlib.measure.rounds.time_rounds`; times
     are seconds; the per-round maximum over ranks is kept (a step is done when
     the slowest rank is done).
@@ -104,6 +107,7 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
     n_params = sum(p.numel() for p in model.parameters())
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     flat = torch.zeros(n_params, device=device)
+    tiny = torch.zeros(1, device=device)  # 4 bytes: an all-reduce that is all latency
 
     # --- correctness first: one DDP backward on the first batch size ---------
     b0 = batch_sizes[0]
@@ -155,6 +159,9 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
             dist.barrier()
             # 3b. the all-reduce of the gradient bytes alone
             clock.time("allreduce", dist.all_reduce, flat)
+            dist.barrier()
+            # 3c. an all-reduce of 4 bytes: the fixed cost of its ring steps
+            clock.time("latency", dist.all_reduce, tiny)
 
         # one thread per process is set by launch; timed like every other comparison
         timed = time_rounds(one_round, rounds, warmup, device=device, num_threads=None,
@@ -188,7 +195,9 @@ class DataParallelRow:
     ``ddp`` (the measured data-parallel step, ``ddp_backward`` + ``optimizer``),
     ``half_compute`` (forward + backward on one process's share, no exchange),
     ``optimizer``, ``allreduce`` (one all-reduce of the gradient bytes) and
-    ``predicted`` (= half_compute + optimizer + allreduce, per round).
+    ``predicted`` (= half_compute + optimizer + allreduce, per round) and
+    ``latency`` (one all-reduce of a single float, 4 bytes: the fixed cost of
+    an all-reduce's ring steps, whatever its size).
     Ratios, medians of per-round ratios: ``speedup`` (= single / ddp),
     ``predicted_speedup`` (= single / predicted) and ``predicted_over_measured``
     (= predicted / ddp).
@@ -206,6 +215,7 @@ class DataParallelRow:
     speedup: float
     predicted_speedup: float
     predicted_over_measured: float
+    latency: float
 
 
 @dataclass
@@ -267,7 +277,8 @@ def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup
     rows, per_round = [], []
     for i, b in enumerate(sizes):
         merged = Rounds.slowest([res["sweep"][i]["rounds"] for res in per_rank])
-        med = {k: merged.median(k) for k in ("single", "ddp", "half_compute", "optimizer", "allreduce", "ddp_backward")}
+        med = {k: merged.median(k) for k in ("single", "ddp", "half_compute", "optimizer", "allreduce", "ddp_backward",
+                                             "latency")}
         # Everything below is derived from the medians above, so that the
         # numbers a page shows add up: predicted = the sum of the three
         # medians, each speedup = the ratio of two medians.

@@ -1,16 +1,22 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``, timed and weighed.
 
 :func:`run_pipelines` starts processes; each holds one *stage*
-(a few ``Linear + ReLU`` layers) of a model and runs PyTorch's own schedules,
-``ScheduleGPipe`` (all forwards, then all backwards) and ``Schedule1F1B``
-(after a warm-up, one forward then one backward), for several micro-batch
-counts ``m``. Nothing here simulates a schedule: PyTorch decides the order,
-and two things are recorded while it runs:
+(a few ``Linear + ReLU`` layers) of a model, or ``v`` stages for the
+interleaved and zero-bubble schedules, and runs PyTorch's own schedules:
+``ScheduleGPipe`` (all forwards, then all backwards), ``Schedule1F1B``
+(after a warm-up, forwards and backwards alternate), ``ScheduleInterleaved1F1B``
+(1F1B with ``v`` stages per process, placed in a loop: stage ``k·p + rank``),
+``ScheduleInterleavedZeroBubble`` (the same placement, backward split into an
+input-gradient pass ``I`` and a weight-gradient pass ``W``) and
+``ScheduleZBVZeroBubble`` (two stages per process placed in a V: ``rank`` and
+``2p - 1 - rank``, backward split too). Nothing here simulates a schedule:
+PyTorch decides the order, and two things are recorded while it runs:
 
-* **when each stage computes**: the stage's ``forward_one_chunk`` and
-  ``backward_one_chunk`` (the calls a schedule makes for one micro-batch)
-  are wrapped to take a timestamp before and after; everything else,
-  waiting for a neighbour's activations or gradients included, is idle time;
+* **when each stage computes**: the stage's ``forward_one_chunk``,
+  ``backward_one_chunk`` and ``backward_weight_one_chunk`` (the calls a
+  schedule makes for one micro-batch) are wrapped to take a timestamp before
+  and after; everything else, waiting for a neighbour's activations or
+  gradients included, is idle time;
 * **how many activation bytes each stage keeps** at any moment:
   :class:`LiveSavedBytes` counts every tensor autograd saves for backward
   from the moment it is saved until autograd frees it, and keeps the peak.
@@ -27,9 +33,12 @@ from ..compat import require_all
 from .launch import launch
 from .quiet import known_warnings_silenced
 
-__all__ = ["LiveSavedBytes", "stage_module", "run_pipelines", "idle_share"]
+__all__ = ["LiveSavedBytes", "stage_module", "stage_indices", "run_pipelines", "idle_share"]
 
-SCHEDULES = ("GPipe", "1F1B")
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZB", "ZBV")
+#: Schedules that run several stages per process (``stages_per_process``); the others run one stage
+#: per process holding the same layers (``stages_per_process × layers`` of them).
+MULTI_STAGE = ("Interleaved1F1B", "InterleavedZB", "ZBV")
 
 
 class _Held:
@@ -121,7 +130,11 @@ def stage_module(hidden: int, layers: int):
     return nn.Sequential(*mods)
 
 
-def _timed(fn, kind, spans, device):
+def _timed(fn, kind, spans, device, stage_index):
+    """Wrap a stage's per-micro-batch call to record ``(kind, microbatch, start, end, stage_index)``.
+
+    A backward called with ``full_backward=False`` computes only the input gradient: kind ``I``.
+    """
     import torch
 
     def inner(chunk, *args, **kwargs):
@@ -129,46 +142,82 @@ def _timed(fn, kind, spans, device):
         out = fn(chunk, *args, **kwargs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        spans.append((kind, chunk, t0, time.perf_counter()))
+        k = "I" if kind == "B" and kwargs.get("full_backward", True) is False else kind
+        spans.append((k, chunk, t0, time.perf_counter(), stage_index))
         return out
     return inner
 
 
-def _run_schedules(rank, n, group, device, progress, configs, hidden, layers, rows, reps):
-    """Ranks 0..n-1 of ``group`` run each ``(schedule, m)`` of ``configs``; this process is stage ``rank``."""
+def stage_indices(schedule: str, rank: int, world_size: int, stages_per_process: int) -> list:
+    """The pipeline stages process ``rank`` holds: ``[rank]`` for one stage per process, a loop
+    ``rank, rank + p, ...`` for the interleaved schedules, a V ``rank, 2p - 1 - rank`` for ZBV."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    p = check_count("world_size", world_size)
+    rank = check_count("rank", rank, minimum=0, maximum=p - 1)
+    v = check_count("stages_per_process", stages_per_process, maximum=64)
+    if schedule not in MULTI_STAGE:
+        return [rank]
+    if schedule == "ZBV":
+        if v != 2:
+            raise ValueError(f"ZBV holds exactly 2 stages per process, got stages_per_process={v}")
+        return [rank, 2 * p - 1 - rank]
+    return [rank + k * p for k in range(v)]
+
+
+def _build(name, rank, n, v, device, group, hidden, layers):
+    """This process's PipelineStage(s) for schedule ``name``, and the modules they hold."""
+    import torch
+    from torch.distributed.pipelining import PipelineStage
+
+    idx = stage_indices(name, rank, n, v)
+    mods = []
+    for i in idx:
+        torch.manual_seed(1000 + i)  # each stage has its own layers
+        mods.append(stage_module(hidden, layers if name in MULTI_STAGE else layers * v).to(device))
+    total = n * v if name in MULTI_STAGE else n
+    stages = [PipelineStage(mod, i, total, device, group=group) for mod, i in zip(mods, idx)]
+    return stages, mods, idx, total
+
+
+def _run_schedules(rank, n, group, device, progress, configs, hidden, layers, rows, reps, v=1):
+    """Ranks 0..n-1 of ``group`` run each ``(schedule, m)`` of ``configs``."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed import pipelining as pl
 
-    classes = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+    classes = {"GPipe": pl.ScheduleGPipe, "1F1B": pl.Schedule1F1B, "Interleaved1F1B": pl.ScheduleInterleaved1F1B,
+               "InterleavedZB": pl.ScheduleInterleavedZeroBubble, "ZBV": pl.ScheduleZBVZeroBubble}
     results = []
-    torch.manual_seed(rank)  # each stage has its own layers
-    stage_mod = stage_module(hidden, layers).to(device)
     for name, m in configs:
-        stage = PipelineStage(stage_mod, rank, n, device, group=group)
+        stages, mods, idx, total = _build(name, rank, n, v, device, group, hidden, layers)
         spans: list = []
-        stage.forward_one_chunk = _timed(stage.forward_one_chunk, "F", spans, device)
-        stage.backward_one_chunk = _timed(stage.backward_one_chunk, "B", spans, device)
-        schedule = classes[name](stage, n_microbatches=m, loss_fn=F.mse_loss)
+        for st, i in zip(stages, idx):
+            st.forward_one_chunk = _timed(st.forward_one_chunk, "F", spans, device, i)
+            st.backward_one_chunk = _timed(st.backward_one_chunk, "B", spans, device, i)
+            st.backward_weight_one_chunk = _timed(st.backward_weight_one_chunk, "W", spans, device, i)
+        schedule = classes[name](stages if name in MULTI_STAGE else stages[0], n_microbatches=m, loss_fn=F.mse_loss)
+        order = getattr(schedule, "pipeline_order", None) or {}
+        actions = {int(r): [None if a is None else str(a) for a in acts] for r, acts in order.items()}
         g = torch.Generator().manual_seed(7)
         x = torch.randn(m * rows, hidden, generator=g).to(device)
         y = torch.randn(m * rows, hidden, generator=g).to(device)
+        params = [q for mod in mods for q in mod.parameters()]
+        args = (x,) if 0 in idx else ()
+        kwargs = {"target": y} if total - 1 in idx else {}
         runs = []
         for rep in range(reps + 1):  # the first step sets the stages up: not measured
             spans.clear()
-            stage_mod.zero_grad(set_to_none=True)
-            counter = LiveSavedBytes(exclude=[*stage_mod.parameters(), x, y])
+            for mod in mods:
+                mod.zero_grad(set_to_none=True)
+            counter = LiveSavedBytes(exclude=[*params, x, y])
             dist.barrier(group=group)
             with counter:
-                if rank == 0:
-                    schedule.step(x)
-                elif rank == n - 1:
-                    schedule.step(target=y)
-                else:
-                    schedule.step()
+                schedule.step(*args, **kwargs)
             if rep > 0:
-                runs.append({"spans": list(spans), "peak_bytes": counter.peak, "left_bytes": counter.live})
+                runs.append({"spans": list(spans), "peak_bytes": counter.peak, "left_bytes": counter.live,
+                             "actions": actions if rank == 0 else None})
         results.append(runs)
         progress.put(1)
     return results
@@ -185,7 +234,7 @@ def _pipeline_worker(rank, world, device, progress, specs):
             group = dist.new_group(list(range(n))) if n < world else None
             if rank < n:
                 out.append(_run_schedules(rank, n, group, device, progress, spec["configs"], spec["hidden"],
-                                          spec["layers"], spec["rows"], spec["reps"]))
+                                          spec["layers"], spec["rows"], spec["reps"], spec["stages_per_process"]))
             else:
                 out.append(None)
             dist.barrier()  # the others wait here, using no CPU, until the run is over
@@ -194,7 +243,9 @@ def _pipeline_worker(rank, world, device, progress, specs):
 
 @_reads("per_rank_spans")
 def idle_share(per_rank_spans) -> float:
-    """1 - busy time / (stages × makespan) for one step, from each stage's ``(kind, mb, start, end)`` spans.
+    """1 - busy time / (processes × makespan) for one step, from each process's spans.
+
+    A span is ``(kind, mb, start, end)`` or ``(kind, mb, start, end, stage_index)``, seconds.
 
     The makespan runs from the first compute on any stage to the last (the
     clock is the machine's monotonic clock, shared by its processes).
@@ -205,8 +256,8 @@ def idle_share(per_rank_spans) -> float:
     if not spans:
         raise ValueError("per_rank_spans holds no spans")
     for s in spans:
-        if not isinstance(s, (list, tuple)) or len(s) != 4:
-            raise ValueError(f"per_rank_spans must hold (kind, microbatch, start, end) spans, got {s!r}")
+        if not isinstance(s, (list, tuple)) or len(s) not in (4, 5):
+            raise ValueError(f"per_rank_spans must hold (kind, microbatch, start, end[, stage]) spans, got {s!r}")
     start = min(s[2] for s in spans)
     end = max(s[3] for s in spans)
     busy = sum(s[3] - s[2] for s in spans)
@@ -215,7 +266,7 @@ def idle_share(per_rank_spans) -> float:
     return 1.0 - busy / (len(per_rank) * (end - start))
 
 
-def _spec(world_size, microbatches, schedules, hidden, layers, rows, reps) -> dict:
+def _spec(world_size, microbatches, schedules, hidden, layers, rows, reps, stages_per_process) -> dict:
     from .launch import MAX_WORLD_SIZE
 
     world_size = check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
@@ -225,13 +276,23 @@ def _spec(world_size, microbatches, schedules, hidden, layers, rows, reps) -> di
             raise ValueError(f"unknown schedule {s!r}; choose from {', '.join(SCHEDULES)}")
     from ..models import MAX_LAYERS, MAX_PARAMS
 
-    configs = [(s, m) for s in schedules for m in ms if not (s == "1F1B" and m < world_size)]
+    v = check_count("stages_per_process", stages_per_process, maximum=8)
+    if v > 1 and "ZBV" in schedules and v != 2:
+        raise ValueError(f"ZBV holds exactly 2 stages per process, got stages_per_process={v}")
+    if v == 1 and any(s in MULTI_STAGE for s in schedules):
+        raise ValueError("the interleaved and zero-bubble schedules need stages_per_process >= 2")
+    # 1F1B-like schedules need m >= world_size; the flexible interleaved ones need m a multiple of the rounds
+    configs = [(s, m) for s in schedules for m in ms
+               if (s == "GPipe" or m >= world_size) and (s not in MULTI_STAGE or m % max(1, m // world_size) == 0)]
+    if not configs:
+        raise ValueError(f"no schedule of {list(schedules)} runs with microbatches={ms} on world_size={world_size}")
     hidden, layers = check_count("hidden", hidden), check_count("layers", layers, maximum=MAX_LAYERS)
     if layers * hidden * hidden > MAX_PARAMS:
         raise ValueError(f"layers={layers} of hidden={hidden} give more than the {MAX_PARAMS:,} parameters "
                          "the course's models allow")
     return {"world_size": world_size, "configs": configs, "hidden": hidden, "layers": layers,
-            "rows": check_count("rows", rows, maximum=1_000_000), "reps": check_count("reps", reps, maximum=100)}
+            "rows": check_count("rows", rows, maximum=1_000_000), "reps": check_count("reps", reps, maximum=100),
+            "stages_per_process": v}
 
 
 def run_pipelines(specs, timeout: float = 240.0) -> list:
@@ -239,24 +300,31 @@ def run_pipelines(specs, timeout: float = 240.0) -> list:
 
     ``specs`` is a list of dicts, one per pipeline: ``world_size`` (stages,
     one process each), ``microbatches`` (the counts m to run), and optionally
-    ``schedules`` ("GPipe", "1F1B"), ``hidden``, ``layers`` (each stage is
-    :func:`stage_module`), ``rows`` (examples per micro-batch, the same for
-    every m, so the work per micro-batch does not change) and ``reps``
-    (measured steps after one unmeasured set-up step). 1F1B needs m >=
-    world_size, so smaller m run with GPipe only. One launch of
+    ``schedules`` (of :data:`SCHEDULES`; default GPipe and 1F1B), ``hidden``,
+    ``layers`` (each stage is :func:`stage_module`), ``rows`` (examples per
+    micro-batch, the same for every m, so the work per micro-batch does not
+    change), ``reps`` (measured steps after one unmeasured set-up step) and
+    ``stages_per_process`` ``v`` (the interleaved and zero-bubble schedules
+    hold ``v`` stages of ``layers`` layers per process, :func:`stage_indices`;
+    GPipe and 1F1B then hold one stage of ``v × layers`` layers, the same
+    model). All but GPipe need m >= world_size; smaller m run with GPipe only. One launch of
     ``max(world_size)`` processes serves every spec (each start costs
     seconds); a pipeline on fewer processes uses ranks 0..n-1 while the
     others wait.
 
     Each result is ``{"world_size", "backend", "runs": [...]}``; each run is
     ``{"schedule", "microbatches", "steps": [...]}`` and each step has
-    ``spans`` (per rank, ``(kind, microbatch, start_s, end_s)``, seconds on
-    the machine's monotonic clock, shared by its processes), ``idle_share``
+    ``spans`` (per rank, ``(kind, microbatch, start_s, end_s, stage_index)``,
+    kind ``F``, ``B``, or ``I`` and ``W`` for a backward split into its input-
+    and weight-gradient passes, seconds on the machine's monotonic clock,
+    shared by its processes), ``actions`` (the schedule's own
+    ``pipeline_order``: per rank, the compute actions in order, as torch
+    writes them, e.g. ``"2F0"`` = stage 2, forward, micro-batch 0), ``idle_share``
     (:func:`idle_share`), ``peak_bytes`` (per rank: the most activation bytes
     alive at once) and ``left_bytes`` (per rank, after the step: 0 when every
     activation was freed).
     """
-    defaults = dict(schedules=SCHEDULES, hidden=512, layers=4, rows=64, reps=2)
+    defaults = dict(schedules=("GPipe", "1F1B"), hidden=512, layers=4, rows=64, reps=2, stages_per_process=1)
     checked = []
     for i, spec in enumerate(check_sequence("specs", specs)):
         spec = check_mapping(f"specs[{i}]", spec)
@@ -283,10 +351,11 @@ def run_pipelines(specs, timeout: float = 240.0) -> list:
             for k in range(spec["reps"]):
                 at = [per_rank[r]["runs"][j][i][k] for r in range(n)]
                 spans = [a["spans"] for a in at]
-                steps.append({"spans": spans, "idle_share": idle_share(spans),
+                steps.append({"spans": spans, "idle_share": idle_share(spans), "actions": at[0]["actions"],
                               "peak_bytes": [a["peak_bytes"] for a in at],
                               "left_bytes": [a["left_bytes"] for a in at]})
             runs.append({"schedule": name, "microbatches": m, "steps": steps})
         results.append({"world_size": n, "backend": per_rank[0]["backend"], "rows": spec["rows"],
-                        "hidden": spec["hidden"], "layers": spec["layers"], "runs": runs})
+                        "hidden": spec["hidden"], "layers": spec["layers"],
+                        "stages_per_process": spec["stages_per_process"], "runs": runs})
     return results

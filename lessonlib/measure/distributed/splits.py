@@ -131,6 +131,8 @@ def _expert_parallel_worker(rank, world_size, device, progress, tokens, hidden, 
         dist.all_to_all_single(back, out, output_split_sizes=send_split, input_split_sizes=recv_split)
         y = torch.empty_like(x)
         y[order] = back
+    a2a_forward, a2a_backward = _count_all_to_alls(x, order, send_split, recv_split, rexp, experts, rank,
+                                                   experts_per_rank, tokens, hidden)
     loads = [torch.empty_like(local_load) for _ in range(world_size)]
     dist.all_gather(loads, local_load)
     progress.put(1)
@@ -146,7 +148,33 @@ def _expert_parallel_worker(rank, world_size, device, progress, tokens, hidden, 
         "max_diff": (y - reference).abs().max().item(),
         "equal": torch.equal(y, reference),
         "allclose": torch.allclose(y, reference, rtol=1e-5, atol=1e-6),
+        "all_to_all_forward": a2a_forward,
+        "all_to_all_backward": a2a_backward,
     }
+
+
+def _count_all_to_alls(x, order, send_split, recv_split, rexp, experts, rank, experts_per_rank, tokens, hidden):
+    """The same exchange in training: tokens out, experts, results back, then backward; PyTorch's
+    ``CommDebugMode`` counts the all-to-alls of the forward and of the backward (the tokens' split sizes are
+    already known, as in a layer that reuses them). ``all_to_all_single_autograd`` (torch's functional
+    collectives; the older ``torch.distributed.nn.functional`` one is deprecated) is the autograd-aware
+    all-to-all: its backward is an all-to-all with the split sizes swapped."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    xt = x.detach().clone().requires_grad_(True)
+    with CommDebugMode() as fwd:
+        received = all_to_all_single_autograd(xt[order], recv_split, send_split, dist.group.WORLD)
+        out = torch.zeros_like(received)
+        for e in range(rank * experts_per_rank, (rank + 1) * experts_per_rank):
+            out = out.index_put((torch.nonzero(rexp == e).squeeze(1),), experts[e](received[rexp == e]))
+        back = all_to_all_single_autograd(out, send_split, recv_split, dist.group.WORLD)
+        loss = back.pow(2).mean()
+    with CommDebugMode() as bwd:
+        loss.backward()
+    return fwd.get_total_counts(), bwd.get_total_counts()
 
 
 #: The most values one tensor of a split run may hold (256 MiB in fp32), and the most parameters of

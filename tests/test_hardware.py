@@ -1,4 +1,4 @@
-"""lessonlib.calc.devices: one table of devices, used by every page that turns FLOPs into time."""
+"""lessonlib.calc.hardware: one table of devices, used by every page that turns FLOPs into time."""
 from __future__ import annotations
 
 import doctest
@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from lessonlib.calc import devices as D
+from lessonlib.calc import hardware as D
 from lessonlib.calc.planner import PRESETS, SECONDS_PER_DAY, single_device_seconds, training_flops
 from lessonlib.book.reports import plan_html
 
@@ -56,7 +56,7 @@ def test_bad_input_is_refused_by_name():
 def test_the_planner_report_uses_the_table():
     days = single_device_seconds(training_flops(PRESETS["1.3B"]["n_params"], 20 * PRESETS["1.3B"]["n_params"]),
                                  D.sustained_flops_per_s()) / SECONDS_PER_DAY
-    html = plan_html("1.3B", "adam", "mixed", 2, 2048, "none", 80)
+    html = plan_html("1.3B", "adam", "bf16_master", 2, 2048, "none", 80)
     assert f"{days:,.1f} days" in html
     assert D.rate_text(D.sustained_flops_per_s()) in html   # the rate it used, printed as used (not 4e+14)
 

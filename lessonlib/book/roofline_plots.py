@@ -1,0 +1,36 @@
+"""The roofline figure: a device's two roofs and the course's ops placed on them (log-log)."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from ..checks import reads, text
+from ..measure.roofline import Roofline
+
+
+@reads("roofline", "points")
+def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this device, with the course's ops"):
+    """Log-log: attainable GFLOP/s against arithmetic intensity (FLOPs per byte), the measured
+    ops as points (named in the legend), and the ridge where the two roofs meet. Returns the figure."""
+    if not isinstance(roofline, Roofline):
+        raise TypeError(f"roofline must be a Roofline, got {type(roofline).__name__}")
+    points = list(points)
+    if not points:
+        raise ValueError("points must name at least one measured op")
+    text("title", title)
+    lo = min(min(p.intensity for p in points), roofline.ridge) / 3
+    hi = max(max(p.intensity for p in points), roofline.ridge) * 3
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    ax.plot(xs, [roofline.attainable(x) / 1e9 for x in xs], color="black", label="roofline: min(peak, bandwidth × intensity)")
+    ax.axvline(roofline.ridge, color="grey", linestyle=":", label=f"ridge: {roofline.ridge:.3g} FLOPs/byte")
+    markers = "osD^vP*Xh<>"  # a colour and a shape per op: told apart without colour too
+    for i, p in enumerate(points):
+        ax.scatter([p.intensity], [p.measured / 1e9], zorder=3, marker=markers[i % len(markers)], s=40, label=p.name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+    ax.set_ylabel("throughput (GFLOP/s)")
+    ax.set_title(title)
+    ax.set_ylim(top=ax.get_ylim()[1] * 6)  # room for the legend above the roof
+    ax.legend(loc="upper left", fontsize=8, ncol=2)
+    return fig

@@ -1,0 +1,93 @@
+"""Gradient buckets: DDP's mechanism for sending gradients during backward, in a few readable lines.
+
+:func:`all_reduce_in_buckets` averages a model's gradients over the processes
+of the default group bucket by bucket, each bucket's all-reduce started as
+soon as backward has produced its last gradient (what
+``DistributedDataParallel`` does inside). :func:`layer_stack` is the model the
+overlap page measures: equal layers, so the buckets are easy to count.
+Sizes are bytes.
+"""
+from __future__ import annotations
+
+from ...checks import count as _check_count, instance as _check_instance
+
+__all__ = ["layer_stack", "all_reduce_in_buckets", "MAX_SIZE"]
+
+#: The largest width and layer count :func:`layer_stack` accepts.
+MAX_SIZE = 4096
+
+
+def layer_stack(hidden: int = 256, layers: int = 8, seed: int = 0):
+    """``layers`` blocks of ``Linear(hidden, hidden)`` + ReLU (a ``torch.nn.Sequential``), seeded.
+
+    Every block holds the same bytes, so the gradient buckets are easy to count.
+    """
+    import torch
+
+    hidden = _check_count("hidden", hidden, maximum=MAX_SIZE)
+    layers = _check_count("layers", layers, maximum=MAX_SIZE)
+    seed = _check_count("seed", seed, minimum=0)
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU())
+                                 for _ in range(layers)])
+
+
+def all_reduce_in_buckets(model, bucket_bytes: int):
+    """Average ``model``'s gradients over the processes in buckets, each sent as soon as it is ready.
+
+    The mechanism of DDP in a few lines, for reading (the measurements use DDP
+    itself). Parameters are grouped, last layer first (the order backward
+    produces their gradients), into buckets of at least ``bucket_bytes``
+    bytes. A hook on each parameter fires when its gradient is accumulated;
+    when the last gradient of a bucket arrives, the bucket's all-reduce starts
+    *without waiting* (``async_op=True``) and backward carries on with the
+    next layers. Returns ``finish()``: call it after ``backward()`` to wait for
+    every bucket and write the averages back into ``.grad``; it returns the
+    bucket sizes in bytes, in the order they were sent.
+    """
+    import torch
+    import torch.distributed as dist
+
+    _check_instance("model", model, torch.nn.Module, "a torch.nn.Module")
+    bucket_bytes = _check_count("bucket_bytes", bucket_bytes)
+    if not dist.is_initialized():  # before any hook is registered: the model stays as it was
+        raise ValueError("model: no process group to average its gradients over; "
+                         "call torch.distributed.init_process_group first (workers started by launch have one)")
+    buckets, current, size = [], [], 0
+    for p in reversed([p for p in model.parameters() if p.requires_grad]):
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if size >= bucket_bytes:  # close the bucket once it holds enough bytes
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    in_flight = []  # (bucket, flat gradients, the all-reduce under way)
+
+    def hook_for(bucket):
+        arrived = []
+
+        def hook(param):  # runs when backward has accumulated param.grad
+            arrived.append(param)
+            if len(arrived) == len(bucket):  # the bucket is complete: send it now
+                flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+                in_flight.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
+                arrived.clear()
+        return hook
+
+    for bucket in buckets:
+        hook = hook_for(bucket)
+        for p in bucket:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        sent = []
+        for bucket, flat, work in in_flight:
+            work.wait()  # the last bucket's wait is the communication backward could not hide
+            flat /= dist.get_world_size()
+            for q, g in zip(bucket, flat.split([q.numel() for q in bucket])):
+                q.grad.copy_(g.view_as(q))
+            sent.append(flat.numel() * flat.element_size())
+        in_flight.clear()
+        return sent
+    return finish

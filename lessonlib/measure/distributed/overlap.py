@@ -1,0 +1,385 @@
+"""Communication hidden behind compute, measured on torch.distributed's own engines.
+
+:func:`run_overlap` starts ``world_size`` processes (gloo on CPU, NCCL with a
+GPU each) that train the same stack of layers and time, round by round
+(:func:`lessonlib.measure.rounds.time_rounds`), one forward and backward with
+its gradient exchange, each way:
+
+- ``compute``: forward and backward under DDP's ``no_sync()``: no exchange;
+- ``sync_after``: the same, then one all-reduce of all gradients (nothing hidden);
+- ``ddp``: ``DistributedDataParallel`` with small buckets (``bucket_cap_mb``):
+  each bucket's all-reduce starts during backward, when its gradients are ready;
+- ``hooks``: :func:`~lessonlib.measure.distributed.buckets.all_reduce_in_buckets`, the same
+  mechanism in a few readable lines;
+- ``fsdp``, ``fsdp_prefetch``: FSDP2's ``fully_shard`` per layer with its
+  defaults (the weights freed after forward, one layer prefetched in backward),
+  and with explicit forward and backward prefetch
+  (``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch``);
+- the communication alone: one all-reduce of the gradient bytes (``allreduce``),
+  and FSDP's collectives, as ``CommDebugMode`` logged them in one step, replayed
+  without compute (``fsdp_comm``; both FSDP variants issue the same collectives,
+  in another order, which the worker checks).
+
+Times are seconds: per round, the slowest process; over the rounds, the
+fastest round. These steps last milliseconds, so on a shared machine one
+descheduled process can stretch a round several times over; the fastest round
+is the one least disturbed by other work (medians of these cases moved by
+2-5x from run to run on a loaded 2-core machine).
+Workers run in spawned processes, so they live here, not in a notebook.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+
+from ...checks import amount as _check_amount, count as _check_count, positive as _check_positive
+from ...calc.overlap import hidden_share
+from ..rounds import Rounds, time_rounds
+from .buckets import MAX_SIZE, all_reduce_in_buckets, layer_stack
+from .collectives import CollectiveLog
+from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
+from .quiet import known_warnings_silenced
+
+__all__ = ["run_overlap", "OverlapRow", "OverlapRun", "VARIANTS"]
+#: The variants timed, in table order: (name in the rounds, label, name of its communication alone).
+VARIANTS = (
+    ("sync_after", "DDP no_sync + one all-reduce after backward", "allreduce"),
+    ("ddp", "DDP, gradient buckets during backward", "allreduce"),
+    ("hooks", "bucket hooks (all_reduce_in_buckets)", "allreduce"),
+    ("fsdp", "FSDP2, defaults (implicit backward prefetch)", "fsdp_comm"),
+    ("fsdp_prefetch", "FSDP2, explicit forward + backward prefetch", "fsdp_comm"),
+)
+
+
+def _timed_allreduce_hook(record, bucket):
+    """DDP's own all-reduce hook (``default_hooks.allreduce_hook``), with when each bucket was sent and done."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    buf = bucket.buffer()
+    start = time.perf_counter()
+    fut = default_hooks.allreduce_hook(None, bucket)
+
+    def done(f):  # runs when the all-reduce has finished (gloo: in its own thread)
+        record.append({"bucket": bucket.index(), "bytes": buf.numel() * buf.element_size(),
+                       "start": start, "end": time.perf_counter()})
+        return f.value()
+    return fut.then(done)
+
+
+def _fsdp(base, mesh, device, prefetch: bool):
+    from torch.distributed.fsdp import fully_shard
+
+    model = copy.deepcopy(base).to(device)
+    for block in model:
+        fully_shard(block, mesh=mesh)  # weights freed after forward, gathered again in backward
+    fully_shard(model, mesh=mesh)
+    if prefetch:  # ask for the next layers' weights early, in both directions
+        blocks = list(model)
+        for i, block in enumerate(blocks):
+            if i + 1 < len(blocks):
+                block.set_modules_to_forward_prefetch(blocks[i + 1:i + 3])
+            if i > 0:
+                block.set_modules_to_backward_prefetch(blocks[max(0, i - 2):i][::-1])
+    return model
+
+
+def _replay(plan, world_size, device):
+    """Buffers and a function that issues the logged collectives again, without any compute."""
+    import torch
+    import torch.distributed as dist
+
+    # the names torch 2.13 prefers; older torch has only the *_tensor ones
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    calls = []
+    for kind, n_bytes in plan:
+        n = n_bytes // 4  # float32
+        full, shard = torch.zeros(n, device=device), torch.zeros(n // world_size, device=device)
+        if kind == "all_gather":
+            calls.append(lambda full=full, shard=shard: gather(full, shard))
+        elif kind == "reduce_scatter":
+            calls.append(lambda full=full, shard=shard: scatter(shard, full))
+        elif kind == "all_reduce":
+            calls.append(lambda full=full: dist.all_reduce(full))
+        else:
+            raise RuntimeError(f"FSDP issued a collective this replay does not know: {kind}")
+    return lambda: [c() for c in calls]
+
+
+def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, bucket_cap_mb, rounds, warmup):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [device.index] if device.type == "cuda" else None
+    loss_fn = torch.nn.MSELoss()
+    g = torch.Generator().manual_seed(100 + rank)  # each process its own share of the batch
+    x = torch.randn(batch, hidden, generator=g).to(device)
+    y = torch.randn(batch, hidden, generator=g).to(device)
+    with known_warnings_silenced():
+        base = layer_stack(hidden, layers)
+        params = list(base.parameters())
+        param_bytes = sum(p.numel() * p.element_size() for p in params)
+        ddp = DDP(copy.deepcopy(base).to(device), device_ids=ids, bucket_cap_mb=bucket_cap_mb)
+        traced, record = DDP(copy.deepcopy(base).to(device), device_ids=ids, bucket_cap_mb=bucket_cap_mb), []
+        traced.register_comm_hook(record, _timed_allreduce_hook)
+        hooked = copy.deepcopy(base).to(device)
+        finish = all_reduce_in_buckets(hooked, int(bucket_cap_mb * 2**20))
+        mesh = DeviceMesh(device.type, list(range(world_size)))
+        fsdp = {"fsdp": _fsdp(base, mesh, device, False),
+                "fsdp_prefetch": _fsdp(base, mesh, device, True)}
+        flat = torch.zeros(param_bytes // 4, device=device)
+
+        def grads(model):
+            return torch.cat([(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).reshape(-1)
+                              for p in model.parameters()])
+
+        def fwd_bwd(model):
+            model.zero_grad(set_to_none=True)
+            loss_fn(model(x), y).backward()
+
+        def compute():
+            with ddp.no_sync():
+                fwd_bwd(ddp)
+
+        def sync_after():
+            compute()
+            ps = list(ddp.parameters())
+            both = torch.cat([p.grad.reshape(-1) for p in ps])
+            dist.all_reduce(both)  # everything at once, after backward: nothing hidden
+            both /= world_size
+            for p, g_ in zip(ps, both.split([p.numel() for p in ps])):
+                p.grad.copy_(g_.view_as(p))
+
+        def hooks():
+            fwd_bwd(hooked)
+            return finish()
+
+        # --- correctness and structure first: the same gradients whatever the exchange -------
+        for _ in range(2):  # DDP rebuilds its buckets after the first step
+            fwd_bwd(ddp)
+            record.clear()
+            fwd_bwd(traced)
+        reference = grads(ddp)
+        sync_after()
+        diffs = {"sync_after": (grads(ddp) - reference).abs().max().item()}
+        hook_buckets = hooks()
+        diffs["hooks"] = (grads(hooked) - reference).abs().max().item()
+        diffs["ddp_traced"] = (grads(traced) - reference).abs().max().item()
+        plans = {}
+        for name, model in fsdp.items():
+            log = CollectiveLog()
+            with log:
+                fwd_bwd(model)
+            plans[name] = [(r.kind, r.n_bytes) for r in log.records]
+            diffs[name] = (grads(model) - reference).abs().max().item()
+        ddp_buckets = [r["bytes"] for r in sorted(record, key=lambda r: r["bucket"])]
+        # prefetch changes when the all-gathers are issued, not which: one replay times both
+        if sorted(plans["fsdp"]) != sorted(plans["fsdp_prefetch"]):
+            raise RuntimeError(f"FSDP2 with prefetch issued other collectives: {plans}")
+        replays = {"fsdp_comm": _replay(plans["fsdp"], world_size, device)}
+
+        tick = (lambda: progress.put(1)) if rank == 0 else None
+
+        def one_round(clock):
+            cases = [("compute", compute), ("sync_after", sync_after), ("ddp", lambda: fwd_bwd(ddp)),
+                     ("hooks", hooks), ("allreduce", lambda: dist.all_reduce(flat))]
+            cases += [(name, lambda m=model: fwd_bwd(m)) for name, model in fsdp.items()]
+            cases += list(replays.items())
+            for name, fn in cases:
+                dist.barrier()  # every process starts each case together
+                clock.time(name, fn)
+
+        timed = time_rounds(one_round, rounds, warmup, device=device, num_threads=None, after_round=tick)
+
+        # --- one traced step of each DDP variant, for the timeline -------------------------
+        def now():  # on a GPU, the work queued so far is done first, so that a time means finished work
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+        def events(model, exchange):
+            ready = []
+            handles = [p.register_post_accumulate_grad_hook(lambda p: ready.append(time.perf_counter()))
+                       for p in model.parameters()]
+            dist.barrier()
+            record.clear()
+            t0 = now()
+            model.zero_grad(set_to_none=True)
+            out = loss_fn(model(x), y)
+            t1 = now()
+            out.backward()
+            t2 = now()
+            comm = exchange()
+            t3 = now()
+            for h in handles:
+                h.remove()
+            return {"forward": (t0, t1), "backward": (t1, max(ready)), "end": max(t2, t3), "comm": comm}
+
+        def one_allreduce():
+            ps = list(traced.parameters())
+            both = torch.cat([p.grad.reshape(-1) for p in ps])
+            s = now()
+            dist.all_reduce(both)
+            return [{"bucket": 0, "bytes": both.numel() * both.element_size(), "start": s,
+                     "end": now()}]
+
+        def least_disturbed(trace, tries=3):
+            """The traced step (same on every rank) whose slowest rank took the least time."""
+            steps = [trace() for _ in range(tries)]
+            took = torch.tensor([st["end"] - st["forward"][0] for st in steps], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            return steps[int(took.argmin())]
+
+        def trace_after():
+            with traced.no_sync():
+                return events(traced, one_allreduce)
+
+        timeline_after = least_disturbed(trace_after)
+        timeline_ddp = least_disturbed(lambda: events(traced, lambda: [dict(r) for r in record]))
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "backend": dist.get_backend(),
+        "device": str(device),
+        "n_params": sum(p.numel() for p in params),
+        "param_bytes": param_bytes,
+        "ddp_bucket_bytes": ddp_buckets,
+        "hook_bucket_bytes": hook_buckets,
+        "grad_max_diff": diffs,
+        "grad_max": reference.abs().max().item(),
+        "fsdp_collectives": plans,
+        "rounds": timed.seconds,
+        "timeline": {"DDP no_sync + one all-reduce after backward": timeline_after,
+                     "DDP, gradient buckets during backward": timeline_ddp},
+    }
+
+
+@dataclass
+class OverlapRow:
+    """One variant of :func:`run_overlap` (seconds; per round the slowest process, then the fastest round).
+
+    ``step``: forward + backward + the exchange; ``comm``: its communication
+    alone; ``exposed`` = step − compute (the time the exchange added);
+    ``hidden`` = (compute + comm − step) / comm clipped to [0, 1], and
+    ``hidden_raw`` unclipped (negative: the step took longer than compute and
+    communication one after the other).
+    """
+
+    variant: str
+    label: str
+    step: float
+    comm: float
+    exposed: float
+    hidden: float
+    hidden_raw: float
+
+
+@dataclass
+class OverlapRun:
+    """What :func:`run_overlap` measured.
+
+    ``hidden``, ``layers``: the width and depth of :func:`layer_stack` that ran.
+    ``compute``: seconds of forward + backward with no exchange (fastest round).
+    ``rows``: one :class:`OverlapRow` per variant (:data:`VARIANTS`).
+    ``ddp_hidden`` / ``ddp_hidden_raw``: (t_sync_after − t_ddp) / t_allreduce,
+    clipped and not. ``param_bytes``: bytes of the parameters (float32);
+    ``ddp_bucket_bytes``: the bytes of each bucket DDP all-reduced in one step
+    (recorded by a comm hook); ``hook_bucket_bytes``: the same for
+    :func:`all_reduce_in_buckets`. ``grad_max_diff``: per variant, the largest
+    difference of its averaged gradient from DDP's (``grad_max``: the largest
+    gradient entry, for scale). ``fsdp_collectives``: per FSDP variant, the
+    ``(kind, bytes)`` of each collective of one step. ``timeline``: rank by
+    rank, per DDP variant, one traced step (of three, the one whose slowest
+    rank was fastest), seconds from the step's start: ``forward``,
+    ``backward`` (until the last gradient was ready), ``end`` and ``comm``
+    (per bucket, in the order they started: ``start``, ``end``, ``bytes``). ``per_round``: all the rounds.
+    """
+
+    world_size: int
+    backend: str
+    device: str
+    hidden: int
+    layers: int
+    n_params: int
+    param_bytes: int
+    bucket_cap_bytes: int
+    ddp_bucket_bytes: list
+    hook_bucket_bytes: list
+    grad_max_diff: dict
+    grad_max: float
+    fsdp_collectives: dict
+    compute: float
+    ddp_hidden: float
+    ddp_hidden_raw: float
+    rounds: int
+    rows: list = field(default_factory=list)
+    timeline: list = field(default_factory=list)
+    per_round: dict = field(default_factory=dict)
+
+
+def _relative_timeline(per_rank):
+    """Each variant's events on every rank, in seconds from that variant's earliest start over ranks."""
+    out = [{} for _ in per_rank]
+    for variant in per_rank[0]["timeline"]:
+        t0 = min(r["timeline"][variant]["forward"][0] for r in per_rank)
+        for i, r in enumerate(per_rank):
+            ev = r["timeline"][variant]
+            out[i][variant] = {
+                "forward": tuple(t - t0 for t in ev["forward"]),
+                "backward": tuple(t - t0 for t in ev["backward"]),
+                "end": ev["end"] - t0,
+                "comm": [{"bucket": c["bucket"], "bytes": c["bytes"], "start": c["start"] - t0,
+                          "end": c["end"] - t0} for c in sorted(ev["comm"], key=lambda c: c["start"])],
+            }
+    return out
+
+
+def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_mb: float = 0.5,
+                rounds: int = 7, warmup: int = 1, world_size: int = 2, timeout: float = 180.0) -> OverlapRun:
+    """Time DDP's and FSDP2's overlap of communication with backward on ``world_size`` processes.
+
+    Each process runs :func:`layer_stack` (``layers`` blocks of width
+    ``hidden``) on its own ``batch`` rows; DDP's buckets hold about
+    ``bucket_cap_mb`` MiB (2**20 bytes). ``rounds`` timed rounds after
+    ``warmup`` (see the module's docstring for the cases). Returns an
+    :class:`OverlapRun`; every row is computed from the fastest rounds' times, so the table's
+    numbers add up: exposed = step − compute, hidden = (compute + comm − step) / comm.
+    """
+    world_size = _check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
+    hidden = _check_count("hidden", hidden, minimum=2 * world_size, maximum=MAX_SIZE)
+    layers = _check_count("layers", layers, minimum=2, maximum=64)
+    batch = _check_count("batch", batch, maximum=MAX_SIZE)
+    bucket_cap_mb = _check_positive("bucket_cap_mb", bucket_cap_mb, maximum=1024.0)
+    if bucket_cap_mb * 2**20 < 1:
+        raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r} is less than one byte")
+    rounds = _check_count("rounds", rounds, maximum=1000)
+    warmup = _check_count("warmup", warmup, minimum=0, maximum=1000)
+    timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
+    if hidden % world_size:
+        raise ValueError(f"hidden={hidden} does not divide evenly by world_size={world_size} (FSDP shards rows)")
+    per_rank = launch(_overlap_worker, world_size, args=(hidden, layers, batch, bucket_cap_mb, rounds, warmup),
+                      timeout=timeout, progress_total=rounds + warmup, desc="overlap rounds")
+    merged = Rounds.slowest([r["rounds"] for r in per_rank])
+    fastest = {k: min(v) for k, v in merged.seconds.items()}
+    compute = fastest["compute"]
+    rows = []
+    for name, label, comm_name in VARIANTS:
+        step, comm = fastest[name], fastest[comm_name]
+        h = hidden_share(compute + comm, step, comm)
+        rows.append(OverlapRow(variant=name, label=label, step=step, comm=comm, exposed=step - compute,
+                               hidden=h.share, hidden_raw=h.raw))
+    ddp = hidden_share(fastest["sync_after"], fastest["ddp"], fastest["allreduce"])
+    r0 = per_rank[0]
+    return OverlapRun(
+        world_size=world_size, backend=r0["backend"], device=r0["device"], hidden=hidden, layers=layers,
+        n_params=r0["n_params"],
+        param_bytes=r0["param_bytes"], bucket_cap_bytes=int(bucket_cap_mb * 2**20),
+        ddp_bucket_bytes=r0["ddp_bucket_bytes"], hook_bucket_bytes=r0["hook_bucket_bytes"],
+        grad_max_diff={k: max(r["grad_max_diff"][k] for r in per_rank) for k in r0["grad_max_diff"]},
+        grad_max=max(r["grad_max"] for r in per_rank), fsdp_collectives=r0["fsdp_collectives"],
+        compute=compute, ddp_hidden=ddp.share, ddp_hidden_raw=ddp.raw, rounds=rounds, rows=rows,
+        timeline=_relative_timeline(per_rank), per_round={k: list(v) for k, v in merged.seconds.items()},
+    )

@@ -1,0 +1,244 @@
+"""Communication hidden behind compute: the formula, the bucket hooks, and the measurement.
+
+The two-process measurement is marked ``slow`` (it starts 2 processes that import torch).
+The fast tests run the page's bucket function and DDP in this process, on a one-process gloo
+group (no process is started), and check every argument of :func:`run_overlap` before any
+process starts.
+"""
+from __future__ import annotations
+
+import math
+import random
+import socket
+
+import pytest
+
+from lessonlib.calc.overlap import exposed_comm, hidden_share, no_overlap_exposed
+
+
+# ------------------------------------------------------------------------ the formula
+
+def _simulate(c, m, b):
+    """An independent event simulation: a bucket is sent when ready and when the link is free."""
+    link_free, ends = 0.0, []
+    for i in range(b):
+        start = max((i + 1) * c, link_free)
+        link_free = start + m
+        ends.append(link_free)
+    return ends[-1] - b * c
+
+
+def test_only_the_last_bucket_is_exposed_when_compute_covers_communication():
+    for buckets in (1, 2, 8, 100):
+        assert exposed_comm(2.0, 1.0, buckets) == 1.0
+        assert exposed_comm(1.0, 1.0, buckets) == 1.0
+    assert exposed_comm(2.0, 1.0, 8) < no_overlap_exposed(1.0, 8) == 8.0
+
+
+def test_the_link_sets_the_pace_when_communication_is_longer():
+    assert exposed_comm(1.0, 2.0, 8) == 8 * (2.0 - 1.0) + 1.0
+    assert exposed_comm(0.0, 2.0, 5) == no_overlap_exposed(2.0, 5) == 10.0  # no compute: nothing hidden
+
+
+def test_closed_form_agrees_with_an_event_simulation():
+    rng = random.Random(3)
+    for _ in range(500):
+        c, m, b = rng.uniform(0, 5), rng.uniform(0, 5), rng.randint(1, 40)
+        closed = max(m, b * (m - c) + c)
+        assert math.isclose(exposed_comm(c, m, b), closed, rel_tol=1e-9, abs_tol=1e-9)
+        assert math.isclose(exposed_comm(c, m, b), _simulate(c, m, b), rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_hidden_share_is_clipped_and_keeps_the_raw_value():
+    h = hidden_share(10.0, 7.0, 4.0)
+    assert (h.share, h.raw) == (0.75, 0.75)
+    h = hidden_share(10.0, 11.0, 4.0)
+    assert (h.share, h.raw) == (0.0, -0.25)  # overlap made the step longer
+    h = hidden_share(10.0, 4.0, 4.0)
+    assert (h.share, h.raw) == (1.0, 1.5)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: exposed_comm(-1.0, 1.0, 2), "t_compute_per_bucket"),
+    (lambda: exposed_comm(1.0, float("nan"), 2), "t_comm_per_bucket"),
+    (lambda: exposed_comm(1.0, 1.0, 0), "buckets"),
+    (lambda: exposed_comm(1.0, 1.0, 2.5), "buckets"),
+    (lambda: hidden_share(1.0, 1.0, 0.0), "t_comm"),
+    (lambda: hidden_share(-1.0, 1.0, 1.0), "t_serial"),
+    (lambda: hidden_share(1.0, float("inf"), 1.0), "t_step"),
+])
+def test_formula_arguments_are_checked(call, name):
+    with pytest.raises((ValueError, TypeError), match=name):
+        call()
+
+
+# ------------------------------------------------------------- the bucket hooks, in-process
+
+@pytest.fixture
+def one_process_group():
+    """A gloo group of one process, this one (nothing is started)."""
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _ddp_buckets_and_grads(model, x, y, cap_bytes):
+    """DDP's own buckets (recorded by a comm hook around its all-reduce) and gradients, after its rebuild."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model, bucket_cap_mb=cap_bytes / 2**20)
+    seen = []
+
+    def hook(state, bucket):
+        seen.append(bucket.buffer().numel() * bucket.buffer().element_size())
+        return default_hooks.allreduce_hook(None, bucket)
+
+    ddp.register_comm_hook(None, hook)
+    for _ in range(2):  # DDP rebuilds its buckets in backward order after the first step
+        seen.clear()
+        ddp.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+    return seen, torch.cat([p.grad.reshape(-1) for p in ddp.parameters()])
+
+
+@pytest.mark.parametrize("cap_layers", [0.5, 1.0, 2.0, 3.5])
+def test_bucket_hooks_send_ddps_buckets_and_give_its_gradients(one_process_group, cap_layers):
+    import torch
+
+    from lessonlib.measure.distributed.buckets import all_reduce_in_buckets, layer_stack
+
+    hidden, layers = 16, 6
+    per_layer = (hidden * hidden + hidden) * 4
+    cap = int(cap_layers * per_layer)
+    x, y = torch.randn(4, hidden), torch.randn(4, hidden)
+    ddp_buckets, ddp_grads = _ddp_buckets_and_grads(layer_stack(hidden, layers), x, y, cap)
+
+    model = layer_stack(hidden, layers)
+    finish = all_reduce_in_buckets(model, cap)
+    for _ in range(2):  # the hooks stay registered: a second step sends the same buckets
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        sent = finish()
+        assert sent == ddp_buckets
+    assert sum(sent) == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert len(sent) > 1 or cap >= layers * per_layer
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert torch.allclose(grads, ddp_grads, rtol=0, atol=1e-7)
+
+
+def test_bucket_hooks_check_their_arguments():
+    from lessonlib.measure.distributed.buckets import all_reduce_in_buckets, layer_stack
+
+    with pytest.raises((TypeError, ValueError), match="model"):
+        all_reduce_in_buckets("not a model", 1024)
+    for bad in (0, -1, 1.5, True, None):
+        with pytest.raises((TypeError, ValueError), match="bucket_bytes"):
+            all_reduce_in_buckets(layer_stack(8, 2), bad)
+
+
+def test_bucket_hooks_need_a_process_group_and_leave_the_model_untouched_without_one():
+    import torch
+    import torch.distributed as dist
+
+    from lessonlib.measure.distributed.buckets import all_reduce_in_buckets, layer_stack
+
+    assert not dist.is_initialized()
+    model = layer_stack(8, 2)
+    with pytest.raises(ValueError, match="model: no process group"):
+        all_reduce_in_buckets(model, 1024)
+    torch.nn.functional.mse_loss(model(torch.ones(2, 8)), torch.zeros(2, 8)).backward()  # no hook fires
+    assert all(p.grad is not None for p in model.parameters())
+
+
+# ------------------------------------------------------------- run_overlap: arguments first
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(world_size=1), "world_size"),
+    (dict(hidden=255), "hidden"),
+    (dict(hidden=0), "hidden"),
+    (dict(layers=1), "layers"),
+    (dict(batch=0), "batch"),
+    (dict(bucket_cap_mb=0.0), "bucket_cap_mb"),
+    (dict(bucket_cap_mb=float("nan")), "bucket_cap_mb"),
+    (dict(bucket_cap_mb=1e-9), "bucket_cap_mb"),
+    (dict(rounds=0), "rounds"),
+    (dict(warmup=-1), "warmup"),
+    (dict(timeout=0), "timeout"),
+])
+def test_run_overlap_checks_arguments_before_starting_processes(monkeypatch, kwargs, name):
+    from lessonlib.measure.distributed import overlap
+
+    def no_launch(*a, **k):
+        raise AssertionError("a process was started before the arguments were checked")
+
+    monkeypatch.setattr(overlap, "launch", no_launch)
+    with pytest.raises((ValueError, TypeError), match=name):
+        overlap.run_overlap(**kwargs)
+
+
+def test_the_worker_module_is_preloaded_by_the_fork_server():
+    from lessonlib.measure.distributed.launch import WORKER_MODULES
+
+    assert "overlap" in WORKER_MODULES
+
+
+# ------------------------------------------------------------------------ the page's figures
+
+def test_table_and_timeline_render_a_measured_run():
+    import matplotlib.pyplot as plt
+
+    from lessonlib.book.overlap_plots import overlap_table, plot_overlap_timeline
+    from lessonlib.measure.distributed.overlap import OverlapRow
+
+    rows = [OverlapRow("ddp", "DDP", step=0.012, comm=0.003, exposed=0.006, hidden=0.0, hidden_raw=-1.0)]
+    html = overlap_table(rows, 0.006)
+    assert "unclipped -100 %" in html and "12.00" in html
+    step = {"forward": (0.0, 0.001), "backward": (0.001, 0.004), "end": 0.005,
+            "comm": [{"bucket": 0, "bytes": 8, "start": 0.002, "end": 0.003}]}
+    fig = plot_overlap_timeline([{"a": step, "b": step}, {"a": step, "b": step}])
+    assert fig._suptitle.get_text() and "ms" in fig.axes[-1].get_xlabel()
+    assert [ax.get_title() for ax in fig.axes] == ["a", "b"]
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------ slow: two real processes
+
+@pytest.mark.slow
+def test_two_processes_same_gradients_buckets_and_bytes():
+    from lessonlib.measure.distributed.overlap import VARIANTS, run_overlap
+
+    res = run_overlap(hidden=64, layers=4, batch=8, bucket_cap_mb=(64 * 64 + 64) * 4 / 2**20, rounds=2, warmup=0)
+    # one layer per bucket: a bucket closes as soon as it reaches the cap
+    assert len(res.ddp_bucket_bytes) == 4
+    assert res.ddp_bucket_bytes == res.hook_bucket_bytes
+    assert sum(res.ddp_bucket_bytes) == res.param_bytes == res.n_params * 4
+    for name, diff in res.grad_max_diff.items():
+        assert diff <= 1e-6 * res.grad_max, name
+    assert [r.variant for r in res.rows] == [v for v, _, _ in VARIANTS]
+    assert res.compute == min(res.per_round["compute"])  # the fastest round, as the page says
+    assert all(len(v) == 2 for v in res.per_round.values())
+    for r in res.rows:  # the table adds up: exposed = step - compute; hidden from the same fastest rounds
+        assert math.isclose(r.exposed, r.step - res.compute)
+        assert math.isclose(r.hidden_raw, (res.compute + r.comm - r.step) / r.comm)
+        assert 0.0 <= r.hidden <= 1.0
+    kinds = {k for k, _ in res.fsdp_collectives["fsdp"]}
+    assert kinds == {"all_gather", "reduce_scatter"}
+    # FSDP2 with weights freed after forward: an all-gather per layer (and root) in forward and backward,
+    # one reduce-scatter per layer
+    n_rs = sum(k == "reduce_scatter" for k, _ in res.fsdp_collectives["fsdp"])
+    assert n_rs == 4
+    ranks = res.timeline
+    assert len(ranks) == 2
+    for per_rank in ranks:
+        ddp = per_rank["DDP, gradient buckets during backward"]
+        assert len(ddp["comm"]) == 4 and ddp["forward"][0] >= 0.0
+        assert all(c["start"] <= c["end"] for c in ddp["comm"])

@@ -1,0 +1,54 @@
+"""Rooflines (issue 24.5): the two roofs measured, ops placed by intensity from their shapes, the figure."""
+import pytest
+import torch
+
+from lessonlib.measure import roofline as R
+
+
+@pytest.fixture(scope="module")
+def roof():
+    return R.measure_roofline("cpu", sizes=(16, 64), copy_mib=4, rounds=2)
+
+
+def test_roofline_measures_two_roofs_and_predicts_their_minimum(roof):
+    assert roof.sizes == (16, 64) and roof.peak_flops_per_s == max(roof.matmul_flops_per_s) > 0
+    assert roof.bandwidth > 0 and roof.copy_bytes == 4 * 2**20
+    ridge = roof.ridge
+    assert roof.attainable(ridge / 10) == pytest.approx(roof.bandwidth * ridge / 10)
+    assert roof.attainable(ridge * 10) == roof.peak_flops_per_s
+
+
+def test_block_ops_count_flops_and_bytes_from_shapes(roof):
+    ops = {o.name: o for o in R.block_ops(tokens=64, hidden=32, heads=2, seq_len=32)}
+    qkv = ops["QKV product"]
+    assert qkv.flops == 2 * 64 * 32 * 96 and qkv.bytes_moved == (64 * 32 + 32 * 96 + 64 * 96) * 4
+    ln = ops["LayerNorm"]
+    assert ln.flops == R.ELEMENTWISE_FLOPS["layer_norm"] * 64 * 32 and ln.bytes_moved == (2 * 64 * 32 + 64) * 4
+    # elementwise ops stay below 1 FLOP per byte whatever their size; products grow with their sides
+    for name in ("LayerNorm", "GELU", "softmax"):
+        assert ops[name].flops / ops[name].bytes_moved < 1
+    points = R.measure_ops(list(ops.values()), roof, rounds=2)
+    for p in points:  # measured against predicted: the ratio is what the page reports
+        assert p.predicted == roof.attainable(p.intensity) and p.ratio == p.measured / p.predicted
+        assert p.seconds > 0 and p.intensity == ops[p.name].flops / ops[p.name].bytes_moved
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="sizes"):
+        R.measure_roofline("cpu", sizes=(4096,))
+    with pytest.raises(ValueError, match="heads"):
+        R.block_ops(tokens=64, hidden=30, heads=4, seq_len=32)
+    with pytest.raises(TypeError, match="roofline"):
+        R.measure_ops(R.block_ops(tokens=64, hidden=32, heads=2, seq_len=32), roofline=None)
+
+
+def test_roofline_figure_is_log_log_with_labelled_axes(roof):
+    from lessonlib.book.roofline_plots import plot_roofline
+
+    points = R.measure_ops(R.block_ops(tokens=64, hidden=32, heads=2, seq_len=32), roof, rounds=1)
+    fig = plot_roofline(roof, points)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert "FLOPs per byte" in ax.get_xlabel() and "GFLOP/s" in ax.get_ylabel() and ax.get_title()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert all(p.name in labels for p in points)
