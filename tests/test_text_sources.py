@@ -110,3 +110,21 @@ def test_sync_writes_no_outputs_and_stable_ids(tmp_path):
     assert all(c.outputs == [] and c.execution_count is None for c in nb.cells if c.cell_type == "code")
     md.write_text(md.read_text().replace("# A page", "# A page, reworded"))
     assert [c.id for c in sync_pages.notebook(md).cells][1:] == ids[1:]  # only the edited cell's id changes
+
+
+def test_pages_import_lessonlib_modules_under_their_own_names():
+    """A module is read under its own name (`reports.`, `pipeline.`), never an alias (`P`, `R`, `memory`) that names
+    something else; a hidden check may keep a private alias (`_p`), which no reader sees."""
+    import importlib
+    import importlib.util
+    import re
+
+    aliased = []
+    for page in sorted([*ROOT.glob("chapters/*/*.md"), *ROOT.glob("exercises/*.md")]):
+        for pkg, names in re.findall(r"^from (lessonlib[\w.]*) import (.+)$", page.read_text(), re.M):
+            for mod, alias in re.findall(r"(\w+) as (\w+)", names):
+                if alias.startswith("_") or not hasattr(importlib.import_module(pkg), "__path__"):
+                    continue  # a private alias, or a name imported from a module (a function, a constant)
+                if importlib.util.find_spec(f"{pkg}.{mod}") is not None:
+                    aliased.append(f"{page.name}: {mod} as {alias}")
+    assert not aliased, aliased
