@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from lessonlib.measure import data
 from lessonlib.measure import models
 from lessonlib.measure import timing
-from lessonlib.book.reports import timing_table
 from lessonlib.measure.device import environment_report, get_device
 
 
@@ -43,7 +42,8 @@ def main() -> None:
         opt = torch.optim.Adam(m.parameters(), lr=1e-3)
         tm = timing.time_training_step(m, x, t, loss_fn, opt, rounds=args.rounds, warmup=5)
         print(f"\n== {name}: {models.n_params(m):,} params; FLOPs fwd {fc.forward:,}, fwd+bwd/fwd {fc.ratio:.3f}")
-        print(timing_table(tm))
+        for k in ("prediction",) + timing.PHASES + ("step",):  # a terminal: one line per phase, not the book's table
+            print(f"  {k:12s}{1000 * tm.seconds[k]:9.3f} ms  {tm.ratios[k]:6.2f} x prediction")
         print(f"step / prediction: {tm.step_over_prediction:.2f}   Adam step share of step: "
               f"{100 * tm.shares['optimizer']:.1f} %")
 

@@ -142,7 +142,7 @@ def _good():
         "MultipleSelect.choices": _choices(), "stall_s": 5.0, "save_minutes": 5.0, "mtbf_hours": 24.0,
         "grad_bytes": 10**9, "ns": [1, 2, 4, 8], "shares": [0.0, 0.1], "share": 0.1, "fixed": 0.05,
         "per_step": 0.01, "ckpt_s": 300.0, "restart_s": 60.0, "micro": 4, "idle": 0.2, "header": ["a", "b"],
-        "html_table.rows": [[1, 2]], "md_table.rows": [[1, 2]], "xs": [1.0, 2.0, 3.0], "times": [1.0, 2.0],
+        "table.rows": [[1, 2]], "xs": [1.0, 2.0, 3.0], "times": [1.0, 2.0],
         "kind": "a_kind", "round_fn": lambda clock: clock.time("a", sum, range(10)), "rounds": 2,
         "losses": [1.0, 0.5, 0.5], "op_name": "c10d.allreduce_", "where": "layers.0.mlp.fc1", "batches": [1, 2],
         "enable": True, "mode": "fp32", "X": torch.ones(4, 2), "y": torch.ones(4, 1), "markdown": "Some *text*.",

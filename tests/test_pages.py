@@ -1,11 +1,11 @@
 """Chapter notebooks read the same in the book, Jupyter and Colab (fast: reads the .ipynb files only).
 
-- no myst-nb ``{glue}`` role anywhere: Jupyter and Colab would show it raw;
-- a hidden cell is hidden in all three places at once: a book tag (``remove-input``
-  or ``hide-input``), ``metadata.jupyter.source_hidden`` (JupyterLab, Notebook 7),
-  and Colab's form (a first line ``# @title ...`` and ``metadata.cellView == "form"``);
-- prose cells (``say``), quiz and prediction cells, and checks (``assert`` only) are hidden.
-(tests/test_text_sources.py checks the same markers in the pages' text sources.)
+A hidden cell carries all three markers: a book tag (``remove-input`` or ``hide-input``),
+``metadata.jupyter.source_hidden`` (JupyterLab, Notebook 7), and Colab's form (a first line
+``# @title ...`` and ``metadata.cellView == "form"``). Checked here: prose cells (``say``), quiz and
+prediction cells, and checks (``assert`` only) are hidden; measurements stay in sight.
+(tests/test_text_sources.py checks, once, in the text sources the .ipynb files are generated from,
+that no cell is hidden in some places only and that no page holds a myst-nb ``{glue}`` role.)
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from conftest import ROOT, chapter_notebooks
 
 CHAPTERS = sorted((ROOT / "chapters").rglob("*.ipynb"))
 IDS = [str(p.relative_to(ROOT)) for p in CHAPTERS]
-MARKDOWN_PAGES = sorted((ROOT / "chapters").rglob("*.md")) + [ROOT / "intro.md"]
 BOOK_TAGS = {"remove-input", "hide-input"}
 
 
@@ -37,30 +36,6 @@ def test_every_chapter_notebook_is_a_page_of_the_book():
     # The tests find the pages from _toc.yml: a notebook left out of it would be checked here but
     # missing from the book and the browser tests.
     assert CHAPTERS and CHAPTERS == sorted(chapter_notebooks()), "chapter notebooks missing from _toc.yml"
-
-
-@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
-def test_no_glue_role_in_any_cell(path):
-    nb = nbformat.read(path, as_version=4)
-    bad = [i for i, c in enumerate(nb.cells) if "{glue" in c.source]
-    assert not bad, f"{path.name}: cells {bad} hold myst-nb glue roles, which Jupyter and Colab show raw"
-
-
-@pytest.mark.parametrize("path", MARKDOWN_PAGES, ids=[str(p.relative_to(ROOT)) for p in MARKDOWN_PAGES])
-def test_no_glue_role_in_markdown_pages(path):
-    assert "{glue" not in path.read_text()
-
-
-@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
-def test_every_hidden_cell_is_hidden_in_all_three_places(path):
-    nb = nbformat.read(path, as_version=4)
-    # Cell 0 is the shared setup cell (scripts/sync_pages.py; tests/test_notebook_setup.py).
-    for i, cell in enumerate(nb.cells[1:], start=1):
-        if cell.cell_type != "code":
-            continue
-        m = markers(cell)
-        if any(m.values()):
-            assert all(m.values()), f"{path.name} cell {i} is hidden in some places only: {m}\n{cell.source[:200]}"
 
 
 def _first_call(src: str) -> str:

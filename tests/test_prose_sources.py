@@ -24,7 +24,6 @@ def _seed_dir():
 
 
 def _words(text):
-    text = re.sub(r"\{glue:?\w*\}`[^`]*`", " ", text)  # glue roles are not prose
     return re.findall(r"[a-z0-9]+(?:'[a-z]+)?", text.lower().replace("’", "'"))
 
 

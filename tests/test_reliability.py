@@ -130,7 +130,9 @@ def test_simulation_agrees_with_the_exact_expression(c_over_m, factor, r_over_m)
 def test_simulation_is_seeded_and_checks_input():
     c, m = 300.0, 86400.0
     best = young_interval(c, m)
-    assert simulate_overhead(best, c, m, 86400, trials=20, seed=3) == simulate_overhead(best, c, m, 86400, trials=20, seed=3)
+    same = simulate_overhead(best, c, m, 86400, trials=20, seed=3)
+    assert same == simulate_overhead(best, c, m, 86400, trials=20, seed=3)  # a seed gives one answer
+    assert same != simulate_overhead(best, c, m, 86400, trials=20, seed=4)  # and the seed is used
     with pytest.raises(ValueError, match="trials"):
         simulate_overhead(best, c, m, 86400, trials=0)
     with pytest.raises(ValueError, match="work_seconds"):

@@ -2,12 +2,13 @@
 import pytest
 
 from lessonlib.book import split_reports as R
+from lessonlib.book.tables import table
 from lessonlib.calc.comm import Link, collective_seconds
 from lessonlib.calc.sharding import zero_state_bytes
 
 
-def test_md_table():
-    assert R.md_table(["a", "b"], [[1, 2]]) == "| a | b |\n|---|---|\n| 1 | 2 |"
+def test_markdown_table():
+    assert table(["a", "b"], [[1, 2]], markdown=True) == "| a | b |\n|---|---|\n| 1 | 2 |"
 
 
 def _rank(rank, n, n_params, scale=1.0):

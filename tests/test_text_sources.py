@@ -49,6 +49,13 @@ def test_notebook_is_generated_from_its_text_source(md):
         f"or not synced): run python scripts/sync_pages.py {md.relative_to(ROOT)}")
 
 
+@pytest.mark.parametrize("md", PAGES + [ROOT / "intro.md"], ids=IDS + ["intro.md"])
+def test_no_glue_role(md):
+    """The one check that no page holds a myst-nb ``{glue}`` role: Jupyter and Colab would show it raw.
+    (The .ipynb files are generated from these sources; the test above keeps them equal.)"""
+    assert "{glue" not in md.read_text(), f"{md.relative_to(ROOT)} holds a myst-nb glue role"
+
+
 @pytest.mark.parametrize("md", PAGES, ids=IDS)
 def test_text_source_is_in_jupytext_form(md):
     text = md.read_text()

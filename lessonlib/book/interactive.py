@@ -87,7 +87,10 @@ def script_json(data: Any) -> str:
         raise ValueError("data refers to itself, which JSON cannot store") from None
 
 
-_KEYS = script_text("keys.js")
+#: The Explorer's script (``static/explorer.js``, then ``static/keys.js``), embedded in each
+#: output like the quiz's: the fragment stays self-contained for the book, JupyterLab, Colab
+#: and a notebook reopened without a kernel.
+_EXPLORER_SCRIPT = "<script>" + script_text("explorer.js") + script_text("keys.js") + "</script>"
 
 
 class Interactive:
@@ -273,10 +276,4 @@ class Explorer(Interactive):
         return f"""<div class="wtc-box wtc-explorer" id="{uid}">{title}{desc}{''.join(rows)}
 <div class="wtc-output" id="{uid}-out" aria-live="polite">{outputs[index[start_idx]]}</div>
 <script type="application/json" id="{uid}-data">{script_json(data)}</script>
-<script>(function(){{
-var id="{uid}", d=JSON.parse(document.getElementById(id+"-data").textContent);
-function upd(){{var k=0;for(var i=0;i<d.sizes.length;i++){{var c=document.getElementById(id+"-c"+i);
-var j=parseInt(c.value,10);k=k*d.sizes[i]+j;var o=document.getElementById(id+"-c"+i+"-v");if(o){{o.textContent=d.labels[i][j];}}}}
-document.getElementById(id+"-out").innerHTML=d.outputs[d.index[k]];}}
-for(var i=0;i<d.sizes.length;i++){{var c=document.getElementById(id+"-c"+i);c.addEventListener("input",upd);c.addEventListener("change",upd);}}
-}})();{_KEYS % {"uid": uid}}</script></div>"""
+{_EXPLORER_SCRIPT % {"uid": uid}}</div>"""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..checks import sequence
 from ..calc.layout import LayoutCost
-from .reports import html_table
+from .tables import table
 
 
 def _gb(n: float) -> str:
@@ -27,7 +27,7 @@ def layout_table(costs, published=None) -> str:
         comm = c.tensor_comm_s + c.context_comm_s + c.pipeline_comm_s + c.data_comm_s + c.expert_comm_s
         rows.append([i, lay.label() + mark, _gb(c.memory_bytes), f"{c.compute_s:.2f}", f"{c.bubble_s:.2f}",
                      f"{comm:.2f}", f"{c.step_s:.2f}", f"{100 * c.mfu:.0f} %"])
-    return html_table(["#", "layout", "memory (GB)", "compute (s)", "bubble (s)", "exposed comm. (s)",
+    return table(["#", "layout", "memory (GB)", "compute (s)", "bubble (s)", "exposed comm. (s)",
                        "step (s)", "MFU"], rows)
 
 
@@ -45,4 +45,4 @@ def cost_parts_table(cost) -> str:
     rows.append(["memory: training state (GB)", _gb(cost.state_bytes), ""])
     rows.append(["memory: activations (GB)", _gb(cost.activation_bytes), ""])
     rows.append(["memory: device (GB)", _gb(cost.capacity_bytes), ""])
-    return html_table(["part", "seconds", "share of the step"], rows)
+    return table(["part", "seconds", "share of the step"], rows)

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 
 from ..checks import mapping as check_mapping, reads as _reads, sequence as check_sequence
 from .plots import COLORS
-from .reports import html_table
+from .tables import table
 
 COMM_COLOR = "#55A868"
 
@@ -24,7 +24,7 @@ def overlap_table(rows, compute: float):
         clipped = "" if r.hidden == r.hidden_raw else f" (unclipped {100 * r.hidden_raw:+.0f} %)"
         out.append([r.label, f"{1e3 * r.step:.2f}", f"{1e3 * r.comm:.2f}", f"{1e3 * r.exposed:+.2f}",
                     f"{100 * r.hidden:.0f} %{clipped}"])
-    return html_table(["variant", "step (ms)", "communication alone (ms)", "exposed = step − compute (ms)",
+    return table(["variant", "step (ms)", "communication alone (ms)", "exposed = step − compute (ms)",
                        "hidden share"], out)
 
 

@@ -21,6 +21,7 @@ from ..calc.reliability import (daly_interval, expected_overhead, first_order_ov
                                  young_interval)
 from ..measure.memory import MemoryLedger
 from ..measure.timing import PHASES, StepTiming
+from .tables import table
 from ..checks import amount as _check_amount, choice as check_choice, count as _check_count, \
     instance as _check_instance, mapping as _check_mapping, positive as _check_positive, \
     sequence as _check_sequence, share as _check_share
@@ -56,18 +57,16 @@ def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
     s = speedup_from_share(serial_share, devices, communication_share)
     ceiling = (1.0 / (serial_share + communication_share)) if serial_share + communication_share > 0 else math.inf
     ceiling_txt = "no limit (nothing serial, no communication)" if math.isinf(ceiling) else f"{_trim(ceiling)}×"
-    return (
-        "<table>"
-        f"<tr><td>serial part</td><td>{100 * serial_share:.0f} % of the one-device time</td></tr>"
-        f"<tr><td>parallel part on {devices} device{'s' if devices > 1 else ''}</td>"
-        f"<td>{100 * parallel:.0f} % / {devices} = {100 * parallel / devices:.1f} %</td></tr>"
-        f"<tr><td>communication</td><td>{100 * comm:.0f} %</td></tr>"
-        f"<tr><th>new time</th><th>{100 * total:.1f} % of the one-device time</th></tr>"
-        f"<tr><th>speedup</th><th>{_speedup_text(s, devices)}</th></tr>"
-        f"<tr><td>efficiency (speedup / devices)</td><td>{_trim(100 * s / devices, 1)} %</td></tr>"
-        f"<tr><td>ceiling with unlimited devices</td><td>{ceiling_txt}</td></tr>"
-        "</table>"
-    )
+    return table(None, [
+        ("serial part", f"{100 * serial_share:.0f} % of the one-device time"),
+        (f"parallel part on {devices} device{'s' if devices > 1 else ''}",
+         f"{100 * parallel:.0f} % / {devices} = {100 * parallel / devices:.1f} %"),
+        ("communication", f"{100 * comm:.0f} %"),
+        ("new time", f"{100 * total:.1f} % of the one-device time"),
+        ("speedup", _speedup_text(s, devices)),
+        ("efficiency (speedup / devices)", f"{_trim(100 * s / devices, 1)} %"),
+        ("ceiling with unlimited devices", ceiling_txt),
+    ], strong={3, 4})
 
 
 DATA_PARALLEL_PIECES = ("half_compute", "optimizer", "allreduce")
@@ -112,16 +111,13 @@ def data_parallel_table(result) -> str:
             ("allreduce", "+ all-reduce", "{:.2f}"), ("predicted", "= predicted step", "{:.2f}"),
             ("ddp", "measured step", "{:.2f}"), ("predicted_speedup", "predicted speedup", "{:.2f}×"),
             ("speedup", "measured speedup", "{:.2f}×")]
-    head = "".join(f"<th>{label}</th>" for _, label, _ in cols)
-    body = []
-    for row in rows:
-        body.append("<tr>" + "".join(f"<td>{fmt.format(row[key])}</td>" for key, _, fmt in cols) + "</tr>")
     rounds = result.rounds
     over = f"over {rounds} rounds " if rounds else "over rounds "
-    return (f"<table><caption>Times in ms: each one the median {over}(per round, the slowest process). "
-            f"Predicted step = compute on {share} + optimizer step + all-reduce, the sum of the three medians; "
-            f"speedup = one-process step / {world}-process step (predicted or measured), the ratio of the medians "
-            "shown.</caption><tr>" + head + "</tr>" + "".join(body) + "</table>")
+    return table([label for _, label, _ in cols], [[fmt.format(row[key]) for key, _, fmt in cols] for row in rows],
+                 caption=f"Times in ms: each one the median {over}(per round, the slowest process). "
+                 f"Predicted step = compute on {share} + optimizer step + all-reduce, the sum of the three medians; "
+                 f"speedup = one-process step / {world}-process step (predicted or measured), the ratio of the "
+                 "medians shown.")
 
 
 TORCHRUN_SNIPPET = """\
@@ -189,20 +185,19 @@ def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds,
     best = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds)
     warn = ""
     if best.useful_fraction - g.useful_fraction > WORSE_THAN_OPTIMUM:
-        warn = (f"<tr><td colspan='2'><em>This interval loses {100 * (best.useful_fraction - g.useful_fraction):.1f} "
+        warn = (f"<p><em>This interval loses {100 * (best.useful_fraction - g.useful_fraction):.1f} "
                 f"percentage points more than the optimum ({_duration(best.interval_s)}), which loses "
-                f"{100 * (1 - best.useful_fraction):.1f} %.</em></td></tr>")
-    return (
-        "<table>"
-        f"<tr><td>speedup on {g.devices:,} device{'s' if g.devices > 1 else ''}</td><td>{g.speedup:.1f}×</td></tr>"
-        f"<tr><td>job's mean time between failures</td><td>{_duration(g.job_mtbf_s)}</td></tr>"
-        f"<tr><td>checkpoint interval</td><td>{_duration(g.interval_s)}</td></tr>"
-        f"<tr><td>time lost to saves, redone work, restarts (exact, exponential failures)</td><td>{100 * (1 - g.useful_fraction):.1f} % of wall time</td></tr>"
-        f"<tr><th>progress per wall-clock hour</th><th>{g.progress_per_hour:,.1f} one-device hours</th></tr>"
-        f"<tr><th>progress per paid device-hour</th><th>{g.per_device_hour:.2f} one-device hours</th></tr>"
-        f"<tr><td>paid device-hours per hour of progress</td><td>{g.paid_per_useful_hour:.2f}</td></tr>"
-        f"{warn}</table>"
-    )
+                f"{100 * (1 - best.useful_fraction):.1f} %.</em></p>")
+    return table(None, [
+        (f"speedup on {g.devices:,} device{'s' if g.devices > 1 else ''}", f"{g.speedup:.1f}×"),
+        ("job's mean time between failures", _duration(g.job_mtbf_s)),
+        ("checkpoint interval", _duration(g.interval_s)),
+        ("time lost to saves, redone work, restarts (exact, exponential failures)",
+         f"{100 * (1 - g.useful_fraction):.1f} % of wall time"),
+        ("progress per wall-clock hour", f"{g.progress_per_hour:,.1f} one-device hours"),
+        ("progress per paid device-hour", f"{g.per_device_hour:.2f} one-device hours"),
+        ("paid device-hours per hour of progress", f"{g.paid_per_useful_hour:.2f}"),
+    ], strong={4, 5}) + warn
 
 
 def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int, seq_len: int,
@@ -265,10 +260,9 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
                              m, int(device_GB * 1e9)).failure == "none"]
             answer += (f" Even batch 1 does not fit; with '{fixes[0]}' recomputation it would." if fixes else
                        " Even batch 1 with full recomputation does not fit: split the layers across devices.")
-    body = "".join(f"<tr><td>{k}</td><td align=right>{v}</td></tr>" for k, v in rows)
     layouts = propose(p["n_params"], optimizer, precision, batch_per_device, seq_len, p["layers"], p["hidden"],
                       p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days)
-    return (f"<table>{body}</table><p><b class='wtc-verdict-{r.failure}'>{label}.</b> {answer}</p>"
+    return (f"{table(None, rows)}<p><b class='wtc-verdict-{r.failure}'>{label}.</b> {answer}</p>"
             + proposal_html(layouts))
 
 
@@ -288,19 +282,17 @@ def proposal_html(layouts) -> str:
         what = "as planned" if i == 0 else lay.change
         days = "" if lay.days is None else (f"{lay.days:,.1f} days" if lay.days < 1000 else f"{lay.days / 365:,.0f} years")
         ok = "fits" if lay.fits else ("fits in memory, too slow" if lay.fits_memory else "does not fit")
-        rows.append(f"<tr><td>{what}</td><td align=right>{lay.devices:,}</td><td align=right>{gb(lay.state_bytes)}</td>"
-                    f"<td align=right>{gb(lay.activation_bytes)}</td><td align=right>{days}</td><td>{ok}</td></tr>")
+        rows.append((what, f"{lay.devices:,}", gb(lay.state_bytes), gb(lay.activation_bytes), days, ok))
     return ("<p><b>The smallest change that fits</b> (fewest devices, then fewest settings changed, then the "
-            "cheapest; time if every device computes all the time):</p><table><tr><th>change</th><th>devices</th>"
-            "<th>state per device</th><th>activations per device</th><th>time</th><th></th></tr>"
-            + "".join(rows) + "</table>")
+            "cheapest; time if every device computes all the time):</p>"
+            + table(["change", "devices", "state per device", "activations per device", "time", ""], rows))
 
 
 @_reads("ledgers", "formula")
-def ledger_table(ledgers, formula: dict | None = None) -> str:
-    """A plain-text table of one ledger or a ``{name: ledger}`` dict (sizes in binary units).
+def ledger_table(ledgers, formula: dict | None = None):
+    """An HTML table of one ledger or a ``{name: ledger}`` dict (sizes in binary units).
 
-    ``formula`` optionally maps a row name to a predicted byte count to print beside it.
+    ``formula`` optionally maps a row name to a predicted byte count to show beside it.
     """
     if isinstance(ledgers, MemoryLedger):
         ledgers = {"measured": ledgers}
@@ -310,55 +302,26 @@ def ledger_table(ledgers, formula: dict | None = None) -> str:
         for k, v in _check_mapping("formula", formula, allow_empty=True).items():
             if v is not None:
                 _check_amount(f"formula[{k!r}]", v)
-    rows = ["weights", "gradients", "optimizer_state", "activations", "total", "peak"]
-    names = list(ledgers)
-    head = f"{'':16s}" + "".join(f"{n:>14s}" for n in names)
-    if formula:
-        head += f"{'formula':>14s}"
-    lines = [head]
-    for r in rows:
-        vals = [getattr(l, r) for l in ledgers.values()]
-        cells = "".join(f"{('n/a' if v is None else format_bytes(v)):>14s}" for v in vals)
+    rows = []
+    for r in ("weights", "gradients", "optimizer_state", "activations", "total", "peak"):
+        cells = ["n/a" if v is None else format_bytes(v) for v in (getattr(l, r) for l in ledgers.values())]
         if formula:
-            f = formula.get(r)
-            cells += f"{('' if f is None else format_bytes(f)):>14s}"
-        lines.append(f"{r:16s}" + cells)
+            cells.append("" if formula.get(r) is None else format_bytes(formula[r]))
+        rows.append([r] + cells)
+    note = ""
     if any(l.peak is not None for l in ledgers.values()):
-        lines.append("peak: on a GPU the allocator's peak; on a CPU tensors only, a lower bound "
-                     "(scratch buffers inside kernels are not seen)")
-    return "\n".join(lines)
+        note = ("peak: on a GPU the allocator's peak; on a CPU tensors only, a lower bound "
+                "(scratch buffers inside kernels are not seen)")
+    return table([""] + list(ledgers) + (["formula"] if formula else []), rows, caption=note)
 
 
 @_reads("t")
-def timing_table(t: StepTiming) -> str:
-    """Plain-text table: median ms per phase, x prediction, share of step."""
+def timing_table(t: StepTiming):
+    """An HTML table: median ms per phase, x prediction, share of step."""
     _check_instance("t", t, StepTiming, "a StepTiming (from time_training_step)")
-    lines = [f"{'phase':12s}{'median ms':>11s}{'x prediction':>14s}{'share of step':>15s}"]
-    for k in ("prediction",) + PHASES + ("step",):
-        share = f"{100 * t.shares[k]:.1f} %" if k in t.shares else ""
-        lines.append(f"{k:12s}{1000 * t.seconds[k]:11.3f}{t.ratios[k]:14.2f}{share:>15s}")
-    return "\n".join(lines)
-
-
-class HTMLTable(str):
-    """An HTML table that Jupyter, Colab and the book all display as a table (``_repr_html_``)."""
-
-    def _repr_html_(self) -> str:
-        return str(self)
-
-
-def html_table(header, rows) -> HTMLTable:
-    """A plain HTML table from a header (strings) and rows (sequences of values, shown with ``str``; escaped)."""
-    header = _check_sequence("header", header)
-    rows = _check_sequence("rows", rows, allow_empty=True)
-    for i, r in enumerate(rows):
-        if len(_check_sequence(f"rows[{i}]", r)) != len(header):
-            raise ValueError(f"rows[{i}] has {len(r)} cells, header has {len(header)}")
-    import html
-
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
-    return HTMLTable(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    return table(["phase", "median ms", "x prediction", "share of step"],
+                 [(k, f"{1000 * t.seconds[k]:.3f}", f"{t.ratios[k]:.2f}",
+                   f"{100 * t.shares[k]:.1f} %" if k in t.shares else "") for k in ("prediction",) + PHASES + ("step",)])
 
 
 def interval_report(save_minutes, mtbf_hours) -> str:
@@ -373,11 +336,10 @@ def interval_report(save_minutes, mtbf_hours) -> str:
     try:
         rows = [("Young: √(2CM)", young_interval(c, m)), ("Daly (2006)", daly_interval(c, m)),
                 ("exact optimum", optimal_interval(c, m))]
-        body = "".join(f"<tr><td>{name}</td><td align=right>{t / 60:,.1f} min</td>"
-                       f"<td align=right>{expected_overhead(t, c, m):.1%}</td></tr>" for name, t in rows)
+        body = [(name, f"{t / 60:,.1f} min", f"{expected_overhead(t, c, m):.1%}") for name, t in rows]
         first = first_order_overhead(rows[0][1], c, m)
     except ValueError as err:  # the formulas name their own arguments: say which of the caller's gave them
         raise ValueError(f"save_minutes ({c / 60:g}) and mtbf_hours ({m / 3600:g}) give no answer: {err}") from None
-    return (f"<table><tr><th>interval</th><th>save every</th><th>extra time (exact)</th></tr>{body}</table>"
-            f"<p>At Young's interval the first-order formula C/τ + τ/(2M) would say {first:.1%}. Extra time is a "
-            f"share of the useful work time, for exponential failures with no restart time.</p>")
+    return (table(["interval", "save every", "extra time (exact)"], body)
+            + f"<p>At Young's interval the first-order formula C/τ + τ/(2M) would say {first:.1%}. Extra time is a "
+              f"share of the useful work time, for exponential failures with no restart time.</p>")

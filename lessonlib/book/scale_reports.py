@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..calc.scale import llama3_scale, scale_ladder
 from ..checks import amount as _check_amount, positive as _check_positive, share as _check_share
-from .reports import html_table
+from .tables import table
 
 
 def ladder_rows(account) -> list:
@@ -18,7 +18,7 @@ LADDER_HEADER = ["what the job does", "step efficiency (speedup / devices)",
 
 def ladder_table(account):
     """The ladder of ``account`` as an HTML table."""
-    return html_table(LADDER_HEADER, ladder_rows(account))
+    return table(LADDER_HEADER, ladder_rows(account))
 
 
 def scale_report(one_device_utilisation) -> str:
@@ -27,7 +27,7 @@ def scale_report(one_device_utilisation) -> str:
     a = llama3_scale(_check_share("one_device_utilisation", one_device_utilisation))
     return (f"<p>Step efficiency {a.step_efficiency:.3f}; serial share left {a.serial_share:.1e}; "
             f"failures leave {100 * a.goodput.useful_fraction:.0f} % of the time useful.</p>"
-            + ladder_table(a)._repr_html_())
+            + ladder_table(a))
 
 
 def bill_report(price_per_gpu_hour, pue, tco2_per_mwh) -> str:
@@ -40,10 +40,10 @@ def bill_report(price_per_gpu_hour, pue, tco2_per_mwh) -> str:
     tco2_per_mwh = _check_amount("tco2_per_mwh", tco2_per_mwh)
     hours = _pub.LLAMA3_405B["gpu_hours"].value
     b = _bill.bill(hours, price_per_gpu_hour, _hardware.device(_pub.LLAMA3_DEVICE).power_watts, tco2_per_mwh, pue)
-    return html_table(["line of the bill", "value"], [
+    return table(["line of the bill", "value"], [
         ("GPU-hours (model card)", f"{b.device_hours / 1e6:.2f} million"),
         ("price per GPU-hour (an assumption)", f"${b.price_per_device_hour:.2f}"),
         ("dollars", f"${b.dollars / 1e6:,.1f} million"),
         (f"energy at {b.power_watts:.0f} W per GPU × PUE {b.pue:g}", f"{b.energy_mwh:,.0f} MWh"),
         (f"emissions at {b.tco2_per_mwh:.3f} tCO2eq/MWh", f"{b.tco2:,.0f} tCO2eq"),
-    ])._repr_html_()
+    ])

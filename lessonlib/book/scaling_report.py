@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 from ..calc.batch_size import batch_tradeoff
 from ..checks import counts, positive, reads as _reads
 from .plots import show
+from .tables import table
 
 _QUESTION = {"one": "the reference", "strong": "strong scaling: the same job (same global batch), sooner?",
              "weak": "weak scaling: the same batch per process, so fewer steps"}
@@ -39,15 +40,12 @@ def scaling_display_rows(run) -> list:
 def scaling_table(run) -> str:
     """An HTML table of :func:`run_scaling`'s cases: processes, global batch, steps, time to finish, speedup."""
     rows = scaling_display_rows(run)
-    head = ("<tr><th>processes</th><th>global batch</th><th>per process</th><th>steps</th>"
-            "<th>time to finish (s)</th><th>speedup</th><th>which question</th></tr>")
-    body = "".join(
-        f"<tr><td>{r['processes']}</td><td>{r['global_batch']:,}</td><td>{r['per_process_batch']:,}</td>"
-        f"<td>{r['steps']:,}</td><td>{r['seconds']:.3f}</td><td>{r['speedup']:.2f}×</td><td>{r['question']}</td></tr>"
-        for r in rows)
-    return (f"<table><caption>Time to go through {run.examples:,} examples: the median over {run.rounds} rounds "
-            "(per round, the slowest process); speedup = one-process time / this time.</caption>"
-            + head + body + "</table>")
+    return table(["processes", "global batch", "per process", "steps", "time to finish (s)", "speedup",
+                  "which question"],
+                 [(r["processes"], f"{r['global_batch']:,}", f"{r['per_process_batch']:,}", f"{r['steps']:,}",
+                   f"{r['seconds']:.3f}", f"{r['speedup']:.2f}×", r["question"]) for r in rows],
+                 caption=f"Time to go through {run.examples:,} examples: the median over {run.rounds} rounds "
+                 "(per round, the slowest process); speedup = one-process time / this time.")
 
 
 def critical_batch_figure(noise_scale, min_steps, batches):

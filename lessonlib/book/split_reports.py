@@ -1,9 +1,9 @@
 """Tables for the pages that split the state, the layers and the time (chapter 3, pages 5-9).
 
 Each function turns results measured in :mod:`lessonlib.measure.distributed`
-and formulas from :mod:`lessonlib.calc` into a Markdown table (it renders the
-same in the book, Jupyter and Colab) and, where a page checks something, the
-numbers it checks. None computes physics of its own.
+and formulas from :mod:`lessonlib.calc` into a Markdown table
+(:func:`lessonlib.book.tables.table`; it renders the same in the book, Jupyter
+and Colab) and, where a page checks something, the numbers it checks. None computes physics of its own.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from ..checks import (choice as check_choice, count as check_count, function as 
                       instance as check_instance, mapping as check_mapping, amount as check_amount,
                       sequence as check_sequence)
 from ..calc.planner import PRESETS
+from .tables import table
 
 
 def _record(name: str, value, keys, what: str = "a measurement's result") -> dict:
@@ -33,18 +34,6 @@ def _record(name: str, value, keys, what: str = "a measurement's result") -> dic
 def _records(name: str, value, keys, what: str = "a list of per-rank results") -> list:
     """A non-empty list of :func:`_record` dicts."""
     return [_record(name, v, keys, what) for v in check_sequence(name, value)]
-
-
-def md_table(header, rows) -> str:
-    """A Markdown table: ``header`` is a list of column titles, ``rows`` a list of lists of cells."""
-    header = check_sequence("header", header)
-    rows = [check_sequence("rows", r) for r in check_sequence("rows", rows, allow_empty=True)]
-    for r in rows:
-        if len(r) != len(header):
-            raise ValueError(f"rows must have {len(header)} cells each, as header does; got {len(r)}")
-    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _b(n) -> str:
@@ -91,7 +80,7 @@ def sharded_state_table(results: dict) -> str:
             ok = all(r["zero3"][p] == getattr(f, p) for p in parts)
             rows.append([n, f"rank {r['rank']}", *(_b(r["zero3"][p]) for p in parts), "yes" if ok else "**no**"])
         rows.append([n, "*formula / N*", *(f"*{_b(getattr(f, p))}*" for p in parts), ""])
-    return md_table(["N", "held by", "weights", "gradients", "Adam state", "equal to formula / N"], rows)
+    return table(["N", "held by", "weights", "gradients", "Adam state", "equal to formula / N"], rows, markdown=True)
 
 
 @_reads("per_rank")
@@ -105,8 +94,8 @@ def zero1_table(per_rank: list) -> str:
         z = r["zero1"]
         rows.append([r["rank"], _b(z["weights"]), _b(z["gradients"]), _b(z["optimizer_state"]),
                      _b(full.optimizer_state / n), f"{z['optimizer_state'] / (full.optimizer_state / n) - 1:+.2%}"])
-    return md_table(["rank", "weights (whole)", "gradients (whole)", "Adam state held", "8 Ψ / N",
-                     "difference"], rows)
+    return table(["rank", "weights (whole)", "gradients (whole)", "Adam state held", "8 Ψ / N",
+                  "difference"], rows, markdown=True)
 
 
 @_reads("per_rank")
@@ -118,8 +107,8 @@ def loss_table(per_rank: list) -> tuple:
         rel = abs(a - b) / abs(b)
         worst = max(worst, rel)
         rows.append([i + 1, f"{b:.7f}", f"{a:.7f}", f"{rel:.1e}"])
-    return md_table(["step", "one process, whole batch", f"fully_shard on {len(per_rank)}, a share each",
-                     "relative difference"], rows), worst
+    return table(["step", "one process, whole batch", f"fully_shard on {len(per_rank)}, a share each",
+                  "relative difference"], rows, markdown=True), worst
 
 
 @_reads("records")
@@ -157,8 +146,8 @@ def traffic_table(per_rank: list, value_bytes: int = 4) -> tuple:
             checks[label.split()[0]][kind] = (got["bytes"], f[kind])
             rows.append([label, kind.replace("_", "-"), got["count"], _b(got["bytes"]), _b(f[kind]),
                          f"{got['bytes'] / (psi * value_bytes):.0f} × the weights"])
-    table = md_table(["weights", "collective", "count", "bytes logged", "formula", "that is"], rows)
-    return table, checks
+    shown = table(["weights", "collective", "count", "bytes logged", "formula", "that is"], rows, markdown=True)
+    return shown, checks
 
 
 def zero_report(model: str, devices: int, stage: int) -> str:
@@ -168,11 +157,11 @@ def zero_report(model: str, devices: int, stage: int) -> str:
     n = PRESETS[model]["n_params"]
     s = zero_state_bytes(n, devices, stage)
     base = zero_state_bytes(n, devices, 0)
-    rows = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td align=right>{v / 1e9:,.2f} GB</td></tr>"
-                   for k, v in s.as_dict().items() if k != "total")
-    return (f"<table>{rows}<tr><th>per device</th><th align=right>{s.total / 1e9:,.2f} GB</th></tr></table>"
-            f"<p>{s.total / n:.2f} bytes per parameter on each device; plain data parallelism keeps "
-            f"{base.total / n:.0f} ({base.total / 1e9:,.1f} GB).</p>")
+    rows = [(k.replace("_", " "), f"{v / 1e9:,.2f} GB") for k, v in s.as_dict().items() if k != "total"]
+    rows.append(("per device", f"{s.total / 1e9:,.2f} GB"))
+    return (table(None, rows, strong={len(rows) - 1})
+            + f"<p>{s.total / n:.2f} bytes per parameter on each device; plain data parallelism keeps "
+              f"{base.total / n:.0f} ({base.total / 1e9:,.1f} GB).</p>")
 
 
 # --------------------------------------------------------------------------- tensor parallelism
@@ -203,7 +192,7 @@ def tp_collective_table(records, expected) -> str:
         c, b = got.get(key, (0, 0))
         ec, eb = expected.get(key, (0, 0))
         rows.append([key[1], key[0].replace("_", "-"), c, ec, _b(b), _b(eb)])
-    return md_table(["pass", "collective", "count", "expected", "bytes logged", "expected bytes"], rows)
+    return table(["pass", "collective", "count", "expected", "bytes logged", "expected bytes"], rows, markdown=True)
 
 
 @_reads("items")
@@ -265,8 +254,8 @@ def pipeline_memory_table(run: dict) -> str:
     rows = [[r["schedule"], r["m"], r["stage"], format_bytes(r["peak"]), r["expected_microbatches"],
              format_bytes(r["expected"]), "yes" if r["peak"] == r["expected"] else "**no**"]
             for r in pipeline_memory_rows(run)]
-    return md_table(["schedule", "m", "stage", "peak activations (measured)", "micro-batches held",
-                     "that many × one micro-batch", "equal"], rows)
+    return table(["schedule", "m", "stage", "peak activations (measured)", "micro-batches held",
+                  "that many × one micro-batch", "equal"], rows, markdown=True)
 
 
 # --------------------------------------------------------------------------- bytes into time
@@ -314,7 +303,8 @@ def comm_table(rows: list) -> str:
     rows = _records("rows", rows, ("what", "bytes", "measured_s", "predicted_s"), "a list of comm_rows dicts")
     out = [[r["what"], format_bytes(r["bytes"]), f"{1e6 * r['measured_s']:,.0f}", f"{1e6 * r['predicted_s']:,.0f}",
             f"{r['predicted_s'] / r['measured_s']:.2f}"] for r in rows]
-    return md_table(["what", "tensor", "measured (µs, fastest round)", "predicted (µs)", "predicted / measured"], out)
+    return table(["what", "tensor", "measured (µs, fastest round)", "predicted (µs)", "predicted / measured"], out,
+                 markdown=True)
 
 
 def cluster_rows(n_params: int, gpus_per_node: int = 8, nodes=(1, 8, 64), links=None) -> list:

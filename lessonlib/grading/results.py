@@ -187,6 +187,9 @@ def details_rows(results: Sequence[NotebookResult]) -> tuple[list[str], list[lis
 
 
 def _aligned(cols: list[str], body: list[list[str]]) -> list[str]:
+    # Not lessonlib.book.tables.table: the grader's report is plain text for a terminal and a .txt file
+    # (an HTML or Markdown table would show its markup there), and grading imports nothing from the
+    # course's layers, so that a grader can install and run it without the book's dependencies.
     widths = [max([len(c)] + [len(r[j]) for r in body]) for j, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip(),
              "  ".join("-" * w for w in widths)]
