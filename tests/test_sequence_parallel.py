@@ -8,12 +8,12 @@ from lessonlib.calc.sequence import gathered_input_bytes, sequence_parallel_acti
 
 def test_formula_is_the_papers_and_divides_the_whole_layer():
     s, b, h, a = 2048, 1, 4096, 32
-    assert sequence_parallel_activation_bytes(s, b, h, a, 1) == activation_bytes_per_layer(s, b, h, a)
+    assert sequence_parallel_activation_bytes(s, b, h, a, 1) == activation_bytes_per_layer(s, b, h, a, attention="stored")
     for t in (2, 4, 8):
         expected = s * b * h / t * (34 + 5 * a * s / h)  # Korthikanti et al., eq. 5's per-layer form
         assert sequence_parallel_activation_bytes(s, b, h, a, t) == expected
         # tensor parallelism alone keeps 10 sbh whole on every device; SP splits exactly that
-        tp_only = activation_bytes_per_layer(s, b, h, a, tensor_parallel=t)
+        tp_only = activation_bytes_per_layer(s, b, h, a, tensor_parallel=t, attention="stored")
         assert tp_only - sequence_parallel_activation_bytes(s, b, h, a, t) == 10 * s * b * h * (1 - 1 / t)
     assert sequence_parallel_activation_bytes(8, 1, 8, 2, 2, bytes_per_value=4) == (8 * 8 * 66 + 2 * 64 * 9) // 2
 
@@ -56,7 +56,7 @@ def test_sequence_parallel_measured_against_korthikanti(capfd):
         # to the byte: the formula, plus the two gathered inputs DTensor keeps, plus LayerNorm's statistics
         formula = sequence_parallel_activation_bytes(s, b, h, a, 2)
         assert sp["bytes"] - formula == gathered_input_bytes(s, b, h, 2) + R.layernorm_stat_bytes(sp["items"])
-        assert tp["bytes"] - activation_bytes_per_layer(s, b, h, a, tensor_parallel=2) == \
+        assert tp["bytes"] - activation_bytes_per_layer(s, b, h, a, tensor_parallel=2, attention="stored") == \
             R.layernorm_stat_bytes(tp["items"])
         assert sp["bytes"] < tp["bytes"]
         # the all-reduces become all-gathers and reduce-scatters of the same tensors

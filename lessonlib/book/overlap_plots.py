@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ..checks import mapping as check_mapping, reads as _reads, sequence as check_sequence
+from ..checks import amount as check_amount, mapping as check_mapping, reads as _reads, sequence as check_sequence
 from .plots import COLORS
 from .tables import table
 
@@ -19,6 +19,7 @@ COMM_COLOR = "#55A868"
 def overlap_table(rows, compute: float):
     """An HTML table: one row per :class:`OverlapRow`, after a compute-only row (``compute`` seconds)."""
     rows = check_sequence("rows", rows)
+    compute = check_amount("compute", compute)
     out = [["forward + backward, no exchange (compute)", f"{1e3 * compute:.2f}", "–", "–", "–"]]
     for r in rows:
         clipped = "" if r.hidden == r.hidden_raw else f" (unclipped {100 * r.hidden_raw:+.0f} %)"

@@ -82,6 +82,34 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _png_width(png: bytes) -> int:
+    """The width in pixels of a PNG (its IHDR chunk)."""
+    return int.from_bytes(png[16:20], "big")
+
+
+def _phone_png(fig) -> bytes:
+    """The phone version's PNG. Text outside the axes (a legend, labels) can make the tight-cropped image
+    wider than :data:`PHONE_WIDTH_IN`, and a phone then shrinks all of it, text too: narrow the figure
+    until the image fits, keeping its font sizes."""
+    png = _png(fig)
+    target = PHONE_WIDTH_IN * DPI
+    if _png_width(png) > target * 1.01:  # a legend of several columns is the usual culprit: one column,
+        for ax in fig.axes:               # under the plot, where it hides no data
+            legend = ax.get_legend()
+            if legend is not None and getattr(legend, "_ncols", 1) > 1:  # matplotlib keeps the count private
+                handles, labels = ax.get_legend_handles_labels()
+                ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1,
+                          fontsize=legend.get_texts()[0].get_fontsize())
+        png = _png(fig)
+    for _ in range(4):
+        if _png_width(png) <= target * 1.01:
+            break
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width * target / _png_width(png), height)
+        png = _png(fig)
+    return png
+
+
 def stack_panels(fig) -> bool:
     """Move a figure's side-by-side panels into one column, in reading order.
 
@@ -168,7 +196,7 @@ def show(fig, alt: str, phone=None):
         small, small_font = _png(phone), font_px(phone)
         plt.close(phone)
     elif for_phone(fig):
-        small, small_font = _png(fig), font_px(fig)
+        small, small_font = _phone_png(fig), font_px(fig)
     else:
         small = small_font = None
     plt.close(fig)

@@ -42,8 +42,8 @@ def bill_report(price_per_gpu_hour, pue, tco2_per_mwh) -> str:
     b = _bill.bill(hours, price_per_gpu_hour, _hardware.device(_pub.LLAMA3_DEVICE).power_watts, tco2_per_mwh, pue)
     return table(["line of the bill", "value"], [
         ("GPU-hours (model card)", f"{b.device_hours / 1e6:.2f} million"),
-        ("price per GPU-hour (an assumption)", f"${b.price_per_device_hour:.2f}"),
-        ("dollars", f"${b.dollars / 1e6:,.1f} million"),
+        ("price per GPU-hour (an assumption)", f"{b.price_per_device_hour:.2f} US dollars"),
+        ("dollars", f"{b.dollars / 1e6:,.1f} million US dollars"),
         (f"energy at {b.power_watts:.0f} W per GPU × PUE {b.pue:g}", f"{b.energy_mwh:,.0f} MWh"),
         (f"emissions at {b.tco2_per_mwh:.3f} tCO2eq/MWh", f"{b.tco2:,.0f} tCO2eq"),
     ])

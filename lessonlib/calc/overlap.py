@@ -38,11 +38,10 @@ def exposed_comm(t_compute_per_bucket, t_comm_per_bucket, buckets) -> float:
     c = _check_amount("t_compute_per_bucket", t_compute_per_bucket)
     m = _check_amount("t_comm_per_bucket", t_comm_per_bucket)
     b = _check_count("buckets", buckets)
-    # bucket i (1-based) is ready at i*c; the link frees at end_{i-1}; end_i = max(i*c, end_{i-1}) + m
-    end = 0.0
-    for i in range(1, b + 1):
-        end = max(i * c, end) + m
-    return end - b * c
+    # bucket i (1-based) is ready at i*c and the link frees at end_{i-1}: end_i = max(i*c, end_{i-1}) + m.
+    # With m <= c the link is free whenever a bucket is ready (end_b = b*c + m); with m > c it never rests
+    # after the first bucket (end_b = c + b*m). tests/test_overlap.py checks this against that event loop.
+    return max(m, b * (m - c) + c)
 
 
 def no_overlap_exposed(t_comm_per_bucket, buckets) -> float:

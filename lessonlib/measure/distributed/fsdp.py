@@ -74,9 +74,15 @@ def _build(seed: int = 0):
     return TinyGPT(**MODEL)
 
 
-def _batch(global_batch: int, seed: int = 1):
+def token_batch(global_batch: int, seed: int = 1):
+    """``global_batch`` random token sequences of :data:`MODEL`'s shape and their targets, from ``seed``:
+    the batch every run of this module trains on (the same on every process)."""
     import torch
 
+    from ...checks import count
+
+    global_batch = count("global_batch", global_batch, maximum=4096)
+    seed = count("seed", seed, minimum=0)
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, MODEL["vocab"], (global_batch, MODEL["seq_len"]), generator=g)
     y = torch.randint(0, MODEL["vocab"], (global_batch, MODEL["seq_len"]), generator=g)
@@ -102,7 +108,7 @@ def _shard_on(rank, n, mesh, device, base, steps, global_batch, lr):
     from ..models import lm_loss
 
     group = mesh.get_group()
-    x, y = (t.to(device) for t in _batch(global_batch))
+    x, y = (t.to(device) for t in token_batch(global_batch))
     share = global_batch // n
     xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
 

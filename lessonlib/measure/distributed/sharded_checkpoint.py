@@ -23,7 +23,7 @@ from pathlib import Path
 from ...checks import count as check_count, path as check_path, positive as check_positive
 from ..compat import require_all
 from .launch import launch
-from .fsdp import _batch, _build, _shard
+from .fsdp import _build, _shard, token_batch
 from .quiet import known_warnings_silenced
 
 __all__ = ["save_sharded", "load_unsharded", "compare_states", "checkpoint_files"]
@@ -42,7 +42,7 @@ def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
         mesh = init_device_mesh(device.type, (world,))
         model = _shard(_build().to(device), mesh, reshard=True)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
-        x, y = (t.to(device) for t in _batch(global_batch))
+        x, y = (t.to(device) for t in token_batch(global_batch))
         share = global_batch // world
         xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
 

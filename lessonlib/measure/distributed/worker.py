@@ -104,8 +104,15 @@ def _join_and_run(rank, world_size, port, backend, device_type, out_dir, target,
     device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
-        with threads(1):  # two processes on two cores must not each start a pool of two
-            result = target(rank, world_size, device, progress, *args)
+        try:
+            with threads(1):  # two processes on two cores must not each start a pool of two
+                result = target(rank, world_size, device, progress, *args)
+        except BaseException as exc:
+            # Record the failure before the process group goes: tearing it down closes the connections,
+            # and a peer that then fails "after a peer went away" must find this rank's record already
+            # written, or the launcher may stop this rank before it says what went wrong first.
+            _write_record(out_dir, rank, interrupted=isinstance(exc, KeyboardInterrupt))
+            raise
         tmp = _result_path(out_dir, rank).with_suffix(".tmp")
         torch.save(result, tmp)
         os.replace(tmp, _result_path(out_dir, rank))  # complete or absent, never half-written
@@ -113,15 +120,24 @@ def _join_and_run(rank, world_size, port, backend, device_type, out_dir, target,
         dist.destroy_process_group()
 
 
-def _leave(out_dir, rank, interrupted: bool, code: int) -> None:
-    """Write how this rank failed (the exception being handled), then exit with ``code``."""
+def _write_record(out_dir, rank, interrupted: bool) -> None:
+    """Write how this rank failed (the exception being handled), unless it is written already: the first
+    record, made where the failure happened, keeps its time."""
+    path = _record_path(out_dir, rank)
+    if path.exists():
+        return
     record = {"traceback": traceback.format_exc(), "interrupted": interrupted, "time": time.monotonic()}
     try:
-        tmp = _record_path(out_dir, rank).with_suffix(".tmp")
+        tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
-        os.replace(tmp, _record_path(out_dir, rank))
+        os.replace(tmp, path)
     except OSError:  # the folder is gone: the caller is, too
         pass
+
+
+def _leave(out_dir, rank, interrupted: bool, code: int) -> None:
+    """Write how this rank failed (the exception being handled), then exit with ``code``."""
+    _write_record(out_dir, rank, interrupted)
     _flush()
     os._exit(code)
 
