@@ -158,7 +158,7 @@ def _answer_single_choice(page):
     verdicts = [v[0] for v in data["verdicts"]]
     results = []
     for i in (verdicts.index(False), verdicts.index(True)):  # wrong first, then right
-        box.locator("input[type=radio]").nth(i).check()
+        box.locator(f"input[type=radio][value='{i}']").check()  # by its index: the page shuffles the order
         box.locator("button.wtc-check").click()
         results.append(box.locator(".wtc-feedback").get_attribute("data-correct"))
     return box, results

@@ -222,7 +222,7 @@ def test_static_verdicts_equal_python_verdicts_in_chromium(tmp_path):
 
         box = page.locator(".wtc-quiz[data-kind=single]")
         for i in range(len(s.choices)):
-            box.locator("input[type=radio]").nth(i).check()
+            box.locator(f"input[type=radio][value='{i}']").check()
             box.locator("button.wtc-check").click()
             ok, text = verdict(box)
             py = s.check(i)
@@ -231,7 +231,7 @@ def test_static_verdicts_equal_python_verdicts_in_chromium(tmp_path):
         box = page.locator(".wtc-quiz[data-kind=multiple]")
         for subset in itertools.chain.from_iterable(itertools.combinations(range(4), k) for k in range(5)):
             for i in range(4):
-                box.locator("input[type=checkbox]").nth(i).set_checked(i in subset)
+                box.locator(f"input[type=checkbox][value='{i}']").set_checked(i in subset)
             box.locator("button.wtc-check").click()
             ok, text = verdict(box)
             py = m.check(list(subset))
@@ -273,7 +273,7 @@ def test_static_quiz_hides_the_answer_until_right_or_revealed_in_chromium(tmp_pa
         assert box.locator(".wtc-explanation").is_visible()
         assert "Answer: 7 GB" in box.inner_text() and "worked out" in box.inner_text()
         box = page.locator(".wtc-quiz[data-kind=single]")
-        box.locator("input[type=radio]").nth(1).check()
+        box.locator("input[type=radio][value='1']").check()
         box.locator("button.wtc-check").click()
         assert box.locator(".wtc-explanation").is_visible()              # a right answer explains
         # ... without repeating the answer its verdict line just gave; "Show answer" still adds it
@@ -357,3 +357,18 @@ def test_arrow_keys_move_a_slider_and_a_choice_and_stay_inside_the_widget(tmp_pa
         assert [k for k in page.evaluate("window.reached") if k != "Shift"] == ["Enter"]
         box = page.locator(".wtc-quiz")
         assert box.get_attribute("data-lm-suppress-shortcuts") == "true"
+
+
+def test_the_right_choice_is_not_always_shown_first():
+    """Authors tend to list the right choice first; the page shows the choices in a shuffled order (the same on
+    every build), each input keeping its choice's index, so the first choice shown is the answer about 1 time in n."""
+    import re
+
+    firsts = 0
+    for k in range(40):
+        q = SingleChoice(f"Question {k}?", [Choice("right", correct=True), Choice("a"), Choice("b"), Choice("c")])
+        shown = re.findall(r'value="(\d+)"', q.static_html())
+        assert sorted(shown) == ["0", "1", "2", "3"]
+        firsts += shown[0] == "0"
+    assert firsts < 20  # a fair shuffle: about 10 in 40; without one, 40
+    assert q.static_html() == q.static_html()  # the same order on every build

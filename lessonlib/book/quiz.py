@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..checks import amount, flag, number, sequence, text
+from ..checks import amount, count, flag, number, sequence, text
 from .interactive import Interactive, script_json, script_text, stable_id
 
 
@@ -93,6 +93,20 @@ def _normalise_choices(choices, answer) -> list[Choice]:
     return out
 
 
+def display_order(question: str, n: int) -> list:
+    """The order in which a choice quiz shows its ``n`` choices: a shuffle seeded by ``question``, the same on
+    every build. Authors list the right choice where they like (often first); a reader must not learn that
+    the first choice is the answer. Each shown input keeps its choice's index as its value, so grading, which
+    works on indices, never sees the order."""
+    import hashlib
+    import random
+
+    question, n = text("question", question), count("n", n, maximum=1000)
+    order = list(range(n))
+    random.Random(int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "big")).shuffle(order)
+    return order
+
+
 class _ChoiceQuiz(Interactive):
 
     def __init__(self, question: str, choices: Sequence[Choice | str], explanation: str = "", answer=None):
@@ -114,7 +128,7 @@ class _ChoiceQuiz(Interactive):
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}: {self.question}"]
-        lines += [f"  ({i + 1}) {c.text}" for i, c in enumerate(self.choices)]
+        lines += [f"  ({k + 1}) {self.choices[i].text}" for k, i in enumerate(display_order(self.question, len(self.choices)))]
         return "\n".join(lines)
 
     def _index(self, answer) -> int:
@@ -148,7 +162,8 @@ class SingleChoice(_ChoiceQuiz):
     def widget(self):
         import ipywidgets as w
 
-        sel = w.RadioButtons(options=[(c.text, i) for i, c in enumerate(self.choices)], value=None,
+        sel = w.RadioButtons(options=[(self.choices[i].text, i) for i in display_order(self.question, len(self.choices))],
+                             value=None,
                              layout=w.Layout(width="auto"))
         return _live_box(self, sel, lambda: None if sel.value is None else self.check(sel.value),
                          "Choose an answer first.")
@@ -157,8 +172,8 @@ class SingleChoice(_ChoiceQuiz):
         uid = stable_id("single", self.question, [c.text for c in self.choices])
         verdicts = [self.check(i) for i in range(len(self.choices))]
         opts = "".join(
-            f'<label><input type="radio" name="{uid}" value="{i}"> {c.text}</label>'
-            for i, c in enumerate(self.choices)
+            f'<label><input type="radio" name="{uid}" value="{i}"> {self.choices[i].text}</label>'
+            for i in display_order(self.question, len(self.choices))
         )
         data = {"kind": "single", "verdicts": [[v.correct, v.feedback] for v in verdicts]}
         return _static_box(uid, self, opts, data)
@@ -192,11 +207,12 @@ class MultipleSelect(_ChoiceQuiz):
     def widget(self):
         import ipywidgets as w
 
-        boxes = [w.Checkbox(value=False, description=c.text, indent=False, layout=w.Layout(width="auto"))
-                 for c in self.choices]
+        order = display_order(self.question, len(self.choices))
+        boxes = [w.Checkbox(value=False, description=self.choices[i].text, indent=False, layout=w.Layout(width="auto"))
+                 for i in order]
         sel = w.VBox(boxes)
         sel.boxes = boxes
-        return _live_box(self, sel, lambda: self.check([i for i, b in enumerate(boxes) if b.value]), None)
+        return _live_box(self, sel, lambda: self.check([i for i, b in zip(order, boxes) if b.value]), None)
 
     def static_html(self) -> str:
         uid = stable_id("multiple", self.question, [c.text for c in self.choices])
@@ -209,8 +225,8 @@ class MultipleSelect(_ChoiceQuiz):
             v = self.check([i for i in range(n) if mask >> i & 1])
             verdicts.append([v.correct, v.feedback])
         opts = "".join(
-            f'<label><input type="checkbox" name="{uid}" value="{i}"> {c.text}</label>'
-            for i, c in enumerate(self.choices)
+            f'<label><input type="checkbox" name="{uid}" value="{i}"> {self.choices[i].text}</label>'
+            for i in display_order(self.question, len(self.choices))
         )
         return _static_box(uid, self, opts, {"kind": "multiple", "verdicts": verdicts})
 
