@@ -22,6 +22,7 @@ from ..checks import choice, count, flag, positive, share, text
 from .comm import LINKS, Link, collective_seconds
 from .hardware import DEVICES, Device
 from .memory import activation_bytes_per_layer
+from .recompute import matmul_outputs_bytes_per_layer
 from .sharding import ZERO_STAGES, zero_state_bytes, zero_step_traffic
 
 #: The share of its dense peak that one device's kernels reach on a large training step when no
@@ -30,7 +31,7 @@ from .sharding import ZERO_STAGES, zero_state_bytes, zero_step_traffic
 #: the same value, so it scales every step time alike and leaves the ranking alone.
 KERNEL_EFFICIENCY = 0.6
 
-RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "dualpipe")
 CONTEXT_METHODS = ("ring", "all_gather")
 
@@ -99,7 +100,8 @@ class Layout:
     """Degrees of each split: ``tensor`` x ``context`` x ``pipeline`` x ``data`` = the devices;
     ``expert`` devices share a layer's experts (they come out of the data-parallel ones);
     ``virtual`` pipeline stages per device (1: plain 1F1B; more: the interleaved schedule);
-    ``zero`` the ZeRO stage of the data-parallel copies; ``recompute`` "none" or "full";
+    ``zero`` the ZeRO stage of the data-parallel copies; ``recompute`` "none", "selective" (keep only the weight
+    products' outputs, rebuild the rest) or "full";
     ``schedule`` "1f1b" (interleaved when ``virtual`` > 1) or "dualpipe" (DeepSeek-V3's: two
     micro-batches in opposite directions, each one's communication hidden behind the other's compute,
     at the price of a second copy of the weights)."""
@@ -120,7 +122,7 @@ class Layout:
                                           ("DP", self.data), ("EP", self.expert)) if d > 1 or n == "DP"]
         extra = [f"ZeRO-{self.zero}"] + (["v " + str(self.virtual)] if self.virtual > 1 else []) + (
             ["DualPipe"] if self.schedule == "dualpipe" else []) + (
-            ["full recompute"] if self.recompute == "full" else [])
+            [f"{self.recompute} recompute"] if self.recompute != "none" else [])
         return " × ".join(parts) + f" ({', '.join(extra)})"
 
 
@@ -224,7 +226,8 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     micro-batch is one sequence. The pieces, each per step:
 
     * compute: (6 x active parameters + 6 x layers x hidden x seq_len for causal attention) FLOPs
-      a token, x 4/3 with full recomputation, over all devices at ``kernel_efficiency`` of the peak;
+      a token, x 4/3 with full recomputation (selective: the causal attention's forward once more, the
+      other rebuilt operations cost no FLOPs worth counting), over all devices at ``kernel_efficiency`` of the peak;
       the experts' matmuls slow further when each expert gets fewer tokens than the roofline's
       ridge point (:func:`ridge_flops_per_byte`): a few tokens a weight read cannot keep it busy;
     * bubble: compute x (pipeline - 1) / (virtual x micro-batches) for the interleaved 1F1B
@@ -288,12 +291,18 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     stage_layers = math.ceil(layers / p)
     # Korthikanti's bytes a layer with sequence parallelism and fused attention (calc.memory, the one formula):
     # 34 s*b*h / t, of which 2 s*b*h / t are the two one-byte dropout masks a model without dropout does not keep
-    per_layer = activation_bytes_per_layer(s // c, 1, h, model.heads, layout.recompute, tensor_parallel=t,
-                                           attention="fused", sequence_parallel=True)
+    if layout.recompute == "selective":  # save the weight products' outputs only (the policy of page 2.3)
+        per_layer = matmul_outputs_bytes_per_layer(s // c, 1, h) / t
+    else:
+        per_layer = activation_bytes_per_layer(s // c, 1, h, model.heads, layout.recompute, tensor_parallel=t,
+                                               attention="fused", sequence_parallel=True)
     if not model.dropout and layout.recompute == "none":
         per_layer -= 2 * (s // c) * h / t
     in_flight = min(p, micro)  # 1F1B: the first stage holds up to `pipeline` micro-batches
-    activations = per_layer * stage_layers * in_flight
+    # The interleaved schedule warms up deeper: its first device holds (1 + (p - 1) / (p v)) times plain
+    # 1F1B's activations (Narayanan et al. 2021; Megatron-LM's warm-up of 2(p - 1) + (v - 1) p chunks).
+    interleave = 1 + (p - 1) / (p * v) if v > 1 and micro >= p else 1.0
+    activations = per_layer * stage_layers * in_flight * interleave
 
     # --- a step's time ---
     tokens = model.global_batch * s
@@ -304,7 +313,8 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
         per_expert = e * (s // c) * model.top_k / model.experts  # tokens each expert's matmul gets
         slow = max(1.0, ridge_flops_per_byte(_device(cluster)) / per_expert)
     extra = 4 / 3 if layout.recompute == "full" else 1.0
-    compute = (useful - expert_flops + expert_flops * slow) * extra / (cluster.devices * peak * eff)
+    rerun = 2 * layers * h * s * tokens if layout.recompute == "selective" else 0.0  # causal attention, again
+    compute = ((useful - expert_flops + expert_flops * slow) * extra + rerun) / (cluster.devices * peak * eff)
     bubble = compute * ((p / 2 - 1) / micro if dualpipe else (p - 1) / (v * micro))
     act_bytes = model.bytes_per_value * (s // c) * h  # one micro-batch's activations at a layer boundary
     tensor_comm = 0.0
