@@ -1,23 +1,18 @@
 """Figures for the course: every one with a title, labelled axes with units, and alt text.
 
-* :func:`show` - display a matplotlib figure with alt text (PNG in Jupyter,
-  an ``<img alt=...>`` in the built book), then close it.
+* :func:`show` (from :mod:`lessonlib.book.figures`) - display a matplotlib figure with alt text (PNG in
+  Jupyter, an ``<img alt=...>`` in the built book, a phone version where needed), then close it.
 * :func:`stacked_bars` - one bar per case, stacked by component.
 * :func:`plot_ledger` / :func:`plot_timing` - the memory ledger and phase timings.
 """
 from __future__ import annotations
 
-from ..checks import reads as _reads
-
-import base64
-import html
-import io
-import textwrap
-
 import matplotlib.pyplot as plt
-from matplotlib.text import Text
 
 from ..checks import choice, count, instance, mapping, number, positive, sequence, text
+from ..checks import reads as _reads
+from .figures import (DPI, PHONE_MAX_WIDTH, PHONE_MIN_FONT_PT, PHONE_WIDTH_IN, Figure, font_px,  # noqa: F401
+                      for_phone, show, stack_panels)  # (pages and tests call plots.show; it lives in figures)
 
 
 def _check_title(title, ylabel=None):
@@ -32,175 +27,6 @@ COLORS = {
     "forward": "#4C72B0", "loss": "#8172B3", "backward": "#DD8452", "optimizer": "#55A868",
     "prediction": "#937860",
 }
-
-
-#: Screens at most this wide (CSS px) get a figure's phone version.
-PHONE_MAX_WIDTH = 700
-#: Resolution of every figure's PNG (pixels per inch).
-DPI = 110
-#: A phone version's width (inches): 506 px at :data:`DPI`, shown about 350 CSS px wide on a
-#: 390-px phone, so a point of text is about 1.05 CSS px there.
-PHONE_WIDTH_IN = 4.6
-#: No text of a phone version is smaller than this (points): 8.4 CSS px on a 390-px phone.
-PHONE_MIN_FONT_PT = 8
-
-
-class Figure:
-    """A rendered figure with alt text; displays as PNG (Jupyter) and <img alt> (book).
-
-    ``phone_png``, when given, is the same figure drawn for a phone (panels
-    stacked in one column, :data:`PHONE_WIDTH_IN` wide, no text under
-    :data:`PHONE_MIN_FONT_PT`); the HTML rendering picks it on narrow screens
-    (``<picture>``). ``font_px`` and ``phone_font_px`` are the smallest text of
-    each PNG, in its pixels: the browser test turns them into CSS px as shown.
-    """
-
-    def __init__(self, png: bytes, alt: str, phone_png: bytes | None = None, font_px: float | None = None,
-                 phone_font_px: float | None = None):
-        self.png = instance("png", png, bytes, "PNG bytes")
-        self.alt = text("alt", alt)
-        self.phone_png = instance("phone_png", phone_png, (bytes, type(None)), "PNG bytes or None")
-        self.font_px = None if font_px is None else positive("font_px", font_px)
-        self.phone_font_px = None if phone_font_px is None else positive("phone_font_px", phone_font_px)
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        b64 = base64.b64encode(self.png).decode()
-        fonts = "".join(f' data-{name}="{v:.1f}"' for name, v in
-                        (("font-px", self.font_px), ("phone-font-px", self.phone_font_px)) if v is not None)
-        img = (f'<img src="data:image/png;base64,{b64}" alt="{html.escape(self.alt, quote=True)}"{fonts} '
-               f'style="max-width:100%;height:auto">')
-        if self.phone_png:
-            phone = base64.b64encode(self.phone_png).decode()
-            img = (f'<picture><source media="(max-width: {PHONE_MAX_WIDTH}px)" '
-                   f'srcset="data:image/png;base64,{phone}">{img}</picture>')
-        return {"image/png": b64, "text/html": img, "text/plain": f"[figure] {self.alt}"}
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    return buf.getvalue()
-
-
-def _png_width(png: bytes) -> int:
-    """The width in pixels of a PNG (its IHDR chunk)."""
-    return int.from_bytes(png[16:20], "big")
-
-
-def _phone_png(fig) -> bytes:
-    """The phone version's PNG. Text outside the axes (a legend, labels) can make the tight-cropped image
-    wider than :data:`PHONE_WIDTH_IN`, and a phone then shrinks all of it, text too: narrow the figure
-    until the image fits, keeping its font sizes."""
-    png = _png(fig)
-    target = PHONE_WIDTH_IN * DPI
-    if _png_width(png) > target * 1.01:  # a legend of several columns is the usual culprit: one column,
-        for ax in fig.axes:               # under the plot, where it hides no data
-            legend = ax.get_legend()
-            if legend is not None and getattr(legend, "_ncols", 1) > 1:  # matplotlib keeps the count private
-                handles, labels = ax.get_legend_handles_labels()
-                ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1,
-                          fontsize=legend.get_texts()[0].get_fontsize())
-        png = _png(fig)
-    for _ in range(4):
-        if _png_width(png) <= target * 1.01:
-            break
-        width, height = fig.get_size_inches()
-        fig.set_size_inches(width * target / _png_width(png), height)
-        png = _png(fig)
-    return png
-
-
-def stack_panels(fig) -> bool:
-    """Move a figure's side-by-side panels into one column, in reading order.
-
-    Panels are the axes laid out on a grid (``plt.subplots``); a twin axis
-    moves with its panel. The figure keeps each panel's width and grows in
-    height. Returns False (and changes nothing) when there is only one column.
-    """
-    if not hasattr(fig, "axes") or not callable(getattr(fig, "add_gridspec", None)):
-        raise TypeError(f"fig must be a matplotlib figure, got {fig!r:.80}")
-    specs = {}
-    for ax in fig.axes:
-        ss = ax.get_subplotspec() if hasattr(ax, "get_subplotspec") else None
-        if ss is None:
-            continue
-        rows, cols = ss.get_geometry()[:2]
-        specs.setdefault((ss.rowspan.start, ss.colspan.start, rows, cols), []).append(ax)
-    if not specs:
-        return False
-    _, _, rows, cols = next(iter(specs))
-    if cols < 2:
-        return False
-    order = sorted(specs, key=lambda k: (k[0], k[1]))
-    width, height = fig.get_size_inches()
-    fig.set_size_inches(max(width / cols * 1.1, 4.5), height / rows * len(order) * 1.05)
-    grid = fig.add_gridspec(len(order), 1)
-    for i, key in enumerate(order):
-        for ax in specs[key]:
-            ax.set_subplotspec(grid[i, 0])
-    fig.tight_layout()
-    return True
-
-
-def _texts(fig) -> list:
-    if not callable(getattr(fig, "findobj", None)) or not callable(getattr(fig, "savefig", None)):
-        raise TypeError(f"fig must be a matplotlib figure, got {fig!r:.80}")
-    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
-
-
-def font_px(fig) -> float:
-    """The smallest visible text of ``fig``, in pixels of its PNG (at :data:`DPI`)."""
-    return min((t.get_fontsize() for t in _texts(fig)), default=10.0) * DPI / 72
-
-
-def for_phone(fig) -> bool:
-    """Redraw ``fig`` for a phone: panels in one column (:func:`stack_panels`), at most
-    :data:`PHONE_WIDTH_IN` wide, titles and axis labels wrapped to that width, and no text smaller
-    than :data:`PHONE_MIN_FONT_PT`. Returns False (and changes nothing) when the figure is
-    already narrow enough and has a single column of panels.
-    """
-    stacked = stack_panels(fig)
-    width, height = fig.get_size_inches()
-    if not stacked and width <= PHONE_WIDTH_IN:
-        return False
-    if width > PHONE_WIDTH_IN:
-        fig.set_size_inches(PHONE_WIDTH_IN, height * max(1.0, 0.8 * width / PHONE_WIDTH_IN) ** 0.5)
-    for t in _texts(fig):
-        if t.get_fontsize() < PHONE_MIN_FONT_PT:
-            t.set_fontsize(PHONE_MIN_FONT_PT)
-    titles = [ax.title for ax in fig.axes] + [ax.xaxis.label for ax in fig.axes]
-    titles += [fig._suptitle] if getattr(fig, "_suptitle", None) is not None else []
-    for t in titles:
-        # about 0.55 em a character: the characters that fit on one line of the figure's width
-        chars = max(20, int(PHONE_WIDTH_IN * 72 / (0.55 * t.get_fontsize())))
-        if len(t.get_text()) > chars:
-            t.set_text("\n".join(textwrap.wrap(t.get_text().replace("\n", " "), chars)))
-    fig.tight_layout()
-    return True
-
-
-def show(fig, alt: str, phone=None):
-    """Render ``fig`` to PNG with alt text ``alt`` and close it; the return value displays it.
-
-    A figure wider than a phone also gets a phone version (:func:`for_phone`),
-    or ``phone``, a figure the page drew for phones itself (closed too).
-    """
-    text("alt", alt)
-    for name, f in (("fig", fig), ("phone", phone)):
-        if f is not None and not callable(getattr(f, "savefig", None)):
-            raise TypeError(f"{name} must be a matplotlib figure, got {f!r:.80}")
-    if fig is None:
-        raise TypeError("fig must be a matplotlib figure, got None")
-    wide, wide_font = _png(fig), font_px(fig)
-    if phone is not None:
-        small, small_font = _png(phone), font_px(phone)
-        plt.close(phone)
-    elif for_phone(fig):
-        small, small_font = _phone_png(fig), font_px(fig)
-    else:
-        small = small_font = None
-    plt.close(fig)
-    return Figure(wide, alt, small, wide_font, small_font)
 
 
 def stacked_bars(data: dict, title: str, ylabel: str, scale: float = 1.0, ax=None, colors: dict | None = None,
