@@ -92,8 +92,9 @@ def test_scale_account_refuses_bad_input():
             S.scale_account(**{**args, name: bad})
     with pytest.raises(TypeError, match="fit"):
         S.scale_account(**{**args, "fit": 0.01})
-    with pytest.raises(ValueError, match="tflops_at_16k"):
-        S.llama3_scale(-1)
+    for bad in (-1, 20, 500):       # negative; a drop beyond Amdahl's law; a rise
+        with pytest.raises(ValueError, match="tflops_at_16k"):
+            S.llama3_scale(bad)
 
 
 PAGES = {"13": "chapters/03-distributed-speedup/13-goodput.md",

@@ -206,7 +206,11 @@ def llama3_scale(tflops_at_16k=None) -> ScaleAccount:
     """
     v = {k: f.value for k, f in _pub.LLAMA3_405B.items()}
     t16 = v["tflops_16k_gpus"] if tflops_at_16k is None else positive("tflops_at_16k", tflops_at_16k)
-    fit = fit_serial_share(int(v["gpus_first_stage"]), v["tflops_8k_gpus"], int(v["gpus"]), t16)
+    try:
+        fit = fit_serial_share(int(v["gpus_first_stage"]), v["tflops_8k_gpus"], int(v["gpus"]), t16)
+    except ValueError as err:  # the fit names its own arguments; say which of the caller's gave them
+        raise ValueError(f"tflops_at_16k ({t16:g}) against {v['tflops_8k_gpus']:g} on "
+                         f"{int(v['gpus_first_stage']):,} GPUs: {err}") from None
     h100 = _hardware.device(_pub.LLAMA3_DEVICE)
     n = int(v["gpus"])
     job_mtbf = mtbf_seconds(v["snapshot_days"] * 86400, int(v["unexpected"]))
