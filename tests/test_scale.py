@@ -21,24 +21,43 @@ def test_doctests(module):
 
 # --- the reconciled account at 16,384 devices ------------------------------------------------------------
 
-def test_the_account_is_built_from_the_run_not_from_an_assumed_serial_share():
+def test_the_step_efficiency_is_amdahl_fitted_to_table_4_not_the_mfu_over_an_assumption():
+    # the old account divided the run's MFU (40.4 %) by an assumed one-device 40 % and got 1.011, a serial share
+    # of -6.5e-07: circular. The account now fits Amdahl's form to Table 4's strong scaling (430 -> 400 TFLOP/s per
+    # GPU from 8,192 to 16,384 GPUs at one batch).
     a = S.llama3_scale()
     assert a.devices == L3["gpus"] == 16384
-    # the step efficiency is the run's MFU over one device's utilisation, and Amdahl's law solved for s gives
-    # back that speedup exactly
-    assert a.mfu == pytest.approx(L3["tflops_16k_gpus"] * 1e12 / D.device(pub.LLAMA3_DEVICE).peak_flops_per_s)
-    assert a.step_efficiency == pytest.approx(a.mfu / D.UTILISATION)
-    assert a.speedup == pytest.approx(a.devices * a.step_efficiency)
-    if a.serial_share >= 0:
-        assert speedup_from_share(a.serial_share, a.devices) == pytest.approx(a.speedup)
-    # whatever the sign, what remains serial is below 1e-5: a hundred times less than the contrast's 0.1 %
-    assert abs(a.serial_share) < 1e-5 < a.contrast_serial_share
+    f = a.fit
+    assert (f.devices_low, f.throughput_low, f.devices_high, f.throughput_high) == (8192, 430, 16384, 400)
+    r = 400 / 430
+    assert f.efficiency_high / f.efficiency_low == pytest.approx(r)
+    # by hand: s = (1 - r) / (r (N2 - 1) - (N1 - 1)), E = 1 / (s N + 1 - s)
+    s = (1 - r) / (r * 16383 - 8191)
+    assert a.serial_share == pytest.approx(s) and 9.8e-6 < a.serial_share < 1.0e-5
+    assert a.step_efficiency == pytest.approx(1 / (s * 16384 + 1 - s)) and round(a.step_efficiency, 2) == 0.86
+    assert a.step_efficiency == pytest.approx(speedup_from_share(a.serial_share, a.devices) / a.devices)
+    # the MFU is the run's, and no assumed utilisation enters: the unit is what linear scaling would keep
+    assert a.mfu == pytest.approx(400e12 / D.device(pub.LLAMA3_DEVICE).peak_flops_per_s)
+    assert a.one_device_utilisation == pytest.approx(a.mfu / a.step_efficiency)
     # failures: the exact goodput, with a restart that keeps the report's 90 % effective training time
     assert a.goodput.useful_fraction == pytest.approx(L3["effective_training"])
     assert a.per_device_hour == pytest.approx(a.step_efficiency * a.goodput.useful_fraction)
-    # and the model agrees with the bill to within the phases a step's MFU leaves out (<10 %)
+    # the bill on the same basis: its utilisation over the step's MFU, times E; it pays for more than the steps
+    assert a.bill_per_device_hour == pytest.approx(a.step_efficiency * a.bill_utilisation / a.mfu)
     assert a.bill_per_device_hour < a.per_device_hour < a.bill_per_device_hour * 1.1
-    assert 0.8 < a.bill_per_device_hour < 0.9
+
+
+def test_fit_serial_share_limits_and_refusals():
+    assert S.fit_serial_share(8, 100, 16, 100).serial_share == 0 == S.fit_serial_share(8, 1, 16, 1).serial_share
+    # nothing divides (s = 1): E = 1/N, so throughput per device halves from 8 to 16
+    assert S.fit_serial_share(8, 100, 16, 50).serial_share == pytest.approx(1)
+    with pytest.raises(ValueError, match="throughput_high"):
+        S.fit_serial_share(8, 100, 16, 120)            # a rise fits no serial share
+    with pytest.raises(ValueError, match="falls faster"):
+        S.fit_serial_share(8, 100, 16, 40)             # below 1/N: beyond Amdahl
+    with pytest.raises(ValueError, match="devices_high"):
+        S.fit_serial_share(16, 100, 8, 90)
+    assert S.efficiency_from_share(0, 16384) == 1
 
 
 def test_the_contrast_is_the_strong_scaling_collapse():
@@ -46,6 +65,9 @@ def test_the_contrast_is_the_strong_scaling_collapse():
     assert a.contrast_speedup == pytest.approx(1 / (0.001 + 0.999 / 16384))       # 942.5x
     assert round(a.contrast_speedup, 1) == 942.5
     assert a.contrast_per_device_hour < 0.06 < 10 * a.contrast_per_device_hour < a.per_device_hour
+    # the contrast's 0.1 % is far above the update's share a data-parallel job would repeat, and the fitted share
+    assert a.contrast_serial_share > 10 * a.update_share > 10 * a.serial_share
+    assert "if the serial share were 0.1 %" in S.scale_ladder(a)[0].what
 
 
 def test_zero_removes_the_repeated_update():
@@ -54,20 +76,25 @@ def test_zero_removes_the_repeated_update():
     assert a.update_efficiency_dp < 0.7
     # ... the tensor x pipeline layout splits it 128 ways; ZeRO splits the rest, leaving nothing repeated
     assert a.model_parallel == 128 and a.update_efficiency_dp < a.update_efficiency_layout < 1
-    # by hand: update 32 B/param at 3.35 TB/s, compute 6 N B at 40 % of 989.4 TFLOP/s
+    # by hand: update 32 B/param at 3.35 TB/s, compute 6 N B at the linear-scaling utilisation of 989.4 TFLOP/s
     t_u = 32 * 405e9 / 3.35e12
-    t_c = 6 * 405e9 * 16e6 / (989.4e12 * 0.4)
+    t_c = 6 * 405e9 * 16e6 / (989.4e12 * a.one_device_utilisation)
     assert a.update_share == pytest.approx(t_u / (t_u + t_c))
 
 
 def test_scale_account_refuses_bad_input():
-    args = dict(devices=16, mfu=0.4, one_device_utilisation=0.4, n_params=1e9, tokens_per_step=1e6,
+    args = dict(fit=S.fit_serial_share(8, 100, 16, 95), mfu=0.4, n_params=1e9, tokens_per_step=1e6,
                 peak_flops_per_s=1e15, memory_bandwidth=3e12, device_mtbf_hours=1e5, checkpoint_seconds=10,
                 restart_seconds=60, bill_utilisation=0.3, model_parallel=4)
     S.scale_account(**args)
-    for name, bad in [("mfu", 1.5), ("one_device_utilisation", 0), ("model_parallel", 3), ("devices", 0)]:
+    for name, bad in [("mfu", 1.5), ("model_parallel", 3), ("bill_utilisation", 0)]:
         with pytest.raises(ValueError, match=name):
             S.scale_account(**{**args, name: bad})
+    with pytest.raises(TypeError, match="fit"):
+        S.scale_account(**{**args, "fit": 0.01})
+    for bad in (-1, 20, 500):       # negative; a drop beyond Amdahl's law; a rise
+        with pytest.raises(ValueError, match="tflops_at_16k"):
+            S.llama3_scale(bad)
 
 
 PAGES = {"13": "chapters/03-distributed-speedup/13-goodput.md",
@@ -81,12 +108,38 @@ def test_both_pages_print_the_one_account():
     for key, path in PAGES.items():
         text = (ROOT / path).read_text()
         assert "llama3_scale()" in text, key
-        for field in ("per_device_hour", "bill_per_device_hour", "contrast_per_device_hour", "step_efficiency"):
+        for field in ("per_device_hour", "bill_per_device_hour", "contrast_per_device_hour", "step_efficiency",
+                      "serial_share", "fit.throughput_low", "fit.throughput_high", "goodput.useful_fraction"):
             assert f".{field}" in text, (key, field)
         # neither page types the figures the account computes (0.91, 0.86, 0.052, 942.5)
         for typed in (f"{a.per_device_hour:.2f}", f"{a.bill_per_device_hour:.2f}", f"{a.contrast_per_device_hour:.3f}",
-                      f"{a.contrast_speedup:.1f}"):
+                      f"{a.contrast_speedup:.1f}", f"{a.step_efficiency:.2f}", f"{a.serial_share:.1e}"):
             assert not re.search(rf"(?<![\d.]){re.escape(typed)}(?![\d])", text), (key, typed)
+        # the account no longer rests on an assumed one-device utilisation, and the contrast is a contrast
+        assert "one_device_utilisation" not in text and "every device repeats the update (the contrast" not in text
+
+
+def test_the_goodput_figure_title_is_rounded(monkeypatch):
+    from lessonlib.book import speedup_plots as P
+    seen = {}
+
+    def capture(ns, rows, no_failure, title):
+        seen["title"] = title
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(P, "plot_goodput_failures", capture)
+    with pytest.raises(RuntimeError):
+        P.goodput_figure([1, 16384], 0.001, 32.768, 312.177)
+    assert seen["title"] == "Serial share 0.1%, saves of 33 s, restarts of 5.2 min"
+
+
+def test_page_14_validation_table_compares_no_figure_with_itself():
+    text = (ROOT / PAGES["14"]).read_text()
+    table = text[text.index("# @title Published against computed (table)"):]
+    table = table[:table.index("```")]
+    assert '"training FLOPs"' not in table and "MFU, lowest configuration" not in table
+    assert "inputs, not checks" in text and "undershoot the bill" not in text
+    assert "nominal capacity" in text and "comes near fitting" not in text
 
 
 # --- MFU and HFU ------------------------------------------------------------------------------------------

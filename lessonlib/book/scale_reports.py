@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..calc.scale import llama3_scale, scale_ladder
-from ..checks import amount as _check_amount, positive as _check_positive, share as _check_share
+from ..checks import amount as _check_amount, positive as _check_positive
 from .tables import table
 
 
@@ -12,7 +12,7 @@ def ladder_rows(account) -> list:
             for r in scale_ladder(account)]
 
 
-LADDER_HEADER = ["what the job does", "step efficiency (speedup / devices)",
+LADDER_HEADER = ["what the job does", "step efficiency (speedup / devices, of linear scaling)",
                  "one-device hours per paid device-hour"]
 
 
@@ -21,13 +21,13 @@ def ladder_table(account):
     return table(LADDER_HEADER, ladder_rows(account))
 
 
-def scale_report(one_device_utilisation) -> str:
-    """The scale calculator's answer (for an Explorer): Llama 3 405B's account on 16,384 GPUs at the
-    ``one_device_utilisation`` (0 to 1) one device is assumed to reach alone."""
-    a = llama3_scale(_check_share("one_device_utilisation", one_device_utilisation))
-    return (f"<p>Step efficiency {a.step_efficiency:.3f}; serial share left {a.serial_share:.1e}; "
-            f"failures leave {100 * a.goodput.useful_fraction:.0f} % of the time useful.</p>"
-            + ladder_table(a))
+def scale_report(tflops_at_16k) -> str:
+    """The scale calculator's answer (for an Explorer): Llama 3 405B's account on 16,384 GPUs if each GPU had
+    sustained ``tflops_at_16k`` TFLOP/s there (Table 4: 400) against 430 on 8,192, Amdahl's form fitted to the two."""
+    a = llama3_scale(_check_positive("tflops_at_16k", tflops_at_16k))
+    return (f"<p>Serial share fitted {a.serial_share:.1e}; step efficiency {a.step_efficiency:.3f} of linear "
+            f"scaling; failures leave {100 * a.goodput.useful_fraction:.0f} % of the time useful; a paid GPU-hour "
+            f"buys {a.per_device_hour:.3f} one-device hours.</p>" + ladder_table(a))
 
 
 def bill_report(price_per_gpu_hour, pue, tco2_per_mwh) -> str:

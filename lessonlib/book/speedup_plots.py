@@ -254,8 +254,8 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
                          f"answer for {ns[-1]:,} devices: {err}") from None
     no_failure = [speedup_from_share(serial_share, n) / n for n in ns]
     fig = plot_goodput_failures(list(ns), rows, no_failure,
-                                title=f"Serial share {serial_share:.1%}, saves of {ckpt_s} s, restarts of "
-                                      f"{restart_s / 60:g} min")
+                                title=f"Serial share {serial_share:.1%}, saves of {round(ckpt_s):,} s, restarts of "
+                                      f"{round(restart_s / 60, 1):g} min")
     lost = ", ".join(f"{100 * (1 - gs[-1].useful_fraction):.0f} % with {mt:,}-hour devices"
                      for mt, gs in zip(mtbfs, rows.values()))
     return show(fig, alt=f"Two panels against the device count, from {ns[0]:,} to {ns[-1]:,} on a log axis, for "
