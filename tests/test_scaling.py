@@ -275,7 +275,7 @@ def test_data_parallel_page_llama_batch_and_run_computed_claims():
     seqs = 2 ** round(math.log2(L["tokens_per_batch"].value / L["seq_len"].value))
     assert seqs == 2048 and seqs * L["seq_len"].value == 2**24
     assert "2 ** round(math.log2(llama_batch_tokens / llama_seq_len))" in text
-    assert "the next page shows why" not in text and "<04-four-splits>" in text
+    assert "the next page shows why" not in text and "(04-four-splits.ipynb)" in text
     assert "Where the sum falls short" not in text          # the gap sentence is chosen from all rows
     assert "for r in rows if r.predicted_over_measured < 1" in text
     assert "Half the batch computes in about half the time" not in text
