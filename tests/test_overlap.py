@@ -8,12 +8,15 @@ process starts.
 from __future__ import annotations
 
 import math
+import pathlib
 import random
 import socket
 
 import pytest
 
 from lessonlib.calc.overlap import exposed_comm, hidden_share, no_overlap_exposed
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------ the formula
@@ -208,6 +211,19 @@ def test_table_and_timeline_render_a_measured_run():
     assert fig._suptitle.get_text() and "ms" in fig.axes[-1].get_xlabel()
     assert [ax.get_title() for ax in fig.axes] == ["a", "b"]
     plt.close(fig)
+
+
+def test_one_definition_of_the_hidden_share():
+    # The table's share, (compute + comm - step) / comm, is the only one: a second formula for DDP
+    # (against the step that sends after backward) once put -154 % in the table and -73 % in the text.
+    from dataclasses import fields
+
+    from lessonlib.measure.distributed.overlap import OverlapRow, OverlapRun
+
+    assert [f.name for f in fields(OverlapRun) if "hidden" in f.name] == ["hidden"]  # the layer width
+    assert {f.name for f in fields(OverlapRow)} >= {"hidden", "hidden_raw"}
+    page = (ROOT / "chapters" / "03-distributed-speedup" / "03-overlap.md").read_text()
+    assert "hidden_share(" not in page and "sync_after\"].step" not in page
 
 
 # ------------------------------------------------------------------ slow: two real processes

@@ -256,3 +256,39 @@ def test_3b_predicts_four_processes_with_the_alpha_beta_model_not_bytes_alone():
     growth = collective_seconds("all_reduce", grad_bytes, 4, alpha, beta) / ar2
     assert growth == pytest.approx((6 * alpha + 1.5 * grad_bytes / beta) / (2 * alpha + grad_bytes / beta))
     assert 1.5 < growth < 3
+
+
+# ------------------------------------------- the first pages say what their own runs measured
+
+def test_amdahl_page_weak_scaling_matches_its_run_and_defines_all_reduce():
+    text = (CH3 / "01-amdahl.md").read_text()
+    # the quiz once said "each about as long as before" while the page measured steps 2.4x longer
+    assert "each about as long as before" not in text
+    assert "weak_step_ratio = per_step_weak / per_step_one" in text and "{weak_step_ratio:" in text
+    assert text.index("all-reduce") == text.index("*all-reduce* is") + 1  # defined where first used
+
+
+def test_data_parallel_page_llama_batch_and_run_computed_claims():
+    from lessonlib.calc.published import LLAMA3_405B as L
+
+    text = (CH3 / "02-data-parallel.md").read_text()
+    seqs = 2 ** round(math.log2(L["tokens_per_batch"].value / L["seq_len"].value))
+    assert seqs == 2048 and seqs * L["seq_len"].value == 2**24
+    assert "2 ** round(math.log2(llama_batch_tokens / llama_seq_len))" in text
+    assert "the next page shows why" not in text and "(04-four-splits.ipynb)" in text
+    assert "Where the sum falls short" not in text          # the gap sentence is chosen from all rows
+    assert "for r in rows if r.predicted_over_measured < 1" in text
+    assert "Half the batch computes in about half the time" not in text
+    assert text.index("bucket") == text.index("*buckets* (a bucket is") + 1  # defined where first used
+
+
+def test_overlap_page_at_scale_model_fits_plain_ddp_and_is_labelled_a_model():
+    from lessonlib.calc.hardware import DEFAULT_DEVICE, device
+    from lessonlib.calc.memory import training_state_bytes
+
+    text = (CH3 / "03-overlap.md").read_text()
+    params = float(re.search(r"^model_params = ([0-9.e]+)", text, re.M).group(1))
+    assert training_state_bytes(params).total <= device(DEFAULT_DEVICE).memory_bytes  # plain DDP holds it all
+    assert "share of the step spent computing" not in text  # the column once left out the forward pass
+    assert "forward_flops_per_param_token + backward_flops_per_param_token" in text
+    assert "It is a model, not a measurement" in text

@@ -284,8 +284,8 @@ class OverlapRun:
     ``hidden``, ``layers``: the width and depth of :func:`layer_stack` that ran.
     ``compute``: seconds of forward + backward with no exchange (fastest round).
     ``rows``: one :class:`OverlapRow` per variant (:data:`VARIANTS`).
-    ``ddp_hidden`` / ``ddp_hidden_raw``: (t_sync_after − t_ddp) / t_allreduce,
-    clipped and not. ``param_bytes``: bytes of the parameters (float32);
+    The hidden share has one definition, each row's (see :class:`OverlapRow`);
+    there is no second one for DDP. ``param_bytes``: bytes of the parameters (float32);
     ``ddp_bucket_bytes``: the bytes of each bucket DDP all-reduced in one step
     (recorded by a comm hook); ``hook_bucket_bytes``: the same for
     :func:`all_reduce_in_buckets`. ``grad_max_diff``: per variant, the largest
@@ -312,8 +312,6 @@ class OverlapRun:
     grad_max: float
     fsdp_collectives: dict
     compute: float
-    ddp_hidden: float
-    ddp_hidden_raw: float
     rounds: int
     rows: list = field(default_factory=list)
     timeline: list = field(default_factory=list)
@@ -371,7 +369,6 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
         h = hidden_share(compute + comm, step, comm)
         rows.append(OverlapRow(variant=name, label=label, step=step, comm=comm, exposed=step - compute,
                                hidden=h.share, hidden_raw=h.raw))
-    ddp = hidden_share(fastest["sync_after"], fastest["ddp"], fastest["allreduce"])
     r0 = per_rank[0]
     return OverlapRun(
         world_size=world_size, backend=r0["backend"], device=r0["device"], hidden=hidden, layers=layers,
@@ -380,6 +377,6 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
         ddp_bucket_bytes=r0["ddp_bucket_bytes"], hook_bucket_bytes=r0["hook_bucket_bytes"],
         grad_max_diff={k: max(r["grad_max_diff"][k] for r in per_rank) for k in r0["grad_max_diff"]},
         grad_max=max(r["grad_max"] for r in per_rank), fsdp_collectives=r0["fsdp_collectives"],
-        compute=compute, ddp_hidden=ddp.share, ddp_hidden_raw=ddp.raw, rounds=rounds, rows=rows,
+        compute=compute, rounds=rounds, rows=rows,
         timeline=_relative_timeline(per_rank), per_round={k: list(v) for k, v in merged.seconds.items()},
     )
