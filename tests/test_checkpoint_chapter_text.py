@@ -1,0 +1,79 @@
+"""Chapter 2's pages and exercises say what their own measurements show (fast: reads text sources only).
+
+Readers found the text contradicting the page's own table, figure or control; these checks keep
+the corrected statements and catch the class of slip (a name said to be imported that is not).
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import ROOT
+
+CH2 = ROOT / "chapters" / "02-two-checkpoints"
+
+
+def text(path):
+    return path.read_text(encoding="utf-8")
+
+
+def test_segment_formula_is_the_one_chain_memory_units_computes():
+    from lessonlib.calc.recompute import chain_memory_units
+    page = text(CH2 / "02-memory-against-compute.md")
+    assert "about $\\text{segments} + n/\\text{segments}$" not in page
+    assert "(\\text{segments} - 1) + \\lceil n/\\text{segments}\\rceil" in page
+    for n in (8, 16):
+        for s in range(1, n + 1):
+            assert chain_memory_units(n, s) == (s - 1) + -(-n // s)
+    # the figure's text follows the measured block sweep, not a fixed claim
+    assert "every added segment and checkpointing every block gives the lowest memory" not in page
+    assert "blocks_lowest" in page and "best_kept_factor" in page
+
+
+def test_selective_quiz_credits_the_measured_policy_overhead():
+    page = text(CH2 / "03-selective-recomputation.md")
+    quiz = page[page.index('"On this page the selective step\'s time ratio was above its FLOPs ratio. Why?"'):]
+    quiz = quiz[:quiz.index("```")]
+    correct = re.search(r'Choice\((.*?)correct=True', quiz, re.S).group(1)
+    assert "policy" in correct and "memory-bound" not in correct
+    assert "t_pol" in quiz and "t_sel" in quiz  # explanation from this run's timings
+    assert "close to its FLOPs" not in page
+    assert "$s$ tokens" in page  # s, b, h, a defined where the formula first appears
+
+
+def test_recovery_page_names_the_real_danger_of_a_non_atomic_write():
+    page = text(CH2 / "04-recovery-checkpoints.md")
+    assert "in place, that unreadable file would have replaced the last good one" not in page
+    assert "newest" in page and "single fixed filename" in page
+
+
+def test_which_kind_demo_saves_a_stepped_optimizer_and_both_flop_ratios():
+    page = text(CH2 / "05-how-often-and-which-kind.md")
+    demo = page[page.index("optimizer = torch.optim.Adam"):page.index("def kept_bytes")]
+    assert "optimizer.step()" in demo
+    assert "exp_avg_sq" in page
+    assert "about {flops_ratio:.2f}× FLOPs" not in page and "{early_stop_ratio:.3f}×" in page
+
+
+def test_rooflines_cross_reference_names_what_chapter_2_times():
+    page = text(ROOT / "chapters" / "01-forward-vs-training" / "05-rooflines.md")
+    assert "measures full recomputation's" not in page
+    assert "early stop" in page
+
+
+def test_2b_compares_the_time_with_the_timed_configurations_flops():
+    ex = text(ROOT / "exercises" / "2b-should-they-checkpoint.md")
+    assert "which pulls the other way" not in ex
+    assert 'early_stop=True' in ex and "if _t > _r_timed" in ex
+
+
+EXERCISES = sorted((ROOT / "exercises").glob("[0-9]*.md"))
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=[p.name for p in EXERCISES])
+def test_imported_above_as_names_an_imported_name(path):
+    ex = text(path)
+    for alias in re.findall(r"imported above as `(\w+)`", ex):
+        assert re.search(rf"(import\s+{alias}\b|import\s+.*\bas\s+{alias}\b|from\s+\S+\s+import\s+.*\b{alias}\b)", ex), alias
+    assert "chapter 2.3" not in ex
