@@ -27,13 +27,17 @@ from .sharding import ZERO_STAGES, zero_state_bytes, zero_step_traffic
 
 #: The share of its dense peak that one device's kernels reach on a large training step when no
 #: communication and no bubble slows it: a stated assumption (large bf16 matmuls reach about
-#: 60-70 % of an H100's dense peak; attention and normalisation less). Every layout is priced at
-#: the same value, so it scales every step time alike and leaves the ranking alone.
+#: 60-70 % of an H100's dense peak; attention and normalisation less). It is not the course's 40 %
+#: (:data:`lessonlib.calc.hardware.UTILISATION`), which is a whole step's MFU, bubble and waiting
+#: included: the layout model adds those to this share and predicts an MFU near 40 %. Every layout's
+#: compute is priced at the same share; only where communication hides behind compute can it move
+#: the ranking.
 KERNEL_EFFICIENCY = 0.6
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "dualpipe")
 CONTEXT_METHODS = ("ring", "all_gather")
+
 
 def ridge_flops_per_byte(device) -> float:
     """The roofline's ridge point of ``device`` (a name in the device table, or a
