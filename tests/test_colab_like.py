@@ -118,7 +118,9 @@ def test_live_widgets_work_with_this_ipywidgets(widgets, tmp_path):
         n = Numeric("n?", answer=2.5, tolerance=0.1).widget(); n.selector.value = "9"; n.check_button.click()
         assert "too high" in n.feedback.value
         m = MultipleSelect("m?", [Choice("x", correct=True), Choice("y")]).widget()
-        m.selector.boxes[0].value = True; m.check_button.click(); assert "Correct" in m.feedback.value
+        # the boxes are in the quiz's shown (shuffled) order: tick the right one by its text
+        next(b for b in m.selector.boxes if b.description == "x").value = True
+        m.check_button.click(); assert "Correct" in m.feedback.value
         p = Prediction("p?", "revealed").widget(); p.button.click(); assert "revealed" in p.answer.value
         e = Explorer(lambda d: f"{d * 2}", {"d": [1, 2, 3]}).widget()
         e.inputs["d"].value = 3; assert e.output.value == "6"
