@@ -26,7 +26,9 @@ MAX_SCORES = 2**22
 MAX_CASES = 32
 
 
-def _check_shape(batch, seq_len, hidden, heads=4):
+def check_shape(batch, seq_len, hidden, heads=4):
+    """``(batch, seq_len, hidden)`` checked, and refused when an input would hold more than :data:`MAX_NUMBERS`
+    numbers or a layer compute more than :data:`MAX_SCORES` attention scores."""
     batch, seq_len, hidden = count("batch", batch), count("seq_len", seq_len), count("hidden", hidden)
     heads = count("heads", heads)
     if batch * seq_len * hidden > MAX_NUMBERS:
@@ -48,7 +50,7 @@ def layers_activations(batch: int = 2, seq_len: int = 64, layers: int = 2, hidde
 
     ``kw`` goes to :class:`lessonlib.measure.models.TinyGPT` (``dropout``, ``dropout_impl``, ``attention``).
     """
-    batch, seq_len, hidden = _check_shape(batch, seq_len, hidden, heads)
+    batch, seq_len, hidden = check_shape(batch, seq_len, hidden, heads)
     device = as_device("device", device)
     gpt = models.TinyGPT(seq_len=seq_len, hidden=hidden, heads=heads, layers=layers, **kw).to(device, torch.bfloat16)
     x = torch.randn(batch, seq_len, hidden, dtype=torch.bfloat16, device=device)
@@ -78,7 +80,7 @@ def sweep(base: dict, sweeps: dict, device=None, progress=None, attention: str =
     cases = 0
     for knob, values in mapping("sweeps", sweeps).items():
         for v in counts(f"sweeps[{knob!r}]", values):
-            _check_shape(*({**base, knob: v}[k] for k in ("batch", "seq_len", "hidden", "heads")))
+            check_shape(*({**base, knob: v}[k] for k in ("batch", "seq_len", "hidden", "heads")))
             cases += 1
     if cases > MAX_CASES:
         raise ValueError(f"sweeps holds {cases} values in all, more than the {MAX_CASES} one sweep measures")
@@ -154,7 +156,7 @@ def crossover(batches, seq_len: int = 64, device=None, progress=None, **gpt) -> 
         raise ValueError(f"batches holds {len(batches)} batch sizes, more than the {MAX_CASES} one call measures")
     seq_len = count("seq_len", seq_len)
     for b in batches:
-        _check_shape(b, seq_len, gpt.get("hidden", 128), gpt.get("heads", 4))
+        check_shape(b, seq_len, gpt.get("hidden", 128), gpt.get("heads", 4))
     if progress is not None:
         function("progress", progress)
     device = as_device("device", device)
@@ -206,7 +208,7 @@ def memory_multiplier(optimizer: str, precision: str, batch: int, seq_len: int, 
     """
     choice("optimizer", optimizer, ("sgd", "adam"))
     precision = choice("precision", precision_name(precision), ("fp32", "bf16_master"))
-    batch, seq_len, _ = _check_shape(batch, seq_len, MULTIPLIER_GPT["hidden"])
+    batch, seq_len, _ = check_shape(batch, seq_len, MULTIPLIER_GPT["hidden"])
     count("seq_len", seq_len, maximum=MULTIPLIER_GPT["seq_len"])
     device = as_device("device", device)
     if precision == "fp32":

@@ -28,6 +28,7 @@ from torch.utils.checkpoint import (CheckpointPolicy, SelectiveCheckpointContext
                                    create_selective_checkpoint_contexts)
 
 from ..checks import choice, count, flag, sequence
+from .activations import check_shape
 from .compat import feature, require
 from .device import as_device
 from .memory import peak_memory, warm_up
@@ -40,10 +41,6 @@ RECOMPUTE = ("none", "selective", "full")
 #: The operations whose outputs :func:`save_matmuls` keeps: the weight matrix products.
 SAVED_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
-#: The most numbers (batch x seq_len x hidden) an input here may hold, and the most
-#: attention scores (batch x heads x seq_len**2) a layer may compute: the page's case is a quarter of each.
-MAX_NUMBERS = 2**20
-MAX_SCORES = 2**22
 #: The most timing rounds :func:`time_ratios` runs.
 MAX_ROUNDS = 100
 
@@ -99,14 +96,8 @@ def gpt_blocks(batch: int = 4, seq_len: int = 128, hidden: int = 64, heads: int 
                device=None, seed: int = 0):
     """The course GPT's ``layers`` blocks in bf16 (attention written out, as Korthikanti et al. count it;
     1-byte dropout masks) and a seeded input ``(batch, seq_len, hidden)`` that needs its gradient."""
-    batch, seq_len, hidden = count("batch", batch), count("seq_len", seq_len), count("hidden", hidden)
+    batch, seq_len, hidden = check_shape(batch, seq_len, hidden, heads)  # the activation sweeps' limits
     heads, layers, seed = count("heads", heads), count("layers", layers), count("seed", seed, minimum=0)
-    if batch * seq_len * hidden > MAX_NUMBERS:
-        raise ValueError(f"batch × seq_len × hidden = {batch * seq_len * hidden:,} is more than the "
-                         f"{MAX_NUMBERS:,} numbers an input here may hold")
-    if batch * heads * seq_len ** 2 > MAX_SCORES:
-        raise ValueError(f"batch × heads × seq_len² = {batch * heads * seq_len ** 2:,} is more than the "
-                         f"{MAX_SCORES:,} attention scores a layer here may compute")
     device = as_device("device", device)
     torch.manual_seed(seed)
     gpt = TinyGPT(seq_len=seq_len, hidden=hidden, heads=heads, layers=layers).to(device, torch.bfloat16)
