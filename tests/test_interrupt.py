@@ -113,6 +113,10 @@ def test_sigint_to_the_workers_alone_ends_the_call_with_keyboard_interrupt(tmp_p
         for rank in ranks:
             os.kill(int((tmp_path / f"rank{rank}.pid").read_text()), signal.SIGINT)
 
+    # A shell's background job (nohup, `cmd &`) starts with SIGINT ignored, and spawned workers inherit an
+    # ignored SIGINT through exec, so they would sleep through the interrupt. With a Python handler here the
+    # workers start with SIGINT at its default, as they do under a terminal or a kernel.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     sender = threading.Thread(target=interrupt_the_workers)
     sender.start()
     try:
@@ -120,6 +124,7 @@ def test_sigint_to_the_workers_alone_ends_the_call_with_keyboard_interrupt(tmp_p
             launch(target, 2, args=(str(tmp_path), 300.0), timeout=600)
     finally:
         sender.join()
+        signal.signal(signal.SIGINT, previous)
     assert multiprocessing.active_children() == []
 
 
