@@ -201,3 +201,21 @@ def test_groups_across_nodes_use_every_port_of_a_rail_optimised_node():
     tp = [layout_cost(model, Cluster(64, multi_node=m), Layout(tensor=8, data=8, zero=0)).data_comm_total_s
           for m in ("rings", "single_port")]
     assert tp[0] == pytest.approx(tp[1])
+
+
+def test_exercise_3f_long_sequences_layouts_are_credible_and_q2_asks_why():
+    """3f's Q3: the fastest full-recompute layout of 64 sequences of 32K tokens on 512 GPUs obeys the interleaving
+    rules (it used to be TP 4 x PP 2 x DP 64 at v 32 with one micro-batch a copy); Q2 asks why, gradably."""
+    from lessonlib.calc.planner import PRESETS
+    shape = PRESETS["70B"]
+    long = ModelShape("70B, 32K", shape["n_params"], shape["layers"], shape["hidden"], shape["heads"],
+                      seq_len=32768, global_batch=64, dropout=False)
+    for recompute in ("none", "full"):
+        best = search_layouts(long, Cluster(512), top=1, recompute=(recompute,))[0]
+        micro = long.global_batch // best.layout.data
+        assert best.layout.virtual == 1 or micro % best.layout.pipeline == 0, best.layout.label()
+        if best.layout.pipeline > 1 and micro == 1:
+            assert best.bubble_s == pytest.approx(best.compute_s * (best.layout.pipeline - 1))
+    text = open("exercises/3f-choose-a-layout.md").read()
+    assert "eight times longer" in text and "four times longer" not in text
+    assert 'got["why_part"] == _why' in text and 'fixed={"tensor": 8}' in text
