@@ -140,8 +140,10 @@ def multi_node_seconds(collective: str, n_bytes, devices, per_node, intra: Link,
     * ``"rings"`` (NCCL's ring algorithm, the one it picks for large messages): ``per_node`` rings run at
       once, each carrying ``1/per_node`` of the bytes and leaving the node through its own port. Every step
       of :func:`ring_steps` moves ``n_bytes / devices`` per device, limited by the slower of NVLink
-      (``beta_intra``) and the node's ports together (``per_node x beta_inter``). Latency as NCCL's cost model
-      splits it: the steps that cross nodes (``2(K - 1)`` for an all-reduce, ``K - 1`` otherwise) pay
+      (``beta_intra``) and the node's ports together (``per_node x beta_inter``). Latency as recent NCCL
+      releases' cost model splits it (src/graph/tuning.cc, its nInterSteps; the alpha values stay those of
+      :data:`NCCL_TUNING_VERSION`): the steps that cross nodes (``2(K - 1)`` for an all-reduce, ``K - 1``
+      otherwise) pay
       ``alpha_inter``, the others ``alpha_intra``::
 
           (steps - inter_steps) alpha_intra + inter_steps alpha_inter
