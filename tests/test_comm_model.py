@@ -76,3 +76,40 @@ def test_links_are_data_with_sources():
     # NVLink: 900 GB/s both ways together; InfiniBand NDR: 400 Gb/s = 50 GB/s each way
     assert LINKS["nvlink"].beta_bytes_per_s == 900e9 / 2
     assert LINKS["infiniband"].beta_bytes_per_s == 400e9 / 8
+
+
+def test_multi_node_collectives_against_hand_arithmetic():
+    """Rail-optimised nodes: 8 NCCL rings, one through each GPU's port, or a hierarchical all-reduce,
+    each checked against arithmetic written out here; the flat single-port ring is the contrast."""
+    from lessonlib.calc.comm import multi_node_seconds
+    nv, ib = LINKS["nvlink"], LINKS["infiniband"]
+    n, N, g = 15e9, 64, 8  # 15 GB of bf16 gradients over 8 nodes of 8 GPUs
+    K = N // g
+    # rings: 2(N-1) steps; 2(K-1) of them cross nodes (network latency), the rest NVLink's; bytes at
+    # min(450, 8 x 50) = 400 GB/s
+    rings = (2 * (N - 1) - 2 * (K - 1)) * 3.4e-6 + 2 * (K - 1) * 9.6e-6 + 2 * (N - 1) * n / (N * 400e9)
+    assert multi_node_seconds("all_reduce", n, N, g, nv, ib) == pytest.approx(rings, rel=1e-12)
+    # hierarchical: reduce-scatter in the node (7 steps of n/8 over NVLink), 8 rails each all-reducing n/8
+    # over K nodes, all-gather in the node
+    inside = 7 * (3.4e-6 + n / (8 * 450e9))
+    rails = 2 * (K - 1) * (9.6e-6 + (n / 8) / (K * 50e9))
+    assert multi_node_seconds("all_reduce", n, N, g, nv, ib, "hierarchical") == pytest.approx(2 * inside + rails)
+    half = (K - 1) * (9.6e-6 + (n / 8) / (K * 50e9))
+    for kind in ("all_gather", "reduce_scatter"):
+        assert multi_node_seconds(kind, n, N, g, nv, ib, "hierarchical") == pytest.approx(inside + half)
+    single = 2 * (N - 1) * (9.6e-6 + n / (N * 50e9))
+    assert multi_node_seconds("all_reduce", n, N, g, nv, ib, "single_port") == pytest.approx(single)
+    # the single-port ring is 6-8x too pessimistic for a large buffer
+    assert 6 < single / multi_node_seconds("all_reduce", n, N, g, nv, ib) < 8.5
+    # one GPU a node (a data-parallel group under 8-way tensor parallelism): every algorithm is the flat ring
+    for algo in ("rings", "hierarchical", "single_port"):
+        assert multi_node_seconds("all_reduce", n, 128, 1, nv, ib, algo) == pytest.approx(
+            collective_seconds("all_reduce", n, 128, ib.alpha_s, ib.beta_bytes_per_s))
+    # inside one node: NVLink's ring
+    assert multi_node_seconds("all_gather", n, 8, 8, nv, ib) == pytest.approx(nv.seconds("all_gather", n, 8))
+    with pytest.raises(ValueError, match="per_node"):
+        multi_node_seconds("all_reduce", n, 12, 8, nv, ib)
+    with pytest.raises(ValueError, match="algorithm"):
+        multi_node_seconds("all_reduce", n, 64, 8, nv, ib, "tree")
+    with pytest.raises(TypeError, match="inter"):
+        multi_node_seconds("all_reduce", n, 64, 8, nv, "infiniband")

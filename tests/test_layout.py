@@ -130,3 +130,92 @@ def test_deepseek_v3s_layout_ties_with_the_best_under_dualpipe():
     mine = layout_cost(model, cluster, published)
     assert mine.fits and rank_of(published, ranked) is not None
     assert mine.step_s / ranked[0].step_s < 1.02
+
+
+def test_interleaving_needs_micro_batches_a_multiple_of_the_stages_and_even_chunks():
+    from lessonlib.calc.layout_search import candidate_layouts
+    from lessonlib.calc.stage_memory import interleaving_problem
+    assert interleaving_problem(126, 16, 4, 16) == ""
+    assert "multiple of pipeline" in interleaving_problem(80, 2, 32, 1)   # 1 micro-batch a copy: no interleaving
+    assert "multiple of pipeline" in interleaving_problem(80, 4, 2, 6)
+    assert "must divide" in interleaving_problem(86, 2, 32, 64)           # 43 layers a stage in 32 chunks
+    # 3f's old winner: 64 sequences over DP 64 is m = 1, which layout_cost must refuse to interleave...
+    model = ModelShape("13B", 13e9, 80, 5120, 40, 32768, 64, dropout=False)
+    with pytest.raises(ValueError, match="layout.virtual"):
+        layout_cost(model, Cluster(512), Layout(4, 1, 2, 64, virtual=32, recompute="full"))
+    # ...and price as plain 1F1B, whose bubble is (p - 1) / m = the whole compute again
+    plain = layout_cost(model, Cluster(512), Layout(4, 1, 2, 64, recompute="full"))
+    assert plain.bubble_s == pytest.approx(plain.compute_s * 1 / 1)
+    # the search offers no layout the rules forbid
+    for lay in candidate_layouts(model, Cluster(512)):
+        micro = model.global_batch // lay.data
+        assert lay.virtual == 1 or (micro % lay.pipeline == 0 and math.ceil(80 / lay.pipeline) % lay.virtual == 0)
+
+
+def test_interleaved_memory_counts_the_deeper_warm_up():
+    lay = dict(tensor=8, pipeline=16, data=128)
+    llama, cluster, _ = published_models()["Llama 3 405B, 8K context"]
+    plain = layout_cost(llama, cluster, Layout(**lay)).activation_bytes
+    inter = layout_cost(llama, cluster, Layout(**lay, virtual=4)).activation_bytes
+    assert inter == pytest.approx(plain * (1 + 15 / (16 * 4)))
+
+
+def test_one_activation_figure_for_a_published_layout():
+    """Pages 3.11 and 3.14 print the same bytes for Llama 3 405B's TP 8 x PP 16: one call, 32 s h / t a layer
+    (no dropout, fused attention), 8 layers a stage, 16 micro-batches in flight."""
+    from lessonlib.calc.layout_search import published_activation_bytes
+    s, h, t = 8192, 16384, 8
+    assert published_activation_bytes() == pytest.approx(32 * s * h / t * 8 * 16)
+    llama, cluster, lay = published_models()["Llama 3 405B, 8K context"]
+    assert layout_cost(llama, cluster, lay).activation_bytes == published_activation_bytes()
+    stored = published_activation_bytes(attention="stored")  # the scores kept: (32 + 2 a s / h) without dropout
+    assert stored == pytest.approx(s * h / t * (32 + 2 * 128 * s / h) * 8 * 16)
+    assert published_activation_bytes(recompute="full") == pytest.approx(2 * s * h / t * 8 * 16)
+    for page in ("chapters/03-distributed-speedup/11-choose-a-layout.md",
+                 "chapters/03-distributed-speedup/14-price-a-real-run.md"):
+        assert "published_activation_bytes(" in open(page).read(), page
+
+
+def test_kernel_efficiency_and_mfu_are_one_story():
+    from lessonlib.calc import hardware, layout
+    assert layout.KERNEL_EFFICIENCY is hardware.KERNEL_EFFICIENCY and hardware.KERNEL_EFFICIENCY > hardware.UTILISATION
+    llama, cluster, lay = published_models()["Llama 3 405B, 8K context"]
+    cost = layout_cost(llama, cluster, lay)
+    # no recomputation: the predicted MFU is the kernel efficiency times the step's compute share
+    assert cost.mfu == pytest.approx(hardware.KERNEL_EFFICIENCY * cost.compute_share)
+    page = open("chapters/03-distributed-speedup/11-choose-a-layout.md").read()
+    assert "KERNEL_EFFICIENCY" in page and "UTILISATION" in page and "compute_share" in page
+
+
+def test_groups_across_nodes_use_every_port_of_a_rail_optimised_node():
+    """A data-parallel group with 8 GPUs a node all-reduces over 8 ports; one with 1 GPU a node over one."""
+    from lessonlib.calc.comm import multi_node_seconds
+    model = ModelShape("dp", 1e9, 8, 2048, 16, 2048, 64)
+    rings = layout_cost(model, Cluster(64), Layout(data=64, zero=0))
+    single = layout_cost(model, Cluster(64, multi_node="single_port"), Layout(data=64, zero=0))
+    nv, ib = LINKS["nvlink"], LINKS["infiniband"]
+    one = 2 * math.ceil(1e9) / 9  # one collective per layer and one for the rest
+    assert rings.data_comm_total_s == pytest.approx(9 * multi_node_seconds("all_reduce", one, 64, 8, nv, ib))
+    assert single.data_comm_total_s / rings.data_comm_total_s > 5
+    # under 8-way tensor parallelism each data-parallel group has one GPU a node: the same either way
+    tp = [layout_cost(model, Cluster(64, multi_node=m), Layout(tensor=8, data=8, zero=0)).data_comm_total_s
+          for m in ("rings", "single_port")]
+    assert tp[0] == pytest.approx(tp[1])
+
+
+def test_exercise_3f_long_sequences_layouts_are_credible_and_q2_asks_why():
+    """3f's Q3: the fastest full-recompute layout of 64 sequences of 32K tokens on 512 GPUs obeys the interleaving
+    rules (it used to be TP 4 x PP 2 x DP 64 at v 32 with one micro-batch a copy); Q2 asks why, gradably."""
+    from lessonlib.calc.planner import PRESETS
+    shape = PRESETS["70B"]
+    long = ModelShape("70B, 32K", shape["n_params"], shape["layers"], shape["hidden"], shape["heads"],
+                      seq_len=32768, global_batch=64, dropout=False)
+    for recompute in ("none", "full"):
+        best = search_layouts(long, Cluster(512), top=1, recompute=(recompute,))[0]
+        micro = long.global_batch // best.layout.data
+        assert best.layout.virtual == 1 or micro % best.layout.pipeline == 0, best.layout.label()
+        if best.layout.pipeline > 1 and micro == 1:
+            assert best.bubble_s == pytest.approx(best.compute_s * (best.layout.pipeline - 1))
+    text = open("exercises/3f-choose-a-layout.md").read()
+    assert "eight times longer" in text and "four times longer" not in text
+    assert 'got["why_part"] == _why' in text and 'fixed={"tensor": 8}' in text

@@ -15,6 +15,7 @@ import lessonlib.calc
 CALLS = {
     "calc.layout": "M.layout_cost(M.ModelShape('m', 1e9, 4, 64, 4, 64, 4), M.Cluster(4), M.Layout(data=4))",
     "calc.layout_search": "M.search_layouts(M.ModelShape('m', 1e9, 4, 64, 4, 64, 4), M.Cluster(4))",
+    "calc.stage_memory": "M.first_stage_activation_bytes(8192, 16384, 128, 126, tensor=8, pipeline=16, micro_batches=16)",
     "checks": "assert M.count('devices', 4) == 4",
     "progress": "assert list(M.progress([1, 2], desc='x')) == [1, 2]",
     "calc.memory": "assert M.training_state_bytes(7_500_000_000).total == 120_000_000_000",

@@ -68,3 +68,6 @@ def test_zero_report_and_cluster_rows():
     rows = R.cluster_rows(7_500_000_000, nodes=(1, 8))
     assert rows[0]["gpus"] == 8 and rows[1]["gpus"] == 64
     assert rows[0]["all_reduce_s"] < rows[1]["all_reduce_s"] < rows[1]["zero3_s"]
+    # across nodes NCCL's rings use all 8 ports of a node: 6-8x faster than one flat ring through one port
+    assert 6 < rows[1]["all_reduce_single_port_s"] / rows[1]["all_reduce_s"] < 8.5
+    assert rows[0]["all_reduce_single_port_s"] == rows[0]["all_reduce_s"]  # inside a node there is no port

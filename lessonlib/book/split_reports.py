@@ -309,22 +309,29 @@ def comm_table(rows: list) -> str:
 
 def cluster_rows(n_params: int, gpus_per_node: int = 8, nodes=(1, 8, 64), links=None) -> list:
     """The model's estimates for a GPU cluster: a data-parallel all-reduce of bf16 gradients
-    and a ZeRO-3 step's collectives, within one node (NVLink) and across nodes (InfiniBand,
-    each GPU's own port being the slowest link of the ring)."""
-    from ..calc.comm import LINKS
+    and a ZeRO-3 step's collectives, within one node (NVLink) and across rail-optimised nodes (one
+    InfiniBand port per GPU, NCCL's rings using all of a node's ports:
+    :func:`lessonlib.calc.comm.multi_node_seconds`); ``all_reduce_single_port_s`` is the same all-reduce
+    priced as one flat ring whose slowest link is one port, the pessimistic contrast."""
+    from ..calc.comm import LINKS, multi_node_seconds
 
     links = LINKS if links is None else _record("links", links, ("nvlink", "infiniband"), "a dict of Link figures")
     for name in ("nvlink", "infiniband"):
         check_instance("links", links[name], Link, "a dict of Link figures")
     grad = 2 * check_count("n_params", n_params)
     gpus_per_node = check_count("gpus_per_node", gpus_per_node, maximum=1024)
+    nv, ib = links["nvlink"], links["infiniband"]
     rows = []
     for k in [check_count("nodes", k, maximum=100_000) for k in check_sequence("nodes", nodes)]:
         n = gpus_per_node * check_count("nodes", k)
-        link = links["nvlink"] if k == 1 else links["infiniband"]
         t = zero_step_traffic(n_params, n, 3, 2)
-        rows.append({"gpus": n, "link": link.name,
-                     "all_reduce_s": link.seconds("all_reduce", grad, n),
-                     "zero3_s": 2 * link.seconds("all_gather", t["all_gather"] / 2, n)
-                                + link.seconds("reduce_scatter", t["reduce_scatter"], n)})
+
+        def seconds(kind, n_bytes, algorithm="rings"):
+            return multi_node_seconds(kind, n_bytes, n, gpus_per_node, nv, ib, algorithm)
+
+        rows.append({"gpus": n, "link": nv.name if k == 1 else f"{ib.name}, {gpus_per_node} ports a node",
+                     "all_reduce_s": seconds("all_reduce", grad),
+                     "all_reduce_single_port_s": seconds("all_reduce", grad, "single_port"),
+                     "zero3_s": 2 * seconds("all_gather", t["all_gather"] / 2)
+                                + seconds("reduce_scatter", t["reduce_scatter"])})
     return rows

@@ -17,6 +17,10 @@ so a collective over a tensor of ``n`` bytes takes
 (a fixed latency per ring step plus bytes over a bus bandwidth; see ``LINKS``).
 
 * :func:`collective_seconds` - the model's time for one collective.
+* :func:`multi_node_seconds` - the same collective over several nodes of a
+  rail-optimised cluster (one network port per GPU), as NCCL runs it: several
+  rings at once, one through each port, or a hierarchical all-reduce; or, for
+  contrast, one flat ring through a single port.
 * :func:`fit_alpha_beta` - alpha and beta from measured ``(bytes, seconds)``
   samples of one collective (weighted least squares on relative error).
 * :data:`LINKS` - alpha and beta of real GPU-cluster links, with their
@@ -34,6 +38,8 @@ from ..checks import (amount as check_amount, choice as check_choice, count as c
                       text as check_text)
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+#: How :func:`multi_node_seconds` runs a collective across nodes.
+MULTI_NODE_ALGORITHMS = ("rings", "hierarchical", "single_port")
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,71 @@ def collective_seconds(collective: str, n_bytes, devices, alpha_s, beta_bytes_pe
     beta = check_positive("beta_bytes_per_s", beta_bytes_per_s)
     return check_result(steps * (alpha + n_bytes / (devices * beta)),
                         "n_bytes, devices, alpha_s and beta_bytes_per_s", "a time in seconds")
+
+
+def multi_node_seconds(collective: str, n_bytes, devices, per_node, intra: Link, inter: Link,
+                       algorithm: str = "rings") -> float:
+    """Seconds for ``collective`` over ``n_bytes`` bytes on ``devices`` devices, ``per_node`` of them in each node.
+
+    Rail-optimised GPU nodes (a DGX H100: eight GPUs, eight 400 Gb/s ports, one per GPU) give a group that
+    holds ``per_node`` GPUs of a node ``per_node`` network ports of that node. ``intra`` is the link inside
+    a node (NVLink), ``inter`` one port between nodes (each :class:`Link`: alpha in seconds a step, beta in
+    bytes per second one way). ``K = devices / per_node`` nodes. ``algorithm``:
+
+    * ``"rings"`` (NCCL's ring algorithm, the one it picks for large messages): ``per_node`` rings run at
+      once, each carrying ``1/per_node`` of the bytes and leaving the node through its own port. Every step
+      of :func:`ring_steps` moves ``n_bytes / devices`` per device, limited by the slower of NVLink
+      (``beta_intra``) and the node's ports together (``per_node x beta_inter``). Latency as recent NCCL
+      releases' cost model splits it (src/graph/tuning.cc, its nInterSteps; the alpha values stay those of
+      :data:`NCCL_TUNING_VERSION`): the steps that cross nodes (``2(K - 1)`` for an all-reduce, ``K - 1``
+      otherwise) pay
+      ``alpha_inter``, the others ``alpha_intra``::
+
+          (steps - inter_steps) alpha_intra + inter_steps alpha_inter
+              + steps x n_bytes / (devices x min(beta_intra, per_node x beta_inter))
+
+    * ``"hierarchical"``: inside each node a reduce-scatter over NVLink (``per_node`` devices), then
+      ``per_node`` all-reduces across the ``K`` nodes in parallel, one per port ("rail"), each of
+      ``n_bytes / per_node``, then an all-gather inside the node; all-gather and reduce-scatter do the
+      matching half. Each phase is :func:`collective_seconds`; the phases are added (none overlaps).
+    * ``"single_port"``: one flat ring over all ``devices`` whose slowest link is one port:
+      :func:`collective_seconds` with ``inter`` alone. What the model gives when each ring step is
+      charged a GPU's own port, whatever the node's other ports do: the contrast.
+
+    With ``per_node = 1`` (a group of one GPU a node, as a data-parallel group under 8-way tensor
+    parallelism) every algorithm is the flat ring on ``inter``. With ``devices <= per_node`` the group is
+    inside one node: the ring on ``intra``.
+
+    >>> nv, ib = Link("nv", 0.0, 450e9), Link("ib", 0.0, 50e9)
+    >>> round(multi_node_seconds("all_reduce", 64e9, 64, 8, nv, ib), 4)        # 2 x 63/64 x 64 GB / 400 GB/s
+    0.315
+    >>> round(multi_node_seconds("all_reduce", 64e9, 64, 8, nv, ib, "single_port"), 4)  # ... / 50 GB/s
+    2.52
+    """
+    steps = ring_steps(collective, devices)
+    n_bytes = check_amount("n_bytes", n_bytes)
+    g = check_count("per_node", per_node)
+    check_instance("intra", intra, Link, "a Link (alpha_s, beta_bytes_per_s)")
+    check_instance("inter", inter, Link, "a Link (alpha_s, beta_bytes_per_s)")
+    check_choice("algorithm", algorithm, MULTI_NODE_ALGORITHMS)
+    if devices % g:
+        raise ValueError(f"per_node ({g}) must divide devices ({devices}): every node holds as many of the group")
+    if devices <= g:
+        return intra.seconds(collective, n_bytes, devices)
+    nodes = devices // g
+    if algorithm == "single_port" or g == 1:
+        return inter.seconds(collective, n_bytes, devices)
+    if algorithm == "rings":
+        inter_steps = 2 * (nodes - 1) if collective == "all_reduce" else nodes - 1
+        beta = min(intra.beta_bytes_per_s, g * inter.beta_bytes_per_s)
+        seconds = ((steps - inter_steps) * intra.alpha_s + inter_steps * inter.alpha_s
+                   + steps * n_bytes / (devices * beta))
+    else:
+        seconds = inter.seconds(collective, n_bytes / g, nodes)  # the rails, in parallel
+        inside = {"all_reduce": ("reduce_scatter", "all_gather"), "all_gather": ("all_gather",),
+                  "reduce_scatter": ("reduce_scatter",)}[collective]
+        seconds += sum(intra.seconds(kind, n_bytes, g) for kind in inside)
+    return check_result(seconds, "n_bytes, devices, per_node and the links", "a time in seconds")
 
 
 def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, name: str = "fitted") -> Link:

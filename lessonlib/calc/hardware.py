@@ -61,11 +61,22 @@ DEVICES = {
 #: The device the course prices on when a page does not say otherwise.
 DEFAULT_DEVICE = "H100 SXM 80GB"
 
-#: The course's stated utilisation (MFU): 40 %, inside the 38-43 % that Meta reports for
-#: Llama 3 405B on H100s (The Llama 3 Herd of Models, 2024, Table 4; see
-#: :mod:`lessonlib.calc.published`). A well-tuned large run; small or badly
-#: balanced jobs reach much less.
+#: The course's stated utilisation: a whole training run's MFU (model FLOPs per second over the peak, with
+#: the pipeline's bubble, the communication nothing hides and every other wait inside it), 40 %, inside
+#: the 38-43 % that Meta reports for Llama 3 405B on H100s (The Llama 3 Herd of Models, 2024, Table 4; see
+#: :mod:`lessonlib.calc.published`). Pages that turn a run's FLOPs into time or GPU-hours use it. A
+#: well-tuned large run; small or badly balanced jobs reach much less. It is NOT
+#: :data:`KERNEL_EFFICIENCY`.
 UTILISATION = 0.40
+
+#: The per-kernel efficiency the layout model assumes (:mod:`lessonlib.calc.layout`): the share of its dense
+#: peak one device's kernels reach while they run, with no bubble and no waiting (large bf16 matrix products
+#: reach about 60-70 % of an H100's dense peak; attention and normalisation less). It is NOT a run's MFU: the
+#: layout model adds the bubble and the exposed communication to it, and its predicted MFU is this
+#: efficiency x the step's compute share (compute seconds over step seconds) x the model's FLOPs over the
+#: FLOPs executed (recomputation runs more). That prediction, not this share, is what compares with
+#: :data:`UTILISATION` and with Llama 3's reported 38-43 %.
+KERNEL_EFFICIENCY = 0.60
 
 
 def device(name: str = DEFAULT_DEVICE) -> Device:

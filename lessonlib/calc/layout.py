@@ -19,20 +19,11 @@ import math
 from dataclasses import dataclass, field
 
 from ..checks import choice, count, flag, positive, share, text
-from .comm import LINKS, Link, collective_seconds
-from .hardware import DEVICES, Device
-from .memory import activation_bytes_per_layer
-from .recompute import matmul_outputs_bytes_per_layer
+from .comm import LINKS, MULTI_NODE_ALGORITHMS, Link, multi_node_seconds
+# KERNEL_EFFICIENCY, a per-kernel share of the peak and not an MFU, lives beside the course's MFU (UTILISATION)
+from .hardware import DEVICES, KERNEL_EFFICIENCY, Device
+from .stage_memory import first_stage_activation_bytes, interleaving_problem
 from .sharding import ZERO_STAGES, zero_state_bytes, zero_step_traffic
-
-#: The share of its dense peak that one device's kernels reach on a large training step when no
-#: communication and no bubble slows it: a stated assumption (large bf16 matmuls reach about
-#: 60-70 % of an H100's dense peak; attention and normalisation less). It is not the course's 40 %
-#: (:data:`lessonlib.calc.hardware.UTILISATION`), which is a whole step's MFU, bubble and waiting
-#: included: the layout model adds those to this share and predicts an MFU near 40 %. Every layout's
-#: compute is priced at the same share; only where communication hides behind compute can it move
-#: the ranking.
-KERNEL_EFFICIENCY = 0.6
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "dualpipe")
@@ -90,13 +81,18 @@ class Cluster:
     """``devices`` accelerators of type ``device`` (a key of :data:`lessonlib.calc.hardware.DEVICES`, or a
     :class:`~lessonlib.calc.hardware.Device`), ``node_size`` to a node joined by ``intra`` links, nodes
     joined by ``inter`` links (keys of :data:`lessonlib.calc.comm.LINKS`, or a fitted
-    :class:`~lessonlib.calc.comm.Link`: the reader's own processes)."""
+    :class:`~lessonlib.calc.comm.Link`: the reader's own processes). Every GPU has its own network port
+    (rail-optimised nodes, as a DGX H100's eight); ``multi_node`` is how a collective whose group spans
+    nodes uses them (:func:`lessonlib.calc.comm.multi_node_seconds`): ``"rings"`` (NCCL's rings, one
+    through each port of the group in a node), ``"hierarchical"``, or ``"single_port"`` (one flat ring
+    whose slowest link is one port: the pessimistic contrast)."""
 
     devices: int
     device: object = "H100 SXM 80GB"
     node_size: int = 8
     intra: object = "nvlink"
     inter: object = "infiniband"
+    multi_node: str = "rings"
 
 
 @dataclass(frozen=True)
@@ -157,6 +153,12 @@ class LayoutCost:
     mfu: float = field(default=0.0)
 
     @property
+    def compute_share(self) -> float:
+        """``compute_s`` over ``step_s``: the share of the step the kernels run (the MFU is the kernel
+        efficiency times this, times the model's FLOPs over those executed)."""
+        return self.compute_s / self.step_s
+
+    @property
     def memory_bytes(self) -> float:
         return self.state_bytes + self.activation_bytes
 
@@ -208,6 +210,7 @@ def check_cluster(cluster) -> Cluster:
     for name in ("intra", "inter"):
         if not isinstance(getattr(cluster, name), Link):
             choice(f"cluster.{name}", getattr(cluster, name), LINKS)
+    choice("cluster.multi_node", cluster.multi_node, MULTI_NODE_ALGORITHMS)
     return cluster
 
 
@@ -219,6 +222,16 @@ def _link(cluster: Cluster, span: int) -> Link:
     """The link a group of ``span`` neighbouring devices talks over: inside a node or between nodes."""
     link = cluster.intra if span <= cluster.node_size else cluster.inter
     return link if isinstance(link, Link) else LINKS[link]
+
+
+def _group_seconds(cluster: Cluster, collective: str, n_bytes: float, degree: int, inner: int) -> float:
+    """A ``collective`` over a group of ``degree`` devices placed ``inner`` apart (the product of the degrees
+    placed before it): inside a node on its links, across nodes on ``inner``-strided rails."""
+    if inner * degree <= cluster.node_size:
+        return _link(cluster, 1).seconds(collective, n_bytes, degree)
+    per_node = max(1, cluster.node_size // inner)  # the group's devices in one node, each with its own port
+    return multi_node_seconds(collective, n_bytes, degree, per_node, _link(cluster, 1),
+                              _link(cluster, cluster.node_size + 1), cluster.multi_node)
 
 
 def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICIENCY,
@@ -279,6 +292,9 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     if model.global_batch % d:
         raise ValueError(f"layout.data ({d}) must divide model.global_batch ({model.global_batch})")
     micro = model.global_batch // d  # micro-batches of one sequence per data-parallel copy
+    why = interleaving_problem(model.layers, p, v, micro) if not dualpipe else ""
+    if why:
+        raise ValueError(f"layout.virtual: {why}")
     s, h, layers = model.seq_len, model.hidden, model.layers
     peak = _device(cluster).peak_flops_per_s
     active = model.active_params or model.params
@@ -293,20 +309,11 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     if dualpipe:  # a second copy of the stage's 16-bit weights, for the reverse direction
         state += 2 * (dense + experts) * (1 / d if zero == 3 else 1)
     stage_layers = math.ceil(layers / p)
-    # Korthikanti's bytes a layer with sequence parallelism and fused attention (calc.memory, the one formula):
-    # 34 s*b*h / t, of which 2 s*b*h / t are the two one-byte dropout masks a model without dropout does not keep
-    if layout.recompute == "selective":  # save the weight products' outputs only (the policy of page 2.3)
-        per_layer = matmul_outputs_bytes_per_layer(s // c, 1, h) / t
-    else:
-        per_layer = activation_bytes_per_layer(s // c, 1, h, model.heads, layout.recompute, tensor_parallel=t,
-                                               attention="fused", sequence_parallel=True)
-    if not model.dropout and layout.recompute == "none":
-        per_layer -= 2 * (s // c) * h / t
-    in_flight = min(p, micro)  # 1F1B: the first stage holds up to `pipeline` micro-batches
-    # The interleaved schedule warms up deeper: its first device holds (1 + (p - 1) / (p v)) times plain
-    # 1F1B's activations (Narayanan et al. 2021; Megatron-LM's warm-up of 2(p - 1) + (v - 1) p chunks).
-    interleave = 1 + (p - 1) / (p * v) if v > 1 and micro >= p else 1.0
-    activations = per_layer * stage_layers * in_flight * interleave
+    # Korthikanti's bytes a layer (sequence parallelism, fused attention) for the micro-batches in flight, the
+    # interleaved schedule's deeper warm-up included: the one formula of calc.stage_memory
+    activations = first_stage_activation_bytes(s, h, model.heads, layers, tensor=t, context=c, pipeline=p,
+                                               virtual=v, micro_batches=micro, recompute=layout.recompute,
+                                               dropout=model.dropout)
 
     # --- a step's time ---
     tokens = model.global_batch * s
@@ -323,9 +330,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     act_bytes = model.bytes_per_value * (s // c) * h  # one micro-batch's activations at a layer boundary
     tensor_comm = 0.0
     if t > 1:
-        link = _link(cluster, t)
-        tensor_comm = 4 * stage_layers * micro * collective_seconds(
-            "all_reduce", act_bytes, t, link.alpha_s, link.beta_bytes_per_s)
+        tensor_comm = 4 * stage_layers * micro * _group_seconds(cluster, "all_reduce", act_bytes, t, 1)
     per_micro = compute / micro  # one micro-batch's compute on this device, all its stage's layers
     context_comm = 0.0
     if c > 1:
@@ -336,8 +341,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
             attention = per_micro / stage_layers * (6 * layers * h * s) / (6 * active + 6 * layers * h * s)
             context_comm = max(0.0, ring - attention) * stage_layers * micro
         else:
-            gather = sum(collective_seconds(k, kv_bytes * c, c, link.alpha_s, link.beta_bytes_per_s)
-                         for k in ("all_gather", "reduce_scatter"))
+            gather = sum(_group_seconds(cluster, k, kv_bytes * c, c, t) for k in ("all_gather", "reduce_scatter"))
             context_comm = gather * stage_layers * micro
     pipeline_comm = 0.0
     if p > 1:
@@ -352,7 +356,6 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     traffic = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
     data_comm = 0.0
     if d > 1:
-        link = _link(cluster, t * c * p * d)
         groups = [(math.ceil(dense), d)] + ([(math.ceil(experts), d // e)] if experts and d // e > 1 else [])
         for n_params, group in groups:
             one = zero_step_traffic(n_params, group, zero, bpv)
@@ -361,8 +364,8 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
                 traffic[kind] += one[kind] * times
                 if one[kind]:  # one collective per layer, and one for the rest (embeddings, output layer)
                     units = stage_layers + 1
-                    data_comm += times * units * collective_seconds(kind, one[kind] / units, group, link.alpha_s,
-                                                                    link.beta_bytes_per_s)
+                    data_comm += times * units * _group_seconds(cluster, kind, one[kind] / units, group,
+                                                                t * c * p * (d // group))
     data_total = data_comm
     data_comm = max(0.0, data_comm - compute * 2 / 3)  # hidden behind the backward pass
     expert_comm = 0.0

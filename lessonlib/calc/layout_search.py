@@ -9,6 +9,7 @@ import math
 from ..checks import choice, count, instance, mapping, sequence
 from .layout import (KERNEL_EFFICIENCY, RECOMPUTE, SCHEDULES, Cluster, Layout, LayoutCost, ModelShape, check_cluster,
                      check_model, layout_cost)
+from .stage_memory import ATTENTION, first_stage_activation_bytes, interleaving_problem
 
 #: The largest search: layouts x ZeRO stages x recomputation choices tried by :func:`search_layouts`.
 MAX_CANDIDATES = 200_000
@@ -25,7 +26,8 @@ def candidate_layouts(model, cluster, zero_stages=(1, 2, 3), recompute=RECOMPUTE
     """Every layout with power-of-two degrees that :func:`layout_cost` accepts for ``model`` on ``cluster``.
 
     ``max_tensor`` caps the tensor degree (default: the node size); ``virtual`` runs over the powers
-    of two up to the layers a pipeline stage holds.
+    of two up to the layers a pipeline stage holds, where :func:`~lessonlib.calc.layout.interleaving_problem`
+    allows it (micro-batches a multiple of the stages, and equal chunks of each stage's layers).
     """
     model, cluster = check_model(model), check_cluster(cluster)
     for i, sched in enumerate(sequence("schedules", schedules)):
@@ -49,7 +51,9 @@ def candidate_layouts(model, cluster, zero_stages=(1, 2, 3), recompute=RECOMPUTE
         for e in _powers_of_two(min(d, model.experts)):
             if d % e or model.experts % e:
                 continue
-            plans = [(v, "1f1b") for v in (_powers_of_two(max(1, model.layers // p)) if p > 1 else [1])]
+            micro = model.global_batch // d
+            plans = [(v, "1f1b") for v in (_powers_of_two(max(1, model.layers // p)) if p > 1 else [1])
+                     if not interleaving_problem(model.layers, p, v, micro)]
             plans += [(1, "dualpipe")] if "dualpipe" in schedules and p > 1 and p % 2 == 0 else []
             for (v, sched), z, r in itertools.product(plans, zero_stages, recompute):
                 if sched in schedules:
@@ -138,3 +142,25 @@ def published_models() -> dict:
     out["DeepSeek-V3"] = (model, Cluster(gpus, pub.DEEPSEEK_V3_DEVICE),
                           Layout(1, 1, pp, gpus // pp, ep, zero=int(ds["zero"].value), schedule="dualpipe"))
     return out
+
+
+def published_activation_bytes(name: str = "Llama 3 405B, 8K context", recompute: str = "none",
+                               attention: str = "fused", virtual: int = 1) -> float:
+    """Activation bytes on the busiest device of the published layout ``name`` (a key of
+    :func:`published_models`): :func:`lessonlib.calc.stage_memory.first_stage_activation_bytes` with that
+    run's model and degrees, one sequence a micro-batch, no dropout (neither run used it), ``virtual``
+    stages a device (1: plain 1F1B; the reports do not give it). The one figure every page prints for
+    a published layout's activations.
+
+    >>> round(published_activation_bytes() / 1e9, 1)   # Llama 3 405B, TP 8 x PP 16, 32 s h / 8 a layer
+    68.7
+    """
+    runs = published_models()
+    model, _, layout = runs[choice("name", name, tuple(runs))]
+    choice("recompute", recompute, RECOMPUTE)
+    choice("attention", attention, ATTENTION)
+    return first_stage_activation_bytes(model.seq_len, model.hidden, model.heads, model.layers,
+                                        tensor=layout.tensor, context=layout.context, pipeline=layout.pipeline,
+                                        virtual=count("virtual", virtual),
+                                        micro_batches=model.global_batch // layout.data, recompute=recompute,
+                                        attention=attention, dropout=model.dropout)

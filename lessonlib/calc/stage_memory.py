@@ -1,0 +1,98 @@
+"""What the busiest device of a pipeline keeps: the rules of the interleaved schedule, and the activation bytes
+of its first stage. One formula, used by the layout model (:func:`lessonlib.calc.layout.layout_cost`) and by
+every page that prints a published layout's activations (through
+:func:`lessonlib.calc.layout_search.published_activation_bytes`). Bytes; pure Python (no torch).
+"""
+from __future__ import annotations
+
+import math
+
+from ..checks import choice, count, flag
+from .memory import activation_bytes_per_layer
+from .recompute import matmul_outputs_bytes_per_layer
+
+RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("fused", "stored")
+
+
+def interleaving_problem(layers, pipeline, virtual, micro_batches) -> str:
+    """Why ``virtual`` stages per device cannot interleave this pipeline, or ``""`` when they can.
+
+    The interleaved 1F1B schedule (``virtual`` > 1) cycles each data-parallel copy's ``micro_batches``
+    through the ``pipeline`` devices in rounds of ``pipeline``: it needs ``micro_batches`` to be a
+    multiple of ``pipeline`` (so at least ``pipeline``; Megatron-LM and PyTorch's
+    ``ScheduleInterleaved1F1B`` refuse other counts), and ``virtual`` must split each stage's
+    ``ceil(layers / pipeline)`` layers into equal chunks. With fewer micro-batches than stages the
+    pipeline cannot fill, and its bubble is not ``(pipeline - 1) / (virtual x micro_batches)``.
+
+    >>> interleaving_problem(126, 16, 4, 16)
+    ''
+    >>> interleaving_problem(80, 2, 32, 1)[:40]
+    'virtual 32 needs micro_batches (1) to be'
+    """
+    layers, p = count("layers", layers), count("pipeline", pipeline)
+    v, m = count("virtual", virtual), count("micro_batches", micro_batches)
+    if v == 1:
+        return ""
+    if p == 1:
+        return f"virtual {v} needs a pipeline: with pipeline 1 there is nothing to interleave"
+    if m % p:
+        return (f"virtual {v} needs micro_batches ({m}) to be a multiple of pipeline ({p}): the interleaved "
+                f"schedule runs the micro-batches in rounds of one per stage")
+    stage_layers = math.ceil(layers / p)
+    if stage_layers % v:
+        return f"virtual {v} must divide each stage's {stage_layers} layers (ceil(layers {layers} / pipeline {p}))"
+    return ""
+
+
+def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, context=1, pipeline=1, virtual=1,
+                                 micro_batches=1, recompute="none", attention="fused", dropout=True) -> float:
+    """Activation bytes the first pipeline stage keeps at its peak, one sequence of ``seq_len`` tokens a micro-batch.
+
+    Per layer, Korthikanti et al. (2022) with sequence parallelism (every term divided by ``tensor``) on
+    ``seq_len / context`` tokens (:func:`lessonlib.calc.memory.activation_bytes_per_layer`):
+    ``34 s b h / t`` with a fused attention kernel (``attention="fused"``: no s x s scores kept), plus
+    ``5 a s^2 b / t`` when the scores are stored (``"stored"``, only without context parallelism).
+    ``dropout=False`` (Llama 3, DeepSeek-V3: no dropout in pre-training) drops the masks the paper counts,
+    one byte a value: ``2 s b h / t`` (34 becomes 32) and, with stored scores, the scores' mask and
+    dropout output ``3 a s^2 b / t`` (5 becomes 2). ``recompute="selective"`` keeps only the weight
+    products' outputs (:func:`lessonlib.calc.recompute.matmul_outputs_bytes_per_layer`), ``"full"`` only
+    the layer's input.
+
+    The stage holds ``ceil(layers / pipeline)`` layers for ``min(pipeline, micro_batches)`` micro-batches
+    (1F1B's warm-up), and the interleaved schedule (``virtual`` > 1, which
+    :func:`interleaving_problem` must allow) ``1 + (pipeline - 1) / (pipeline x virtual)`` times that
+    (Narayanan et al. 2021; Megatron-LM's warm-up of ``2(p - 1) + (v - 1) p`` chunks).
+
+    >>> first_stage_activation_bytes(8192, 16384, 128, 126, tensor=8, pipeline=16, micro_batches=16,
+    ...                              dropout=False) == 32 * 8192 * 16384 / 8 * 8 * 16
+    True
+    """
+    s, h, a = count("seq_len", seq_len), count("hidden", hidden), count("heads", heads)
+    layers, t, c = count("layers", layers), count("tensor", tensor), count("context", context)
+    p, v, m = count("pipeline", pipeline), count("virtual", virtual), count("micro_batches", micro_batches)
+    choice("recompute", recompute, RECOMPUTE)
+    choice("attention", attention, ATTENTION)
+    flag("dropout", dropout)
+    if s % c:
+        raise ValueError(f"context ({c}) must divide seq_len ({s})")
+    if attention == "stored" and c > 1:
+        raise ValueError(f"attention 'stored' is priced without context parallelism (context {c}): "
+                         "a context-parallel attention kernel keeps no scores")
+    if p > layers:
+        raise ValueError(f"pipeline ({p}) must be at most layers ({layers})")
+    why = interleaving_problem(layers, p, v, m)
+    if why:
+        raise ValueError(f"virtual: {why}")
+    local = s // c
+    if recompute == "selective":  # save the weight products' outputs only (the policy of page 2.3)
+        per_layer = matmul_outputs_bytes_per_layer(local, 1, h) / t
+    else:
+        per_layer = activation_bytes_per_layer(local, 1, h, a, recompute, tensor_parallel=t, attention=attention,
+                                               sequence_parallel=True)
+        if not dropout and recompute == "none":
+            per_layer -= 2 * local * h / t
+            if attention == "stored":
+                per_layer -= 3 * a * local * local / t
+    interleave = 1 + (p - 1) / (p * v) if v > 1 else 1.0
+    return float(per_layer * math.ceil(layers / p) * min(p, m) * interleave)
