@@ -3,7 +3,7 @@
     MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296 \\
         .venv/bin/python scripts/bench_core.py [--rounds 30]
 
-Times are medians of per-round ratios in one run, one thread (see DESIGN.md);
+Times are medians of per-round ratios in one run, one thread;
 absolute milliseconds are printed for context only.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ NEED_BROWSER=1 bash scripts/setup.sh
 setup=$((SECONDS - start))
 . .venv/bin/activate
 # Steadier timings for the optimizer step: keep glibc from handing memory back
-# to the OS after every step (see DESIGN.md).
+# to the OS after every step (it made the optimizer step's time jitter less).
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296
 # Two workers on two cores: torch (and the processes it starts) on one thread each, since a
 # second thread would spin-wait for the core the other worker holds. The notebooks measure

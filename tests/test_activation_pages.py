@@ -1,4 +1,4 @@
-"""Issue 23.6 and 24.1-24.3 on the pages of chapters 1.3, 1.4 and 2.2: the claims agree with what is computed.
+"""The pages of chapters 1.3, 1.4 and 2.2: their claims agree with what is computed.
 
 Each test reads a page's text source (the file an author edits) and checks one contradiction found in review
 stays fixed; the numbers themselves are asserted in the pages' hidden cells, which nbval runs.

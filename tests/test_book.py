@@ -27,7 +27,7 @@ def test_no_page_references_a_cdn(built_book):
 
 
 def test_no_page_shows_a_matplotlib_repr_or_a_figure_twice(built_book):
-    """Issue 23's rendering item: a figure appeared twice (drawn, then displayed again) and cells printed
+    """Rendering: a figure appeared twice (drawn, then displayed again) and cells printed
     'Text(0.5, 0, ...)' or '<matplotlib.legend.Legend at 0x...>'."""
     pages = sorted((built_book / "chapters").rglob("*.html")) + sorted((built_book / "exercises").rglob("*.html"))
     assert pages, f"no pages in {built_book}"

@@ -123,7 +123,7 @@ def test_numeric_quiz_in_the_book_answers_wrong_then_right_like_python(site, loo
 
 
 LESSONS = [p for p in PAGES if re.match(r"chapters/[^/]+/\d\d-", p)]
-#: Visible code at most this share of visible prose, in characters (issue 11).
+#: Visible code at most this share of visible prose, in characters.
 MAX_CODE_OVER_PROSE = 1 / 3
 
 

@@ -1,4 +1,4 @@
-"""What a checkpoint file holds, byte for byte (issue 23.6, page 2.3): tensors, containers, header."""
+"""What a checkpoint file holds, byte for byte: tensors, containers, header."""
 import pytest
 import torch
 

@@ -195,7 +195,7 @@ def _schedule_at_rate(lr):
 
 
 NAN, INF = float("nan"), float("inf")
-#: Valid one by one, impossible as values or together (issue 27): the entry each is refused by, named.
+#: Valid one by one, impossible as values or together: the entry each is refused by, named.
 IMPOSSIBLE = {
     # Adam's hyper-parameters
     "optimizer lr = -1": (_group("lr", -1.0), "optimizer.param_groups[0].lr = -1.0"),
@@ -281,7 +281,7 @@ CASES = {
     "optimizer missing": (_rewrite(_del("optimizer")), "has no 'optimizer'"),
     # a hostile pickle with valid checksums
     "malicious pickle (valid checksums)": (_malicious, "Weights only load failed"),
-    # valid checkpoints in the wrong place (issue 27): whose checkpoint it is, and which step
+    # Valid checkpoints in the wrong place: whose checkpoint it is, and which step
     "re-saved without its run identity": (_resave_without_run, "of an unnamed run"),
     "the same step of another run (seed 1)": (_from_other_run, "(seed 1)"),
     "step 5 renamed to step 10": (_older_renamed, "holds step 5 of run"),

@@ -1,4 +1,4 @@
-"""Valid checkpoints in the wrong place (issue 27; issue 26's "two jobs, one folder").
+"""Valid checkpoints in the wrong place.
 
 No damage to the bytes shows these: a renamed file, a new run started in an
 old run's folder, a resume with another seed, two writers in one folder, a

@@ -33,7 +33,7 @@ def test_amount_positive_share_and_choice():
         checks.choice("optimizer", "lion", ("sgd", "adam"))
 
 
-# --- the examples issues 13 and 14 named -------------------------------------------
+# --- the examples an outside fuzz named -------------------------------------------
 
 def test_errors_name_the_argument_as_the_caller_spelled_it():
     from lessonlib.book.reports import plan_html
@@ -89,7 +89,7 @@ def test_bool_nan_inf_and_overflow_are_refused_clearly(value, message):
             checks.amount("serial", value if value is not True else True)
 
 
-# --- issue 27: subnormal positives, results in range, measured structures ----------------------------
+# --- subnormal positives, results in range, measured structures ----------------------------
 
 def test_positive_refuses_subnormal_numbers_that_divide_into_infinity():
     with pytest.raises(ValueError, match="bandwidth is too small to divide by, got 5e-324"):

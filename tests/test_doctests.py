@@ -1,4 +1,4 @@
-"""Every example in lessonlib's docstrings runs and prints what it says (issue 12, item 10)."""
+"""Every example in lessonlib's docstrings runs and prints what it says."""
 import doctest
 import importlib
 import pkgutil

@@ -196,7 +196,7 @@ FLAGGED_ANSWERS = {  # not failed: a person reads them (the screen names what it
     "Yes, it saves memory and costs extra compute time, a sensible trade.": "share sentences",
 }
 FAILED_ANSWERS = {"": "empty", "Yes.": "words", None: "empty"}
-# Issue 23 (item 6) and issue 26: answers that use the key words without making the claims. The old
+# Answers that use the key words without making the claims. The old
 # screen gave each full marks; a screen that cannot tell a claim from its negation must flag them.
 FORGED_ANSWERS = {
     # the misconception itself: a recovery checkpoint confused with an activation checkpoint
@@ -255,7 +255,7 @@ def test_free_text_that_is_empty_or_too_short_fails(check_2b_q2, text, why):
 
 
 def test_2b_summary_compares_the_slowdown_it_measured():
-    """Issue 23, item 6: 2b's summary said "the slowdown is smaller" beside a measured 1.42x: the comparison
+    """2b's summary said "the slowdown is smaller" beside a measured 1.42x: the comparison
     is made from this run's FLOP ratio and its timed steps, never typed."""
     nb = nbformat.read(EXERCISES / "2b-should-they-checkpoint.ipynb", as_version=4)
     summary = next(c.source for c in nb.cells if "What this exercise showed" in c.source)
@@ -349,7 +349,7 @@ def _plan_answers(keep_q3, keep_q2, extra):
 
 
 def test_2a_counts_the_recomputation_of_question_2s_plan_only():
-    """Issue 26: q3's plan was never compared with q2's; keep everything in q3 and 0 extra calls passed."""
+    """Q3's plan was never compared with q2's; keep everything in q3 and 0 extra calls passed."""
     check = reference.load(EXERCISES / "2a-place-the-checkpoints.ipynb", questions=["2a-q3"])["2a-q3"]
     check(_plan_answers([2, 4], [2, 4], 4))
     with pytest.raises(AssertionError, match="your plan from question 2"):
@@ -383,7 +383,7 @@ def _timing_answers(seconds=None, rounds=None):
 
 
 def test_3a_typed_in_times_are_flagged_measured_ones_pass():
-    """Issue 26: deleting the measuring cell and typing plausible times in got full marks."""
+    """Deleting the measuring cell and typing plausible times in got full marks."""
     check = reference.load(EXERCISES / "3a-amdahl-for-the-retailer.ipynb", questions=["3a-q4"], given=False)["3a-q4"]
     check(_timing_answers())
     typed = {"forward": 0.004, "loss": 0.0005, "backward": 0.008, "optimizer": 0.002}
@@ -415,7 +415,7 @@ def _given_names(nb) -> dict:
 
 
 def test_1c_offers_time_only_with_the_data_to_decide_it():
-    """Issue 23, item 6: 1c offered "time" as an answer without any compute data."""
+    """1c offered "time" as an answer without any compute data."""
     from lessonlib.calc import planner
 
     nb = nbformat.read(EXERCISES / "1c-will-it-fit.ipynb", as_version=4)
@@ -443,7 +443,7 @@ def test_1c_offers_time_only_with_the_data_to_decide_it():
 # --------------------------------------------------------------------------
 
 def test_2c_checks_the_folder_fsync_after_the_rename():
-    """Issue 23, item 6: 2c's atomic save left out the folder fsync that chapter 2's "Recovery checkpoints" requires."""
+    """2c's atomic save left out the folder fsync that chapter 2's "Recovery checkpoints" requires."""
     nb = nbformat.read(EXERCISES / "2c-how-often-to-save.ipynb", as_version=4)
     check = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "2c-q1")
     hidden = handout.hidden_part(check.source)
@@ -456,7 +456,7 @@ def test_2c_checks_the_folder_fsync_after_the_rename():
 
 @pytest.mark.slow  # runs the notebook: about half a minute
 def test_running_2c_leaves_no_files_in_the_temp_folder(tmp_path):
-    """Issue 26: seven exercise-2c-* folders were left by nbclient runs (a killed kernel runs no finaliser)."""
+    """Seven exercise-2c-* folders were left by nbclient runs (a killed kernel runs no finaliser)."""
     import os
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""The three figures issue 12 asked to redraw (items 11-13): the shapes they must show."""
+"""Three redrawn figures: the shapes they must show."""
 import matplotlib
 
 matplotlib.use("Agg")

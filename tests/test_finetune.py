@@ -1,4 +1,4 @@
-"""Fine-tuning and serving (issue 24.6): LoRA against full fine-tuning, and the KV cache, measured and by formula."""
+"""Fine-tuning and serving: LoRA against full fine-tuning, and the KV cache, measured and by formula."""
 import pytest
 import torch
 
@@ -117,7 +117,7 @@ def test_finetune_formula():
 
 
 def test_no_chapter_says_serving_holds_only_the_weights():
-    # Issue 23.6 (1.2): serving also holds a KV cache; a page that says "only the weights" contradicts the
+    # Serving also holds a KV cache; a page that says "only the weights" contradicts the
     # fine-tuning and serving page, which measures it.
     import re
     from pathlib import Path

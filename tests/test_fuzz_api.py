@@ -6,7 +6,7 @@ or class defined in a module of ``lessonlib.calc``, ``lessonlib.measure`` or
 ``lessonlib.book`` is called, so a new one is covered without editing this
 file. Each call gets, for one argument at a time (the others from their
 defaults, or from ``GOOD`` by argument name), a value drawn by hypothesis
-from the kinds the outside fuzz of issue 14 used: negative, zero, NaN, inf,
+from the kinds an outside fuzz used: negative, zero, NaN, inf,
 bool, str and None; numpy scalars and whole floats; huge integers; empty
 sequences; wrong spellings of choices; fractions above 1.
 
@@ -526,7 +526,7 @@ def teardown_module(module):
             sys.__stdout__.write(f"  FAIL {f[:300]}\n")
 
 
-# --- values valid one by one, drawn together (issue 27) ---------------------------------------------
+# --- values valid one by one, drawn together ---------------------------------------------
 #
 # The fuzz above spoils one argument at a time. Here every numeric argument of a calculation (and of
 # the calculators the pages show) is drawn at once from values that are each valid somewhere: small

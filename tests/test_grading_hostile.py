@@ -218,7 +218,7 @@ def _attacks(course: Path) -> dict[str, object]:
     subs["o'dd; name\n(1)/Copy of toy (1).ipynb"] = honest()
     subs["ünï cödé/-toy.ipynb"] = honest()
 
-    # --- one student against the class's files (issue 26) --------------------------
+    # --- one student against the class's files --------------------------
     for name in NOT_UTF8, *FORMULAS, *LOOKALIKES:
         subs[f"{name}/toy.ipynb"] = honest()
     subs["surrogate/toy.ipynb"] = honest(a3='answer = "\\ud800 memory less, memory less. time more, time more."')
@@ -470,7 +470,7 @@ def test_the_grader_survives_loops_typos_crashes_floods_and_junk(graded):
 
 
 
-# ----- one student against the class's files (issue 26) -------------------------------
+# ----- one student against the class's files -------------------------------
 
 def test_a_name_that_is_not_utf8_and_a_lone_surrogate_spoil_nothing(graded):
     by, ctx = graded

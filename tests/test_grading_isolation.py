@@ -1,4 +1,4 @@
-"""What a hostile class still got, closed (issue 26): bounded waits, a tighter sandbox, safe reads.
+"""What a hostile class still got, closed: bounded waits, a tighter sandbox, safe reads.
 
 * a hand-in over ZeroMQ's message cap no longer hangs the run: the student's
   row says the kernel stopped answering, the class is graded, and the run's

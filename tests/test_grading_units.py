@@ -320,7 +320,7 @@ def test_an_instructor_notebook_whose_checks_need_a_solution_stops_the_run(tmp_p
         autograde.grade_folder(tmp_path / "sub", src, sandbox=None, progress=None)
 
 
-# ----- one student cannot spoil the class's files (issue 26) --------------------------
+# ----- one student cannot spoil the class's files --------------------------
 
 def _flagged(student, text):
     r = _result(student, "1a", [2])
@@ -444,7 +444,7 @@ def test_the_key_is_made_once_outside_the_results_and_refused_inside(tmp_path, m
         autograde.load_key(tmp_path / "nowhere.key")
 
 
-# ----- answers that must agree; claims, not words (issue 26) -------------------------
+# ----- answers that must agree; claims, not words -------------------------
 
 def test_a_check_sees_what_the_notebook_handed_in_to_its_other_questions(capsys):
     got = graders.decode_answers({"plan": {"$set": [2, 4]}, "@t-q1": {"$dict": [["plan", {"$set": [2, 4]}]]}})

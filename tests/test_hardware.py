@@ -24,7 +24,7 @@ def test_table_states_peaks_with_sources_and_a_utilisation():
         # the source states the dense rate the table holds (or the sparse rate, twice it)
         assert f"{dev.peak_flops_per_s / 1e12:,.1f}".rstrip("0").rstrip(".") in dev.source.replace(",", "") \
             or f"{dev.peak_flops_per_s / 1e12:,.0f}" in dev.source
-    # the devices of the course's published runs (issue 24 item 8): H800, A100 40GB, H100 SXM and PCIe
+    # The devices of the course's published runs: H800, A100 40GB, H100 SXM and PCIe
     for name in ("H800 SXM 80GB", "A100 SXM 40GB", "H100 SXM 80GB", "H100 PCIe 80GB"):
         assert name in D.DEVICES
     assert D.device("H100 PCIe 80GB").peak_flops_per_s == pytest.approx(1513e12 / 2, rel=1e-3)
@@ -37,7 +37,7 @@ def test_table_states_peaks_with_sources_and_a_utilisation():
 
 
 def test_rate_text_prints_the_rate_used():
-    # 3.958e14, not a rounder 4.0e14 (issue 23: the rate printed was not the rate computed)
+    # 3.958e14, not a rounder 4.0e14 (the rate printed must be the rate computed)
     assert D.rate_text(D.sustained_flops_per_s()) == "3.958 × 10¹⁴ FLOP/s"
     assert D.rate_text(4e14) == "4 × 10¹⁴ FLOP/s"
     with pytest.raises(ValueError, match="flops_per_s"):

@@ -1,5 +1,5 @@
 """Arguments valid one by one but impossible together, results outside their physical range, and the
-structures pages pass between functions (issue 27, "Inputs checked as a whole"; issue 26, "Bad input").
+structures pages pass between functions.
 
 Each test names the class it covers; each would fail without the check it exercises. No test here
 starts a process: the launchers are checked with ``launch`` replaced by a function that fails the

@@ -97,7 +97,7 @@ def _pid_sleeper_or_collective(rank, world, device, progress, folder, seconds):
 @pytest.mark.parametrize("target, ranks", [(_pid_sleeper, [0, 1]), (_pid_sleeper, [1]),
                                            (_pid_sleeper_or_collective, [1])])
 def test_sigint_to_the_workers_alone_ends_the_call_with_keyboard_interrupt(tmp_path, target, ranks):
-    """Issue 26: SIGINT that reaches only the workers ended the call with a FileNotFoundError about a temp
+    """SIGINT that reaches only the workers ended the call with a FileNotFoundError about a temp
     folder (torch's worker wrapper took the interrupt for a clean exit). It must end with KeyboardInterrupt,
     also when the other rank fails after it, having lost its peer inside a collective."""
     import multiprocessing

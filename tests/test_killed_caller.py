@@ -1,4 +1,4 @@
-"""A caller killed alone, or with its process group, leaves nothing behind (issues 26 and 27).
+"""A caller killed alone, or with its process group, leaves nothing behind.
 
 The out-of-memory killer, or SIGKILL or SIGTERM sent to a notebook's kernel
 only (not its process group), ends the caller without any clean-up of its own;

@@ -1,4 +1,4 @@
-"""How launch reports and bounds a failed launch (issues 26 and 27).
+"""How launch reports and bounds a failed launch.
 
 - The root cause comes first: the first rank to fail on its own, with its exit
   code or signal when it left no traceback, before the ranks that failed only
@@ -75,7 +75,7 @@ def test_a_rank_that_exits_without_a_traceback_is_named_first():
 
 
 def test_the_root_cause_is_ordered_first_whatever_the_caller_saw_first():
-    """The race from issue 27: rank 0's lost-peer traceback is written (t=10.0) before the caller sees
+    """A race seen in the wild: rank 0's lost-peer traceback is written (t=10.0) before the caller sees
     rank 1's exit (t=10.5); rank 1 still comes first, then the echo, then the rank that was stopped."""
     endings = [
         _Ending(0, 1, 10.6, False, {"traceback": LOST, "interrupted": False, "time": 10.0}),

@@ -12,7 +12,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "lessonlib"
 RANK = {"ground": 0, "calc": 1, "measure": 2, "book": 3}
 GROUND = {"checks", "progress", "__init__"}
-#: Lines of one module above which it should be split (about 400; see issue 13).
+#: Lines of one module above which it should be split (about 400).
 MAX_LINES = 420
 
 

@@ -46,7 +46,7 @@ def test_activation_formula():
 
 
 def test_fused_attention_is_the_default_and_has_no_score_term():
-    """Issue 24.1: attention is run fused today (SDPA's flash kernel): the 5as/h term is gone by default,
+    """Attention is run fused today (SDPA's flash kernel): the 5as/h term is gone by default,
     and the stored-scores case is the explicit historical one."""
     s, b, h, a = 2048, 4, 4096, 32
     for rc in ("none", "selective"):
@@ -60,7 +60,7 @@ def test_fused_attention_is_the_default_and_has_no_score_term():
 
 
 def test_the_7_5b_example_both_ways():
-    """Issue 24.1: the 7.5B preset at 2,048 tokens: 34.4 GB a sequence with stored scores, 10.3 GB fused;
+    """The 7.5B preset at 2,048 tokens: 34.4 GB a sequence with stored scores, 10.3 GB fused;
     the batch at which activations pass the 16-bytes-a-parameter state moves from 4 to 12."""
     from lessonlib.calc.planner import PRESETS
     p = PRESETS["7.5B"]
@@ -73,7 +73,7 @@ def test_the_7_5b_example_both_ways():
 
 
 def test_logits_bytes_and_the_vocabulary():
-    """Issue 24.3: the loss keeps b*s*V logits; Llama 3's s = 8,192, V = 128,256 is 2.1 GB per sequence in bf16."""
+    """The loss keeps b*s*V logits; Llama 3's s = 8,192, V = 128,256 is 2.1 GB per sequence in bf16."""
     assert memory.logits_bytes(8192, 1, 128_256) == 2 * 8192 * 128_256
     assert round(memory.logits_bytes(8192, 1, 128_256) / 1e9, 1) == 2.1
     assert memory.logits_bytes(8192, 2, 2 * 128_256) == 4 * memory.logits_bytes(8192, 1, 128_256)
@@ -85,7 +85,7 @@ def test_logits_bytes_and_the_vocabulary():
 
 
 def test_sequence_parallel_is_an_explicit_convention():
-    """Issue 24.8: without sequence parallelism (the default) 10sbh stays whole on every device; with it every
+    """Without sequence parallelism (the default) 10sbh stays whole on every device; with it every
     term is divided by t. Pricing uses sequence parallelism, and says so by passing it."""
     from lessonlib.calc import pricing
     s, b, h, a, L = 2048, 1, 4096, 32, 32
@@ -268,7 +268,7 @@ def test_plot_ledger_has_title_and_units():
     assert 'alt="a stacked bar"' in bundle["text/html"] and "image/png" in bundle
 
 
-# ---- issue 12, item 6: saved views of intermediate buffers count whole --------
+# ---- saved views of intermediate buffers count whole --------
 
 def _graph_saved_bytes(out, params):
     """An independent count: walk the autograd graph from ``out`` and read each node's
@@ -335,7 +335,7 @@ def test_float64_lstm_matches_graph_count():
     assert counted == independent
 
 
-# ---- issue 12, item 7: the CPU peak counts tensors only: a lower bound --------
+# ---- the CPU peak counts tensors only: a lower bound --------
 
 def _allocator_peak(step, live_before):
     """The CPU allocator's peak during ``step()``: bytes live before it plus the largest net
@@ -460,7 +460,7 @@ def test_tracked_bytes_count_what_the_cpu_tracker_counts():
     assert _tracked_bytes((model, opt, x), torch.device("meta")) == 0
 
 
-# ---- issue 24.1 and 24.3: fused attention and the logits, measured ----------
+# ---- fused attention and the logits, measured ----------
 
 def test_fused_attention_measured_keeps_no_score_term():
     """SDPA (no dropout: on a CPU SDPA with dropout falls back to stored scores) keeps 34 sbh a layer less the two
@@ -490,7 +490,7 @@ def test_the_loss_keeps_its_logits(dtype, e):
 
 
 def test_batch_norm_running_statistics_are_state_not_activations():
-    # Issue 24.8: batch norm in training mode saves its running mean and variance for backward;
+    # Batch norm in training mode saves its running mean and variance for backward;
     # they are buffers, held whether or not the model trains, so the activation count leaves them out.
     torch.manual_seed(0)
     channels = 64

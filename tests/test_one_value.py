@@ -1,4 +1,4 @@
-"""One value per quantity (issue 23 item 7): no page types a quantity that another page computes.
+"""One value per quantity: no page types a quantity that another page computes.
 
 The registry is ``lessonlib.calc.published.SHARED_QUANTITIES``: for each shared quantity (a device rate, a
 utilisation, a model size, an all-reduce time) the place its value comes from and a pattern that finds it typed

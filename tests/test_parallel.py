@@ -75,7 +75,7 @@ def test_bad_input_names_the_argument(call, name):
 # --- communication volume ---------------------------------------------------
 
 def test_amdahl_report_prints_numbers_as_people_write_them():
-    """Issue 12, prose slips: no "256.00× (not 256×)", no "1.00× (not 1×)", 62.5 % not 62 %."""
+    """No "256.00× (not 256×)", no "1.00× (not 1×)", 62.5 % not 62 %."""
     import re
 
     from lessonlib.book.reports import amdahl_report
@@ -186,7 +186,7 @@ def test_tensor_and_expert_parallel_two_processes():
         for r in runs:
             assert r["allclose"]
             assert sum(r["tokens_per_expert"]) == 2 * 64
-    # issue 12, item 5: what the step waits for is the busiest process, counted and timed
+    # What the step waits for is the busiest process, counted and timed
     from lessonlib.calc.experts import process_load_imbalance
 
     for runs in (balanced, skewed):
@@ -217,7 +217,7 @@ def test_data_parallel_two_processes():
         for key in ("single", "ddp", "half_compute", "optimizer", "allreduce"):
             assert getattr(row, key) > 0
         assert row.predicted == pytest.approx(row.half_compute + row.optimizer + row.allreduce)
-        # issue 12, item 2: every derived number is computed from the medians shown
+        # Every derived number is computed from the medians shown
         assert row.speedup == pytest.approx(row.single / row.ddp)
         assert row.predicted_speedup == pytest.approx(row.single / row.predicted)
         assert row.predicted_over_measured == pytest.approx(row.predicted / row.ddp)
@@ -249,7 +249,7 @@ def _check_table_reconciles(res):
 
 
 def test_data_parallel_table_reconciles_on_skewed_rounds():
-    """Medians of sums are not sums of medians: the table must still add up (issue 12, item 2)."""
+    """Medians of sums are not sums of medians: the table must still add up."""
     from lessonlib.book.reports import data_parallel_display_rows
 
     # rows as run_data_parallel builds them, from rounds where the per-round sum's median

@@ -68,7 +68,7 @@ def test_plan_html_every_preset():
         plan_html("nope", "adam", "bf16_master", 1, 1024, "none", 80)
 
 
-# --- issue 12, item 3: precision, recomputation's time, presets' shapes ---
+# --- precision, recomputation's time, presets' shapes ---
 
 def test_precision_changes_the_activations_and_the_state_breakdown():
     kw = dict(batch_per_device=2, seq_len=2048, device_bytes=400e9, attention="stored")
@@ -241,7 +241,7 @@ def test_layout_bad_input():
         propose(**shape, recompute=[])
 
 
-# --- issue 24: attention as it is run, the logits, the tensor-parallel convention ---
+# --- attention as it is run, the logits, the tensor-parallel convention ---
 
 def test_the_planner_takes_the_conventions_explicitly():
     """Fused attention is the default; stored scores, sequence parallelism and the loss's logits are arguments."""
@@ -264,7 +264,7 @@ def test_the_planner_takes_the_conventions_explicitly():
 
 
 def test_pricing_and_the_planner_agree_once_the_convention_is_the_same():
-    """Issue 24.8: 1.43 GB against 2.32 GB came from two conventions; passed explicitly they agree."""
+    """1.43 GB against 2.32 GB came from two conventions; passed explicitly they agree."""
     from lessonlib.calc import pricing
 
     shape = _shape("7.5B")

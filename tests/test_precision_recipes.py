@@ -1,4 +1,4 @@
-"""Precision recipes (issue 24.4) and the one precision vocabulary (issue 22): calc's bytes per role
+"""Precision recipes and the one precision vocabulary: calc's bytes per role
 against a measured Adam step on the course's GPT, and every public signature speaks the same words."""
 import importlib
 import inspect
@@ -68,7 +68,7 @@ def test_range_against_precision():
 
 def test_vocabulary_former_name_and_adamw():
     assert precision_name("mixed") == "bf16_master" and FORMER_NAMES == {"mixed": "bf16_master"}
-    assert memory.training_state_bytes(10, "adamw", "bf16").total == 80  # issue 24.8: adamw, pure bf16
+    assert memory.training_state_bytes(10, "adamw", "bf16").total == 80  # adamw, pure bf16
     assert memory.bytes_per_param("adamw", "bf16_master") == 16
     assert sharding.zero_state_bytes(8, 2, 3, "adam", "bf16").total == 32
     assert planner.plan(1_000_000, "adamw", "bf16", 1, 128, 2, 64, 4).state_bytes == 8_000_000

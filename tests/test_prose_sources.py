@@ -1,4 +1,4 @@
-"""The course's prose is its own (issue 12, prose slips).
+"""The course's prose is its own.
 
 * No run of 10 words is shared with the source documents the course was
   written from (``../shared/seeds`` next to the repository, or the folder in

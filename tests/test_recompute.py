@@ -163,7 +163,7 @@ def test_census_is_not_fooled_by_a_reused_address():
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_predicted_flops_ratio_with_first_layer_fed_by_data(n):
-    """Issue 12, item 9: the first layer's input needs no gradient, so 4/3 does not hold exactly."""
+    """The first layer's input needs no gradient, so 4/3 does not hold exactly."""
     from lessonlib.measure.recompute import step_flops
 
     torch.manual_seed(0)
@@ -187,7 +187,7 @@ def test_predicted_flops_ratio_bad_share():
         predicted_flops_ratio(no_input_grad_share=1.5)
 
 
-# ---- issue 24.8: forward_flops and step_flops name what they cannot count ------------------------
+# ---- forward_flops and step_flops name what they cannot count ------------------------
 
 def test_forward_and_step_flops_warn_about_uncounted_transformer_kernels():
     from lessonlib.measure.timing import UncountedFlopsWarning

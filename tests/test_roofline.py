@@ -1,4 +1,4 @@
-"""Rooflines (issue 24.5): the two roofs measured, ops placed by intensity from their shapes, the figure."""
+"""Rooflines: the two roofs measured, ops placed by intensity from their shapes, the figure."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""One model of scale (issue 23 items 2, 4, 5; issue 24 item 7): lessonlib.calc.scale, mfu and bill."""
+"""One model of scale: lessonlib.calc.scale, mfu and bill."""
 from __future__ import annotations
 
 import doctest

@@ -1,4 +1,4 @@
-"""Strong and weak scaling (issue 23, "What to build" 1, and the chapter 3 fixes beside it).
+"""Strong and weak scaling.
 
 Gustafson beside Amdahl, the critical batch size of McCandlish et al. (2018), the step count of a
 fixed budget of examples, and the measured strong-against-weak run: its arguments are checked
@@ -144,7 +144,7 @@ def _cells(md: str) -> list[tuple[str, str]]:
 
 
 def test_shard_the_state_defines_psi_rank_and_mesh_where_it_first_uses_them():
-    """Issue 23: 3.5 used Ψ, rank and mesh before defining them (as prose, tables or code)."""
+    """3.5 used Ψ, rank and mesh before defining them (as prose, tables or code)."""
     md = (CH3 / "05-shard-the-state.md").read_text()
     body = md[md.index("# Shard the training state"):]
     for word, definition in (("Ψ", r"\$\\Psi\$ \(the Greek letter psi\) for the number of parameters"),
@@ -172,7 +172,7 @@ def test_shard_the_state_has_no_colon_that_announces_something_else():
 
 
 def test_data_parallel_page_asserts_no_comparison_of_separately_measured_sums():
-    """Issue 23: 3.2's checks compared sums measured at different moments (they fail under load)."""
+    """3.2's checks compared sums measured at different moments (they fail under load)."""
     md = (CH3 / "02-data-parallel.md").read_text()
     asserts = [line for line in md.splitlines() if line.strip().startswith("assert")]
     for banned in ("predicted_over_measured", "fixed_small", "fixed_large", ".optimizer <", ".allreduce <"):
@@ -181,7 +181,7 @@ def test_data_parallel_page_asserts_no_comparison_of_separately_measured_sums():
 
 
 def test_nccl_latencies_cite_the_release_whose_table_they_come_from():
-    """Issue 23: 3.9's 9.6 µs is one NCCL release's tuning constant: the version is named and printed."""
+    """3.9's 9.6 µs is one NCCL release's tuning constant: the version is named and printed."""
     from lessonlib.calc.comm import LINKS, NCCL_TUNING_TABLE, NCCL_TUNING_VERSION
 
     assert re.fullmatch(r"\d+\.\d+\.\d+-\d+", NCCL_TUNING_VERSION)
@@ -219,7 +219,7 @@ def _check_3b_q3(rows, grad_bytes):
 
 
 def test_3b_predicts_four_processes_with_the_alpha_beta_model_not_bytes_alone():
-    """Issue 23: 3b scaled the all-reduce by bytes only (x1.5 from 2 to 4); its ring steps triple."""
+    """3b scaled the all-reduce by bytes only (x1.5 from 2 to 4); its ring steps triple."""
     import json
 
     from lessonlib.calc.comm import collective_seconds

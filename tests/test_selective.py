@@ -1,4 +1,4 @@
-"""lessonlib.measure.selective: selective recomputation with torch's create_selective_checkpoint_contexts (issue 24.2).
+"""lessonlib.measure.selective: selective recomputation with torch's create_selective_checkpoint_contexts.
 
 Kept bytes, FLOPs and gradients measured on the course's GPT blocks against the formulas of lessonlib.calc.
 """

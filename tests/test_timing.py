@@ -115,7 +115,7 @@ def test_time_rounds_interleaves_and_takes_ratios_within_a_round():
         time_rounds(one_round, rounds=1, warmup=-1)
 
 
-# ---- issue 12, item 8: count_flops names what it cannot count -----------------
+# ---- count_flops names what it cannot count -----------------
 
 def test_count_flops_counts_linear_models_without_warning():
     import warnings
@@ -178,7 +178,7 @@ def test_count_flops_names_transformer_encoder_fast_path():
     assert c.inference and c.backward == 0
 
 
-# ---- issue 24.8: uncounted ops found without keywords; inference counted ------------------------
+# ---- uncounted ops found without keywords; inference counted ------------------------
 
 @pytest.mark.parametrize("n", [5, 40])  # torch.cdist takes _cdist_forward for small inputs, _euclidean_dist above
 def test_count_flops_names_cdist_whatever_its_kernel(n):

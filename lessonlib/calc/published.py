@@ -172,7 +172,7 @@ class SharedQuantity:
 
 
 _NUM = r"(?<![\w.{])\d[\d.,]*"
-#: One value per quantity (issue 23 item 7): every page computes these from ``computed_by``, and
+#: One value per quantity: every page computes these from ``computed_by``, and
 #: tests/test_one_value.py fails on a page that types one of them instead.
 SHARED_QUANTITIES = {
     "device rate": SharedQuantity(

@@ -101,7 +101,7 @@ def free_port() -> int:
 # Environment for the children: one thread each (two processes on two cores
 # must not each start a pool of two), and glibc settings that stop the
 # allocator from handing memory back to the OS between steps, which makes the
-# optimizer step jitter (measured on these machines, see DESIGN.md).
+# optimizer step jitter (measured on these machines).
 _CHILD_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",

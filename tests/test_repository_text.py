@@ -1,0 +1,33 @@
+"""The repository reads on its own: no file points to numbered issues or to design notes that a reader of
+the repository does not have (they live outside it, with the people who filed them)."""
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SUFFIXES = {".py", ".md", ".sh", ".yml", ".yaml", ".toml", ".cfg", ".js", ".css", ".txt", ""}
+#: "issue 12", "issues 26 and 27", "issue #3"; and the design notes' file name (built, so this file passes)
+POINTERS = re.compile(r"\bissues? #?\d+|" + "DESIGN" + r"\.md", re.IGNORECASE)
+
+
+def _tracked_text_files():
+    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    return [ROOT / n for n in names if Path(n).suffix in SUFFIXES and (ROOT / n).is_file()]
+
+
+def test_pointer_pattern_finds_what_it_must():
+    assert POINTERS.search("see issue 26") and POINTERS.search("(issues 26 and 27)")
+    assert POINTERS.search("see " + "DESIGN" + ".md") and not POINTERS.search("an issue of memory")
+
+
+def test_no_file_points_outside_the_repository():
+    found = []
+    for path in _tracked_text_files():
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if POINTERS.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
+    assert not found, "say what the check is for instead of which issue asked for it:\n" + "\n".join(found)
