@@ -17,6 +17,7 @@ loaded on a different number of processes than saved it (resharding).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 import os
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from .launch import launch
 from .fsdp import _build, _shard, token_batch
 from .quiet import known_warnings_silenced
 
-__all__ = ["save_sharded", "load_unsharded", "compare_states", "checkpoint_files"]
+__all__ = ["save_sharded", "load_unsharded", "compare_states", "checkpoint_files", "ShardFile", "shard_file_contents"]
 
 
 def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
@@ -107,6 +108,55 @@ def checkpoint_files(path) -> list:
     if not path.is_dir():
         raise ValueError(f"path {str(path)!r} is not a folder")
     return sorted((p.name, p.stat().st_size) for p in path.iterdir() if p.is_file())
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """What one DCP shard file holds, read from the checkpoint's ``.metadata`` (bytes throughout).
+
+    name:        the file (``__<rank>_0.distcp``: written by that process)
+    bytes:       its size on disk
+    items:       entries written into it (tensor chunks and pickled non-tensor values)
+    whole:       of those, tensors written whole, by this process only: a tensor every process holds alike
+                 (not sharded, such as Adam's step counter) is written once, by one process
+    data_bytes:  the tensors' own values (elements x bytes per element)
+    framing:     bytes - data_bytes: each entry's container and header, and the pickled non-tensors
+    """
+
+    name: str
+    bytes: int
+    items: int
+    whole: int
+    data_bytes: int
+
+    @property
+    def framing(self) -> int:
+        return self.bytes - self.data_bytes
+
+
+def shard_file_contents(path) -> list:
+    """One :class:`ShardFile` per ``.distcp`` file of the DCP checkpoint in folder ``path``, sorted by name."""
+    import math
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    path = check_path("path", path)
+    if not (path / ".metadata").is_file():
+        raise ValueError(f"path {str(path)!r} holds no DCP checkpoint (no .metadata)")
+    md = dcp.FileSystemReader(str(path)).read_metadata()
+    tally = {}
+    for index, info in md.storage_data.items():
+        t = tally.setdefault(info.relative_path, {"items": 0, "whole": 0, "data": 0})
+        t["items"] += 1
+        meta = md.state_dict_metadata[index.fqn]
+        if isinstance(meta, TensorStorageMetadata):
+            chunk = next(c for c in meta.chunks if c.offsets == index.offset)
+            t["data"] += math.prod(chunk.sizes) * torch.empty((), dtype=meta.properties.dtype).element_size()
+            t["whole"] += len(meta.chunks) == 1
+    return [ShardFile(name, (path / name).stat().st_size, t["items"], t["whole"], t["data"])
+            for name, t in sorted(tally.items())]
 
 
 def load_unsharded(path, lr: float = 1e-3):
