@@ -119,6 +119,10 @@ DEEPSEEK_V3 = {
     "tokens": Figure(14.8e12, "pre-training tokens", DEEPSEEK_V3_REPORT, "Abstract", _SECONDARY),
     "gpus": Figure(2048, "H800 GPUs", DEEPSEEK_V3_REPORT, "Section 3.1", _SECONDARY),
     "gpu_hours": Figure(2.788e6, "H800 GPU-hours, whole training", DEEPSEEK_V3_REPORT, "Table 1", _SECONDARY),
+    # Table 1 splits the whole into pre-training (2,664K), context extension (119K) and post-training (5K):
+    # the pre-training tokens' FLOPs belong over the pre-training hours
+    "pretrain_gpu_hours": Figure(2.664e6, "H800 GPU-hours, pre-training only", DEEPSEEK_V3_REPORT,
+                                 "Table 1 (Pre-Training row)", _SECONDARY),
     "price_per_gpu_hour": Figure(2.0, "US dollars per H800 GPU-hour (the report's assumed rental price)",
                                  DEEPSEEK_V3_REPORT, "Table 1 and the text under it ('assuming the rental price "
                                  "of the H800 GPU is $2 per GPU hour')", _SECONDARY),

@@ -174,15 +174,20 @@ class RingAttention(torch.autograd.Function):
 def allgather_attention(q, k, v, layout):
     """Context parallelism as Llama 3 ran it: all-gather every process's keys and values, then attend this
     process's queries to the whole sequence under the causal mask, in one SDPA call. Autograd-aware (PyTorch's
-    ``torch.distributed.nn.functional.all_gather``: its backward sums each block's gradients back to its owner).
+    functional ``all_gather_single_autograd``: its backward reduce-scatters, so each block's gradients, summed
+    over the processes that used it, go back to its owner).
     ``q``, ``k``, ``v`` are this process's chunks of ``layout``, (batch, heads, tokens, head_dim)."""
-    from torch.distributed.nn.functional import all_gather
+    try:
+        from torch.distributed._functional_collectives import all_gather_single_autograd as gather
+    except ImportError:  # an older torch: the same collective under its earlier name
+        from torch.distributed._functional_collectives import all_gather_tensor_autograd as gather
 
     chunks = _checked(layout, q=q, k=k, v=v)
     mine = chunks[dist.get_rank()]
     c = q.shape[-2] // len(mine)                                        # tokens per chunk
     # one collective for both (two would be free to run in another order in each process's backward)
-    k_all, v_all = torch.cat(all_gather(torch.stack([k, v])), dim=-2)  # every chunk, in rank order
+    kv = torch.stack([k, v]).movedim(3, 0).contiguous()             # tokens first: it gathers along dim 0
+    k_all, v_all = gather(kv, gather_dim=0, group=dist.group.WORLD).movedim(0, 3)  # every chunk, in rank order
 
     def positions(ids):                                                 # where the chunks sit in the sequence
         return torch.cat([torch.arange(i * c, (i + 1) * c, device=q.device) for i in ids])
