@@ -29,8 +29,8 @@ LLAMA2_CARD = "Meta (2023). Llama 2 model card. github.com/meta-llama/llama, MOD
 
 _CARD_READ = "read in the model card's text"
 _SECONDARY = "quoted by secondary summaries (report itself not read)"
-_TABLE4_ROWS = ("Table 4's per-row value as an expert reviewer of this course read it in the report (E2); "
-                "consistent with the 38-43 % range and the TFLOP/s the secondary summaries quote")
+_TABLE4_ROWS = ("Table 4's per-row value (the report not re-read here); agrees with the row's TFLOP/s over the "
+                "H100's peak to the table's rounding, and with the 38-43 % range secondary summaries quote")
 _CARD_SECONDARY = "quoted by secondary summaries of the card's table (the card not re-read for this figure)"
 
 #: Llama 3.1 405B, the page's run.
