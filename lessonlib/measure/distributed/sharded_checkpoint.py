@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 import os
+import time
 from pathlib import Path
 
 from ...checks import count as check_count, path as check_path, positive as check_positive
@@ -58,7 +59,10 @@ def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
 
         losses = [step() for _ in range(steps)]
         model_sd, optim_sd = get_state_dict(model, opt)  # each rank: its own shards (DTensors)
+        dist.barrier()  # every process starts the save together: its time is the stop a run pays for it
+        t0 = time.perf_counter()
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        save_seconds = time.perf_counter() - t0
         local_bytes = sum(v.to_local().numel() * v.element_size() for v in model_sd.values() if hasattr(v, "to_local"))
         full_model, full_optim = get_state_dict(
             model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -66,7 +70,8 @@ def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
             next_loss = lm_loss(model(xs), ys).detach().clone()
         dist.all_reduce(next_loss)
         progress.put(1)
-    out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world, "local_model_bytes": local_bytes}
+    out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world, "local_model_bytes": local_bytes,
+           "save_seconds": save_seconds}
     if rank == 0:
         out["full_model"] = {k: v.clone() for k, v in full_model.items()}
         out["full_optim"] = full_optim
@@ -78,7 +83,8 @@ def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 
     """Train with ``fully_shard`` on ``world_size`` processes and save a DCP checkpoint in folder ``path``.
 
     Returns ``{"losses", "next_loss", "local_model_bytes" (per rank: bytes
-    of model shards each rank wrote), "full_model", "full_optim"}``; the
+    of model shards each rank wrote), "save_seconds" (per rank: how long its
+    ``dcp.save`` took, from a common start), "full_model", "full_optim"}``; the
     last two are the state gathered whole on rank 0, for checking a load.
     """
     from ..precision import MAX_LR
@@ -99,6 +105,7 @@ def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 
     r0 = per_rank[0]
     return {"losses": r0["losses"], "next_loss": r0["next_loss"],
             "local_model_bytes": [r["local_model_bytes"] for r in per_rank],
+            "save_seconds": [r["save_seconds"] for r in per_rank],
             "full_model": r0["full_model"], "full_optim": r0["full_optim"]}
 
 
