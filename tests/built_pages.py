@@ -7,9 +7,21 @@ MATPLOTLIB_REPR = re.compile(r"&lt;(matplotlib\.[\w.]+|Figure size [^&]*) at 0x[
                              r"|\bText\(-?[\d.]+, -?[\d.]+, ('|&#39;|&#x27;).*?('|&#39;|&#x27;)\)|\[&lt;matplotlib\.")
 
 
+#: A cell output that is only the repr of None (or of several: a tuple or list of them), as a cell prints when its
+#: last line is a call that returns nothing (``shutil.rmtree(...)``, ``fig.savefig(...)``); myst-nb writes it in a
+#: <pre>, after an empty <span> for its highlighter.
+NONE_REPR = re.compile(r"<pre>(?:<span></span>)?\s*(?:None|[(\[]\s*None(?:\s*,\s*None)*\s*,?\s*[)\]])\s*</pre>")
+#: A Python warning shown on a page (the cell's stderr, rendered by myst-nb): "SomeWarning: message".
+WARNING_TEXT = re.compile(r"\b[A-Z]\w*Warning: [^<\n]{0,80}")
+
+
 def figure_faults(html: str) -> list[str]:
-    """Stray matplotlib reprs, and any image shown twice, on one built page (``[]``: none)."""
+    """Stray reprs (matplotlib objects, a lone None), a leaked Python warning, and any image shown twice, on one
+    built page (``[]``: none)."""
     faults = [f"matplotlib repr: {m.group(0)[:80]}" for m in MATPLOTLIB_REPR.finditer(html)]
+    faults += [f"a stray None output: {m.group(0)[:80]}" for m in NONE_REPR.finditer(html)]
+    faults += [f"a warning shown on the page: {m.group(0)[:120]}" for m in WARNING_TEXT.finditer(html)
+               if "stderr" in html[max(0, m.start() - 400):m.start()]]
     srcs = re.findall(r"""<img[^>]+src=["'](data:image/[^"']+|[^"']*_images/[^"']+)["']""", html)
     seen = set()
     for src in srcs:

@@ -94,4 +94,13 @@ def test_the_built_page_check_finds_a_stray_repr_and_a_figure_shown_twice():
     assert len(figure_faults("<pre>Text(0.5, 0, 'optimizer')</pre>")) == 1
     assert len(figure_faults("<pre>Text(0.5, 0, &#39;optimizer&#39;)</pre>")) == 1
     assert len(figure_faults(img + img)) == 1
+    # a cell whose last line returns None (3.12's clean-up once did), or a warning in a cell's stderr (3.4's
+    # FLOP count once did), is a fault; a None inside real output is not
+    assert len(figure_faults("<pre><span></span>None\n</pre>")) == 1
+    assert len(figure_faults("<pre>(None, None)</pre>")) == 1
+    assert figure_faults("<pre><span></span>largest: None of the 4 tensors differ\n</pre>") == []
+    stderr = ('<div class="output stderr highlight-myst-ansi notranslate"><div class="highlight"><pre><span></span>'
+              "/x/timing.py:149: UncountedFlopsWarning: FlopCounterMode has no FLOP formula for aten.index_add")
+    assert len(figure_faults(stderr)) == 1
+    assert figure_faults("<p>PyTorch raises a UserWarning: here is why</p>") == []
 

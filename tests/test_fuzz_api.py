@@ -420,7 +420,7 @@ class _AskedClock:
 
 
 CLOCK = _AskedClock()
-PAUSING = ("lessonlib.measure.checkpoint",)  # modules that call time.sleep in a callable fuzzed here
+PAUSING = ("lessonlib.measure.checkpoint", "lessonlib.measure.overlap_sim")  # modules that call time.sleep in a callable fuzzed here
 
 
 @pytest.fixture(scope="module", autouse=True)

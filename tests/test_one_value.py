@@ -59,6 +59,9 @@ def test_every_allowed_literal_is_still_there():
     ("the run reached 38 % MFU", "utilisation"),
     ("a 7.5B-parameter model", "model size"),
     ("the all-reduce takes 2.03 ms", "all-reduce time"),
+    ("1,953 sequences of 8,192 tokens", "Llama 3 batch"),
+    ("about 15 per replica", "Llama 3 batch"),
+    ("975,000 steps", "Llama 3 batch"),
 ])
 def test_the_check_finds_a_planted_typed_value(planted, quantity):
     # plant a typed value into a real page's text: the check must name it
@@ -73,3 +76,25 @@ def test_computed_values_are_not_flagged():
     for ok in ("sustains {rate_text(rate)}", "{rate:.4g} FLOP/s", "at {util:.0f} % of its peak",
                "a {n / 1e9:.1f}B-parameter model", "the all-reduce takes {t_ms:.2f} ms"):
         assert not typed_quantities(ok), ok
+
+
+def test_llama3_batch_is_one_value():
+    # Table 4's batch per replica times the data-parallel degree is the 16M-token batch that pages 3.2 and 3.11
+    # state; the layout search's own reading of "16M tokens" (a power of two of sequences) must give the same.
+    import math
+    from lessonlib.calc.published import LLAMA3_405B as L
+    dp = L["gpus"].value // (L["tp"].value * L["pp"].value)
+    seqs = L["batch_per_dp_16k"].value * dp
+    assert dp == 128 and seqs == 2048 and seqs * L["seq_len"].value == 2 ** 24
+    assert seqs == 2 ** round(math.log2(L["tokens_per_batch"].value / L["seq_len"].value))
+
+
+def test_llama3_table4_mfu_rows_match_their_throughput():
+    # each printed MFU is its row's TFLOP/s over the H100's dense BF16 peak, to the table's rounding (1 point)
+    from lessonlib.calc.hardware import device
+    from lessonlib.calc.published import LLAMA3_405B as L, LLAMA3_DEVICE
+    peak = device(LLAMA3_DEVICE).peak_flops_per_s
+    for tflops, mfu in (("tflops_8k_gpus", "mfu_8k_gpus"), ("tflops_16k_gpus", "mfu_16k_gpus"),
+                        ("tflops_16k_long", "mfu_16k_long")):
+        assert abs(L[tflops].value * 1e12 / peak - L[mfu].value) <= 0.01, (tflops, mfu)
+    assert L["mfu_low"].value == L["mfu_16k_long"].value and L["mfu_high"].value == L["mfu_8k_gpus"].value

@@ -76,3 +76,28 @@ def test_ring_attention_matches_sdpa_with_formula_memory(world_size):
             assert got["grad_max_diff"] <= bound * got["grad_max"]
         cp = r["torch_context_parallel"]
         assert cp["ran"] or "sharding strategy" in cp["error"]
+
+
+def test_allgather_attention_refuses_to_run_outside_a_process_group():
+    import torch
+
+    from lessonlib.measure.distributed.ring_attention import allgather_attention
+
+    q = torch.zeros(1, 1, 4, 2)
+    with pytest.raises(RuntimeError, match="process group"):
+        allgather_attention(q, q, q, [[0, 1]])
+    with pytest.raises(ValueError, match="layout"):
+        allgather_attention(q, q, q, [[0, 2]])
+
+
+@pytest.mark.slow
+def test_allgather_context_parallel_matches_sdpa():
+    # Llama 3's variant: all-gather K and V, local causal attention; output and q/k/v gradients equal SDPA's
+    from lessonlib.measure.distributed.ring_attention import run_ring_attention
+
+    seq_len = 384
+    for r in run_ring_attention(world_size=3, batch=1, heads=2, seq_len=seq_len, head_dim=16, repeats=1):
+        ag = r["allgather"]
+        bound = seq_len * 2 ** -24  # the same float32 reordering bound as the ring's
+        assert ag["out_max_diff"] <= bound * r["ref_max"]
+        assert ag["grad_max_diff"] <= bound * ag["grad_max"]

@@ -152,6 +152,13 @@ def test_sharded_checkpoint_loads_into_one_process(tmp_path):
     assert ckpt.compare_states(osd, saved["full_optim"])["equal"]
     with pytest.raises(ValueError, match="path"):
         ckpt.load_unsharded(tmp_path)
+    # 3.12: each process's save was timed, and the metadata accounts for every shard file: the whole tensors
+    # (every process's copy alike, e.g. Adam's step counters) are written once, by one process only
+    assert len(saved["save_seconds"]) == 2 and all(t > 0 for t in saved["save_seconds"])
+    files = ckpt.shard_file_contents(tmp_path / "ck")
+    assert len(files) == 2 and all(f.bytes == (tmp_path / "ck" / f.name).stat().st_size for f in files)
+    n_params = len(model.state_dict())
+    assert sorted(f.whole for f in files) == [0, n_params]
 
 
 @pytest.mark.slow

@@ -220,3 +220,27 @@ def test_count_flops_counts_inference_in_eval_under_no_grad():
     with torch.no_grad():
         c = timing.count_flops(m, torch.randn(3, 4))
     assert c.inference and c.forward == 2 * 3 * (4 * 8 + 8 * 1) and c.backward == 0 and c.ratio == 1.0
+
+
+def test_moe_dispatch_is_flop_free_and_the_count_is_the_matrix_products():
+    # 3.4 counts a top-2 mixture-of-experts layer: its dispatch (indexing, index_add back into place) is
+    # data movement and additions, listed as FLOP-free, so no warning leaks onto the page, and the count is
+    # exactly the matrix products' 6 x active parameters x tokens
+    import warnings
+    from lessonlib.calc.experts import active_parameters
+    from lessonlib.calc.planner import training_flops
+    from lessonlib.measure.routing import MoELayer
+    torch.manual_seed(0)
+    hidden, experts, k, tokens = 16, 4, 2, 64
+    moe = MoELayer(hidden, experts=experts, top_k=k)
+    x = torch.randn(tokens, hidden, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", timing.UncountedFlopsWarning)
+        flops = timing.count_flops(moe, (x,))
+    assert flops.uncounted == ()
+    per_expert = sum(p.numel() for p in moe.experts[0].parameters())
+    router = sum(p.numel() for p in moe.router.parameters())
+    n_active = active_parameters(shared=router, per_expert=per_expert, top_k=k, experts=experts)
+    assert flops.total == training_flops(n_active, tokens)
+    for op in ("index_add", "index_put"):
+        assert op in timing.FLOP_FREE_OPS

@@ -53,17 +53,20 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
     for label, ys in curves.items():
         ax2.plot(ns, ys, marker="o", ms=3, label=label)
     if share > 0:  # the ceiling; with no serial work there is none
-        ax2.axhline(1 / share, color="grey", ls=":", lw=1)
+        ax2.axhline(1 / share, color="grey", ls=":", lw=1, label=f"ceiling 1 / serial share = {1 / share:.3g}×")
     ax2.set(xscale="log", xlabel="devices (count, log scale)", ylabel="speedup (×)",
             title=f"Serial share {share:.0%}, with communication")
     ax2.set_xticks(ns, [str(n) for n in ns])
-    ax2.legend(fontsize=8)
+    # headroom above the ceiling, and the legend in it, so that no curve runs under the legend
+    top = max(max(ys) for ys in curves.values())
+    ax2.set_ylim(0, 1.75 * max(top, 1 / share if share > 0 else top))
+    ax2.legend(fontsize=8, loc="upper left", ncol=1)
     pct = ", ".join(f"{100 * s:g}" for s in shares if s > 0)
     return show(fig, alt="Two line charts of speedup against device count on a log axis. Left: with no serial work "
                 f"the speedup grows in step with the devices; with {pct} percent serial work each curve flattens "
                 f"towards a ceiling of one over the serial share. Right: serial share {100 * share:g} percent; a fixed "
                 "communication cost lowers the ceiling; a communication cost that grows with the device count makes "
-                "the speedup peak and then fall.")
+                "the speedup peak and then fall. A dotted line marks the ceiling, one over the serial share.")
 
 
 @_reads("rows")

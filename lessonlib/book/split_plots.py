@@ -147,7 +147,8 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
     coloured by micro-batch, hatched on a process's later stage (its second
     stage of an interleaved or V placement), and labelled ``F``, ``B``, ``I``
     (input-gradient backward) or ``W`` (weight-gradient backward) with the
-    micro-batch and, small, the stage.
+    micro-batch where they are wide enough; under each timeline the same
+    actions in their order, one equal cell each, every one labelled.
     """
     _record("run", run, ("world_size", "runs"), "a result of run_pipelines")
     microbatches = check_count("microbatches", microbatches)
@@ -158,33 +159,46 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
         raise ValueError(f"no run with microbatches={microbatches}" + ("" if schedules is None else
                                                                        f" and a schedule in {list(schedules)}"))
     p = run["world_size"]
-    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 1.2 + 1.05 * p * len(runs)), squeeze=False)
+    # each schedule gets two panels: the timeline (bars as long as they took), and the same actions in their
+    # order, one equal cell each, so that the short ones, too short to label on the timeline, can be read
+    fig, axes = plt.subplots(2 * len(runs), 1, figsize=(8, 1.6 + 1.9 * p * len(runs)), squeeze=False,
+                             gridspec_kw={"height_ratios": [1.05, 0.8] * len(runs)})
     cmap = plt.get_cmap("tab10")
-    for ax, r in zip(axes[:, 0], runs):
+    for i, r in enumerate(runs):
+        ax, order_ax = axes[2 * i, 0], axes[2 * i + 1, 0]
         if step >= len(r["steps"]):
             raise ValueError(f"step must be below the {len(r['steps'])} steps measured, got {step}")
         st = r["steps"][step]
         every = [s for spans in st["spans"] for s in spans]
         t0, t1 = min(s[2] for s in every), max(s[3] for s in every)
+        longest = 0
         for proc, spans in enumerate(st["spans"]):
-            for kind, mb, a, b, *rest in spans:
+            for j, (kind, mb, a, b, *rest) in enumerate(sorted(spans, key=lambda sp: sp[2])):
                 later = bool(rest) and rest[0] >= p  # this process's second stage (loop or V)
-                ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (proc - 0.4, 0.8), facecolors=cmap(mb % 10),
-                               edgecolor="white", hatch="///" if later else None,
-                               alpha=1.0 if kind == "F" else 0.6)
-                if b - a > 0.025 * (t1 - t0):
-                    label = f"{kind}{mb}" + (f"\n s{rest[0]}" if rest else "")
-                    ax.text(1e3 * (a + b) / 2 - 1e3 * t0, proc, label, ha="center", va="center", fontsize=8)
+                style = dict(facecolors=cmap(mb % 10), edgecolor="white", hatch="///" if later else None,
+                             alpha=1.0 if kind == "F" else 0.6)
+                ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (proc - 0.4, 0.8), **style)
+                if b - a > 0.04 * (t1 - t0):
+                    ax.text(1e3 * (a + b) / 2 - 1e3 * t0, proc, f"{kind}{mb}", ha="center", va="center", fontsize=8)
+                order_ax.broken_barh([(j, 1)], (proc - 0.4, 0.8), **style)
+                order_ax.text(j + 0.5, proc, f"{kind}{mb}", ha="center", va="center", fontsize=8)
+            longest = max(longest, len(spans))
         ax.set_yticks(range(p), [f"process {s}" for s in range(p)])
         ax.set_ylim(p - 0.4, -0.6)
-        ax.set_xlim(0, 1e3 * (t1 - t0))
+        ax.set_xlim(0, 1.02e3 * (t1 - t0))  # a margin, so that the last bar is not cut at the edge
         ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}, "
                      f"idle share {st['idle_share']:.0%}", fontsize=10)
         ax.set_xlabel("time since the step's first computation (ms)", fontsize=8)
         ax.set_ylabel("process")
-    axes[-1, 0].set_xlabel("time since the step's first computation (ms)\nF forward, B backward, I input-gradient "
-                           "backward, W weight-gradient backward; s = stage; hatched = a process's later stage; "
-                           "gaps = waiting", fontsize=8)
+        order_ax.set_yticks(range(p), [f"process {s}" for s in range(p)])
+        order_ax.set_ylim(p - 0.4, -0.6)
+        order_ax.set_xlim(0, longest)
+        order_ax.set_xticks([])
+        order_ax.set_title(f"{r['schedule']}: the same actions in their order on each process", fontsize=9)
+        order_ax.set_xlabel("action number on the process (one cell each, whatever it took)", fontsize=8)
+    axes[-1, 0].set_xlabel("action number on the process (one cell each, whatever it took)\nF forward, B backward, "
+                           "I input-gradient backward, W weight-gradient backward, with the micro-batch; "
+                           "hatched = a process's later stage; gaps = waiting", fontsize=8)
     fig.suptitle("Pipeline schedules recorded on real processes")
     fig.tight_layout()
     return fig

@@ -29,6 +29,8 @@ LLAMA2_CARD = "Meta (2023). Llama 2 model card. github.com/meta-llama/llama, MOD
 
 _CARD_READ = "read in the model card's text"
 _SECONDARY = "quoted by secondary summaries (report itself not read)"
+_TABLE4_ROWS = ("Table 4's per-row value (the report not re-read here); agrees with the row's TFLOP/s over the "
+                "H100's peak to the table's rounding, and with the 38-43 % range secondary summaries quote")
 _CARD_SECONDARY = "quoted by secondary summaries of the card's table (the card not re-read for this figure)"
 
 #: Llama 3.1 405B, the page's run.
@@ -48,6 +50,10 @@ LLAMA3_405B = {
     "seq_len": Figure(8192, "tokens per sequence (main pre-training stage)", LLAMA3_PAPER,
                       "Table 4 and Section 3.4.1 (8K context before long-context training)", _SECONDARY),
     "tokens_per_batch": Figure(16e6, "tokens per global batch", LLAMA3_PAPER, "Table 4", _SECONDARY),
+    # Table 4's batch column is sequences per data-parallel replica: 16 at 16,384 GPUs (DP 128, 8K context),
+    # so the global batch is 16 x 128 = 2,048 sequences of 8,192 tokens = 2**24 tokens, the '16M'.
+    "batch_per_dp_16k": Figure(16, "sequences per data-parallel replica, 16,384 GPUs at 8K context",
+                               LLAMA3_PAPER, "Table 4 (batch size/DP)", _TABLE4_ROWS),
     # Table 4's three configurations: TFLOPs per GPU (quoted from the table as shown in a talk by Meta,
     # Balaji, SC'24), and the range of BF16 MFU the report prints beside them.
     "tflops_8k_gpus": Figure(430, "TFLOP/s per GPU on 8,192 GPUs", LLAMA3_PAPER, "Table 4", _SECONDARY),
@@ -55,6 +61,12 @@ LLAMA3_405B = {
     "tflops_16k_gpus": Figure(400, "TFLOP/s per GPU on 16,384 GPUs", LLAMA3_PAPER, "Table 4", _SECONDARY),
     "tflops_16k_long": Figure(380, "TFLOP/s per GPU on 16,384 GPUs, 128K context (CP 16)", LLAMA3_PAPER,
                               "Table 4", _SECONDARY),
+    # Table 4's per-row BF16 MFU, one per configuration (430, 400 and 380 TFLOP/s over the 989 TFLOP/s peak
+    # round to 43.5, 40.4 and 38.4 %; the table prints 43, 41 and 38 %).
+    "mfu_8k_gpus": Figure(0.43, "BF16 MFU on 8,192 GPUs, 8K context", LLAMA3_PAPER, "Table 4", _TABLE4_ROWS),
+    "mfu_16k_gpus": Figure(0.41, "BF16 MFU on 16,384 GPUs, 8K context", LLAMA3_PAPER, "Table 4", _TABLE4_ROWS),
+    "mfu_16k_long": Figure(0.38, "BF16 MFU on 16,384 GPUs, 128K context (CP 16)", LLAMA3_PAPER, "Table 4",
+                           _TABLE4_ROWS),
     "mfu_low": Figure(0.38, "BF16 MFU, lowest of the three configurations", LLAMA3_PAPER, "Table 4",
                       "the 38-43 % range is quoted by secondary summaries; the three per-row values were not seen"),
     "mfu_high": Figure(0.43, "BF16 MFU, highest of the three configurations", LLAMA3_PAPER, "Table 4",
@@ -107,6 +119,10 @@ DEEPSEEK_V3 = {
     "tokens": Figure(14.8e12, "pre-training tokens", DEEPSEEK_V3_REPORT, "Abstract", _SECONDARY),
     "gpus": Figure(2048, "H800 GPUs", DEEPSEEK_V3_REPORT, "Section 3.1", _SECONDARY),
     "gpu_hours": Figure(2.788e6, "H800 GPU-hours, whole training", DEEPSEEK_V3_REPORT, "Table 1", _SECONDARY),
+    # Table 1 splits the whole into pre-training (2,664K), context extension (119K) and post-training (5K):
+    # the pre-training tokens' FLOPs belong over the pre-training hours
+    "pretrain_gpu_hours": Figure(2.664e6, "H800 GPU-hours, pre-training only", DEEPSEEK_V3_REPORT,
+                                 "Table 1 (Pre-Training row)", _SECONDARY),
     "price_per_gpu_hour": Figure(2.0, "US dollars per H800 GPU-hour (the report's assumed rental price)",
                                  DEEPSEEK_V3_REPORT, "Table 1 and the text under it ('assuming the rental price "
                                  "of the H800 GPU is $2 per GPU hour')", _SECONDARY),
@@ -187,6 +203,11 @@ SHARED_QUANTITIES = {
     "model size": SharedQuantity(
         "model size", "lessonlib.calc.planner.PRESETS[name]['n_params'] or a published Figure's value",
         _NUM + r"\s*(?:B|billion|M|million)[- ]param\w*"),
+    "Llama 3 batch": SharedQuantity(
+        "Llama 3 batch", "LLAMA3_405B['batch_per_dp_16k'] x the data-parallel degree (gpus / (tp x pp)), "
+                         "times LLAMA3_405B['seq_len'] for tokens",
+        r"(?<![\w.{])(?:1,?953|2,?048|15|16)\s*(?:sequences (?:of 8,?192|per (?:replica|DP))|per replica)"
+        r"|(?<![\w.{])(?:975|930)(?:,000| ?k)\s*steps"),
     "all-reduce time": SharedQuantity(
         "all-reduce time", "lessonlib.calc.comm.collective_seconds, or the page's own measurement",
         r"all-reduce[^.\n{]{0,40}?" + _NUM + r"\s*(?:ms|µs|s)\b"),

@@ -43,7 +43,8 @@ class UncountedFlopsWarning(UserWarning):
 
 
 #: Operations that do no matrix-product-like work, so a FLOP count leaves them out by design:
-#: tensor creation, copies and indexing, random numbers, normalisation, softmax, dropout,
+#: tensor creation, copies and indexing (with the scatter-adds index_add and scatter_add, which add each
+#: routed row into place: additions that grow with the rows moved), random numbers, normalisation, softmax, dropout,
 #: losses, reductions, embedding lookups and pooling (work that grows with the tensor's size,
 #: not with a product's inner dimension). Views and ops tagged ``pointwise`` are added to
 #: them by their tags. Every other operation without a FlopCounterMode formula is reported as
@@ -52,6 +53,7 @@ FLOP_FREE_OPS = frozenset("""
     empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones ones_like new_ones
     full full_like new_full arange linspace scalar_tensor fill_ zero_ lift_fresh lift_fresh_copy _to_copy copy_
     clone contiguous _unsafe_view cat stack split split_with_sizes chunk unbind index index_select index_put_
+    index_put index_add index_add_
     _unsafe_index gather scatter scatter_ scatter_add scatter_add_ masked_fill masked_fill_ masked_scatter tril triu
     repeat flip roll constant_pad_nd slice_backward select_backward index_select_backward as_strided_scatter
     slice_scatter select_scatter diagonal_scatter embedding embedding_dense_backward embedding_backward

@@ -34,7 +34,7 @@ from ..memory import SavedTensorCounter
 from ..models import MAX_SEQ_LEN
 from .launch import launch
 
-__all__ = ["ring_forward", "ring_backward", "RingAttention", "run_ring_attention"]
+__all__ = ["ring_forward", "ring_backward", "RingAttention", "allgather_attention", "run_ring_attention"]
 
 
 def _scores(q, k, diagonal):
@@ -171,6 +171,31 @@ class RingAttention(torch.autograd.Function):
         return (*ring_backward(dout.contiguous(), *ctx.saved_tensors, ctx.layout), None)
 
 
+def allgather_attention(q, k, v, layout):
+    """Context parallelism as Llama 3 ran it: all-gather every process's keys and values, then attend this
+    process's queries to the whole sequence under the causal mask, in one SDPA call. Autograd-aware (PyTorch's
+    functional ``all_gather_single_autograd``: its backward reduce-scatters, so each block's gradients, summed
+    over the processes that used it, go back to its owner).
+    ``q``, ``k``, ``v`` are this process's chunks of ``layout``, (batch, heads, tokens, head_dim)."""
+    try:
+        from torch.distributed._functional_collectives import all_gather_single_autograd as gather
+    except ImportError:  # an older torch: the same collective under its earlier name
+        from torch.distributed._functional_collectives import all_gather_tensor_autograd as gather
+
+    chunks = _checked(layout, q=q, k=k, v=v)
+    mine = chunks[dist.get_rank()]
+    c = q.shape[-2] // len(mine)                                        # tokens per chunk
+    # one collective for both (two would be free to run in another order in each process's backward)
+    kv = torch.stack([k, v]).movedim(3, 0).contiguous()             # tokens first: it gathers along dim 0
+    k_all, v_all = gather(kv, gather_dim=0, group=dist.group.WORLD).movedim(0, 3)  # every chunk, in rank order
+
+    def positions(ids):                                                 # where the chunks sit in the sequence
+        return torch.cat([torch.arange(i * c, (i + 1) * c, device=q.device) for i in ids])
+
+    mask = positions([i for cs in chunks for i in cs])[None, :] <= positions(mine)[:, None]  # key not after query
+    return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+
+
 def _local(x, layout, rank):
     """This process's tokens of a full (batch, heads, seq_len, head_dim) tensor: its chunks, in order."""
     c = x.shape[-2] // sum(len(chunks) for chunks in layout)
@@ -233,6 +258,16 @@ def _ring_worker(rank, world, device, progress, cfg, repeats):
                                  for g, r in ((ql.grad, qr), (kl.grad, kr), (vl.grad, vr))),
             "grad_max": max(r.grad.abs().max().item() for r in (qr, kr, vr))}
         progress.put(1)
+    layout = sequence_layout(world, "zigzag")  # Llama 3 balanced its chunks this way too
+    ql, kl, vl = (_local(t, layout, rank).requires_grad_(True) for t in (q, k, v))
+    out = allgather_attention(ql, kl, vl, layout)
+    out.backward(_local(dout, layout, rank))
+    result["allgather"] = {
+        "layout": layout, "out_max_diff": (out - _local(ref, layout, rank)).abs().max().item(),
+        "grad_max_diff": max((g - _local(r.grad, layout, rank)).abs().max().item()
+                             for g, r in ((ql.grad, qr), (kl.grad, kr), (vl.grad, vr))),
+        "grad_max": max(r.grad.abs().max().item() for r in (qr, kr, vr))}
+    progress.put(1)
     result["torch_context_parallel"] = _torch_context_parallel(q, k, v, device, world)
     progress.put(1)
     return result
@@ -256,7 +291,9 @@ def run_ring_attention(world_size: int = 2, batch: int = 1, heads: int = 4, seq_
     difference from SDPA's output and q/k/v gradients on this process's
     tokens) and ``grad_max``; ``config`` (the arguments: ``batch``, ``heads``,
     ``seq_len``, ``head_dim``, ``repeats``); and ``torch_context_parallel``: ``ran`` with
-    ``max_diff``, or ``error`` (the exception's text). ``seq_len`` must be a
+    ``max_diff``, or ``error`` (the exception's text); ``allgather``: the same
+    ``out_max_diff``, ``grad_max_diff`` and ``grad_max`` for
+    :func:`allgather_attention` on the zig-zag ``layout``. ``seq_len`` must be a
     multiple of ``2 * world_size`` (the chunks).
     """
     from .launch import MAX_WORLD_SIZE
@@ -278,4 +315,4 @@ def run_ring_attention(world_size: int = 2, batch: int = 1, heads: int = 4, seq_
         raise ValueError(f"batch × heads × seq_len² is {batch * heads * seq_len * seq_len:,}, more than the "
                          f"{2 ** 26:,} a run of the course holds")
     return launch(_ring_worker, world_size, args=((batch, heads, seq_len, head_dim), repeats), timeout=timeout,
-                  progress_total=3 * world_size, desc=f"ring attention on {world_size} processes")
+                  progress_total=4 * world_size, desc=f"ring attention on {world_size} processes")

@@ -17,7 +17,9 @@ loaded on a different number of processes than saved it (resharding).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 import os
+import time
 from pathlib import Path
 
 from ...checks import count as check_count, path as check_path, positive as check_positive
@@ -26,7 +28,7 @@ from .launch import launch
 from .fsdp import _build, _shard, token_batch
 from .quiet import known_warnings_silenced
 
-__all__ = ["save_sharded", "load_unsharded", "compare_states", "checkpoint_files"]
+__all__ = ["save_sharded", "load_unsharded", "compare_states", "checkpoint_files", "ShardFile", "shard_file_contents"]
 
 
 def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
@@ -57,7 +59,10 @@ def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
 
         losses = [step() for _ in range(steps)]
         model_sd, optim_sd = get_state_dict(model, opt)  # each rank: its own shards (DTensors)
+        dist.barrier()  # every process starts the save together: its time is the stop a run pays for it
+        t0 = time.perf_counter()
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        save_seconds = time.perf_counter() - t0
         local_bytes = sum(v.to_local().numel() * v.element_size() for v in model_sd.values() if hasattr(v, "to_local"))
         full_model, full_optim = get_state_dict(
             model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -65,7 +70,8 @@ def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
             next_loss = lm_loss(model(xs), ys).detach().clone()
         dist.all_reduce(next_loss)
         progress.put(1)
-    out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world, "local_model_bytes": local_bytes}
+    out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world, "local_model_bytes": local_bytes,
+           "save_seconds": save_seconds}
     if rank == 0:
         out["full_model"] = {k: v.clone() for k, v in full_model.items()}
         out["full_optim"] = full_optim
@@ -77,7 +83,8 @@ def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 
     """Train with ``fully_shard`` on ``world_size`` processes and save a DCP checkpoint in folder ``path``.
 
     Returns ``{"losses", "next_loss", "local_model_bytes" (per rank: bytes
-    of model shards each rank wrote), "full_model", "full_optim"}``; the
+    of model shards each rank wrote), "save_seconds" (per rank: how long its
+    ``dcp.save`` took, from a common start), "full_model", "full_optim"}``; the
     last two are the state gathered whole on rank 0, for checking a load.
     """
     from ..precision import MAX_LR
@@ -98,6 +105,7 @@ def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 
     r0 = per_rank[0]
     return {"losses": r0["losses"], "next_loss": r0["next_loss"],
             "local_model_bytes": [r["local_model_bytes"] for r in per_rank],
+            "save_seconds": [r["save_seconds"] for r in per_rank],
             "full_model": r0["full_model"], "full_optim": r0["full_optim"]}
 
 
@@ -107,6 +115,55 @@ def checkpoint_files(path) -> list:
     if not path.is_dir():
         raise ValueError(f"path {str(path)!r} is not a folder")
     return sorted((p.name, p.stat().st_size) for p in path.iterdir() if p.is_file())
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """What one DCP shard file holds, read from the checkpoint's ``.metadata`` (bytes throughout).
+
+    name:        the file (``__<rank>_0.distcp``: written by that process)
+    bytes:       its size on disk
+    items:       entries written into it (tensor chunks and pickled non-tensor values)
+    whole:       of those, tensors written whole, by this process only: a tensor every process holds alike
+                 (not sharded, such as Adam's step counter) is written once, by one process
+    data_bytes:  the tensors' own values (elements x bytes per element)
+    framing:     bytes - data_bytes: each entry's container and header, and the pickled non-tensors
+    """
+
+    name: str
+    bytes: int
+    items: int
+    whole: int
+    data_bytes: int
+
+    @property
+    def framing(self) -> int:
+        return self.bytes - self.data_bytes
+
+
+def shard_file_contents(path) -> list:
+    """One :class:`ShardFile` per ``.distcp`` file of the DCP checkpoint in folder ``path``, sorted by name."""
+    import math
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    path = check_path("path", path)
+    if not (path / ".metadata").is_file():
+        raise ValueError(f"path {str(path)!r} holds no DCP checkpoint (no .metadata)")
+    md = dcp.FileSystemReader(str(path)).read_metadata()
+    tally = {}
+    for index, info in md.storage_data.items():
+        t = tally.setdefault(info.relative_path, {"items": 0, "whole": 0, "data": 0})
+        t["items"] += 1
+        meta = md.state_dict_metadata[index.fqn]
+        if isinstance(meta, TensorStorageMetadata):
+            chunk = next(c for c in meta.chunks if c.offsets == index.offset)
+            t["data"] += math.prod(chunk.sizes) * torch.empty((), dtype=meta.properties.dtype).element_size()
+            t["whole"] += len(meta.chunks) == 1
+    return [ShardFile(name, (path / name).stat().st_size, t["items"], t["whole"], t["data"])
+            for name, t in sorted(tally.items())]
 
 
 def load_unsharded(path, lr: float = 1e-3):
