@@ -53,12 +53,16 @@ def crossover_figure(c, bytes_per_param: int):
     ax.axhline(c.state_bytes / MIB, color="#55A868",
                label=f"weights + gradients + master + Adam ({bytes_per_param} B/param)")
     ax.axhline(c.serving_bytes / MIB, color="#4C72B0", linestyle="--", label="16-bit weights (serving)")
+    # both axes logarithmic: a quantity in proportion to the batch is then a straight line (slope 1), where a
+    # log-x, linear-y axis would draw it as an exponential curve
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch (sequences of 64 tokens)")
-    ax.set_ylabel("memory (MiB)")
+    ax.set_yscale("log")
+    ax.set_xlabel("batch (sequences of 64 tokens, log scale)")
+    ax.set_ylabel("memory (MiB, log scale)")
     ax.set_title(f"Tiny GPT ({c.n_params:,} parameters): activations against the training state")
     ax.legend(fontsize=8)
-    return show(fig, alt="Activation memory rises in proportion to the batch (the batch axis is logarithmic) and "
+    return show(fig, alt="On logarithmic axes, activation memory rises as a straight line of slope 1 (in proportion "
+                "to the batch) and "
                 f"crosses the flat line of the {bytes_per_param}-bytes-per-parameter state at batch "
                 f"{c.first_batch_above}; the serving weights line is far below.")
 
