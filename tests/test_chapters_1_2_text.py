@@ -162,3 +162,11 @@ def test_the_bf16_master_losses_change_only_when_the_bf16_copy_does():
     spikes = [i for i in range(300, 600) if losses[i] > 1.05 * losses[i - 1]]
     assert spikes and all(changed[i] for i in spikes)
     assert all(changed[i] for i in range(1, 600) if losses[i] != losses[i - 1])
+
+
+def test_the_multiplier_bars_share_one_denominator():
+    """1.3's figure: a taller bar is more bytes. Over each case's own weights, fp32 looked smaller than mixed."""
+    from lessonlib.measure.activations import memory_multiplier
+    fp32 = memory_multiplier("adam", "fp32", 16, 64)
+    mixed = memory_multiplier("adam", "bf16_master", 16, 64)
+    assert fp32 > mixed  # the same 16 bytes of state a parameter, and fp32 activations twice bf16's

@@ -78,7 +78,8 @@ def multiplier_figure(ratios: dict, slogan: float = 3.0):
     fig = plot_memory_multiplier(ratios, slogan)
     lo_case, hi_case = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
     values = "; ".join(f"{k.replace(chr(10), ', ')}: {v:.1f}" for k, v in ratios.items())
-    return show(fig, alt=f"Bars of training memory as a multiple of the weight memory, on a log axis, each bar "
+    return show(fig, alt=f"Bars of training memory as a multiple of the 16-bit weights (one denominator for every "
+                f"bar), on a log axis, each bar "
                 f"labelled with its value ({values}). They run from {ratios[lo_case]:.1f} for "
                 f"{lo_case.replace(chr(10), ', ')} to {ratios[hi_case]:.1f} for {hi_case.replace(chr(10), ', ')}; "
                 f"the dashed line of the slogan, {slogan:g} times the weights, matches none in particular.")
@@ -166,7 +167,7 @@ def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
     ax.set_yticks(ticks, [f"{t}×" for t in ticks])
     ax.minorticks_off()
     ax.set_ylim(1, top)
-    ax.set_ylabel("training memory / weight memory (×, log scale)")
+    ax.set_ylabel("training memory / 16-bit weights (×, log scale)")
     ax.set_xlabel("optimizer, precision, batch × sequence length")
     ax.set_title(title)
     ax.tick_params(axis="x", labelsize=8)
