@@ -170,3 +170,16 @@ def test_the_multiplier_bars_share_one_denominator():
     fp32 = memory_multiplier("adam", "fp32", 16, 64)
     mixed = memory_multiplier("adam", "bf16_master", 16, 64)
     assert fp32 > mixed  # the same 16 bytes of state a parameter, and fp32 activations twice bf16's
+
+
+def test_the_formula_mark_fits_inside_the_legend_frame():
+    import matplotlib
+    matplotlib.use("Agg")
+    from lessonlib.book import plots
+    fig = plots.stacked_bars({"SGD": {"weights": 4.0, "gradients": 4.0}, "Adam": {"weights": 4.0, "gradients": 4.0}},
+                             "t", "memory (KiB)", line={"SGD": 8.0, "Adam": 8.0})
+    legend = fig.axes[0].get_legend()
+    mark = next(h for h, t in zip(legend.legend_handles, legend.get_texts()) if t.get_text() == "formula")
+    width_pt = mark.get_sizes()[0] ** 0.5  # a scatter size is the marker's area in points squared
+    slot_pt = legend.handlelength * legend.prop.get_size_in_points()  # the room the legend gives a handle
+    assert width_pt <= slot_pt, (width_pt, slot_pt)

@@ -70,7 +70,8 @@ def stacked_bars(data: dict, title: str, ylabel: str, scale: float = 1.0, ax=Non
                    zorder=3, label="formula")
     ax.set_title(title)
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8)
+    # the formula's mark is a bar-wide dash (s=900); at that size its legend handle ran out of the legend's frame
+    ax.legend(fontsize=8, markerscale=0.4)
     return fig
 
 
