@@ -183,3 +183,14 @@ def test_the_formula_mark_fits_inside_the_legend_frame():
     width_pt = mark.get_sizes()[0] ** 0.5  # a scatter size is the marker's area in points squared
     slot_pt = legend.handlelength * legend.prop.get_size_in_points()  # the room the legend gives a handle
     assert width_pt <= slot_pt, (width_pt, slot_pt)
+
+
+def test_the_resume_figure_marks_both_crashes():
+    import matplotlib
+    matplotlib.use("Agg")
+    from lessonlib.book.plots import plot_resume_comparison
+    ref = {s: 1.0 / s for s in range(1, 41)}
+    fig = plot_resume_comparison(ref, {"full": {s: ref[s] for s in range(21, 41)}}, resumed_from=20, second_resume=30)
+    xs = sorted({round(l.get_xdata()[0], 1) for l in fig.axes[0].lines if len(set(l.get_xdata())) == 1})
+    assert xs == [20.5, 30.5]
+    assert "second_resume=last_complete" in text(CH2 / "04-recovery-checkpoints.md")
