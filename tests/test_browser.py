@@ -328,6 +328,12 @@ _CLIPPED = """() => {
     else if (narrow && scrolls(el) && el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0)
       out.push('cut off inside a scroll box by ' + (el.scrollWidth - el.clientWidth) + ' px: ' + el.outerHTML.slice(0, 120));
   }
+  // A text column squeezed to a word a line (the table fit by starving it, as 1.4's recipe table did): on a wide
+  // screen a long cell (lessonlib.book.tables.LONG_CELL marks it wtc-long) keeps 14em and the table scrolls instead.
+  if (!narrow) for (const td of article.querySelectorAll('td.wtc-long')) {
+    const w = td.getBoundingClientRect().width, em = parseFloat(getComputedStyle(td).fontSize);
+    if (w > 0 && w < 10 * em) out.push('text column squeezed to ' + Math.round(w) + ' px: ' + td.textContent.slice(0, 60));
+  }
   const figures = [];
   for (const img of article.querySelectorAll('.cell_output img')) {
     const r = img.getBoundingClientRect();

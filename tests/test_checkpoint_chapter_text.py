@@ -35,8 +35,11 @@ def test_selective_quiz_credits_the_measured_policy_overhead():
     page = text(CH2 / "03-selective-recomputation.md")
     quiz = page[page.index('"On this page the selective step\'s time ratio was above its FLOPs ratio. Why?"'):]
     quiz = quiz[:quiz.index("```")]
-    correct = re.search(r'Choice\((.*?)correct=True', quiz, re.S).group(1)
-    assert "policy" in correct and "memory-bound" not in correct
+    # the right cause is the one the page's control shows in this run: the policy's call where it is most of
+    # the extra time, the memory-bound recomputation otherwise
+    policy = re.search(r'Choice\(([^()]*?)correct=pol_share >= 50', quiz, re.S).group(1)
+    memory = re.search(r'Choice\(([^()]*?)correct=pol_share < 50', quiz, re.S).group(1)
+    assert "policy" in policy and "memory-bound" in memory and "correct=True" not in quiz
     assert "t_pol" in quiz and "t_sel" in quiz  # explanation from this run's timings
     assert "close to its FLOPs" not in page
     assert "$s$ tokens" in page  # s, b, h, a defined where the formula first appears

@@ -315,7 +315,7 @@ def test_corruption_matrix(runs, tmp_path, case, record_property, capsys):
     lines = out.getvalue().splitlines()
     skipped = [l for l in lines if l.startswith("skipped ")]
     assert skipped and skipped[0].startswith("skipped checkpoint-00000010.pt:") and expected in skipped[0]
-    assert "resumed 5 from checkpoint-00000005.pt" in lines
+    assert "resumed after step 5 from checkpoint-00000005.pt" in lines
 
     # 3. The steps lost are redone deterministically: bitwise equal to the uninterrupted run.
     resumed, reference = recovery.read_losses(run), recovery.read_losses(runs / "reference")
@@ -376,7 +376,7 @@ def test_checkpoints_of_a_weights_only_resume_resume_again(tmp_path):
     recovery.check_state(state, STEPS)
     out = io.StringIO()
     recovery.train(run, steps=STEPS, save_every=EVERY, resume=True, out=out)
-    assert "resumed 10 from checkpoint-00000010.pt" in out.getvalue().splitlines()
+    assert "resumed after step 10 from checkpoint-00000010.pt" in out.getvalue().splitlines()
 
 
 @pytest.mark.parametrize("opt", ["adam-amsgrad-two-groups", "adamw"])

@@ -58,11 +58,11 @@ def test_a_misnamed_checkpoint_never_shadows_the_run(tmp_path, reference):
     lines = _train(run, steps=40, resume=True)
     assert any(l.startswith("skipped checkpoint-00000099.pt: holds step 25 of run") and "name says step 99" in l
                for l in lines), lines
-    assert "resumed 30 from checkpoint-00000030.pt" in lines
+    assert "resumed after step 30 from checkpoint-00000030.pt" in lines
     assert any(l.startswith("set aside checkpoint-00000099.pt:") for l in lines), lines  # at the first save
     assert (run / "checkpoint-00000099.pt.set-aside").is_file()  # kept for a person to look at, not deleted
     lines = _train(run, resume=True)  # a later resume: the renamed file is out of the way
-    assert "resumed 40 from checkpoint-00000040.pt" in lines
+    assert "resumed after step 40 from checkpoint-00000040.pt" in lines
     assert not any("00000099" in l for l in lines)
     assert [s for s, _ in recovery.checkpoint_files(run)] == [50, 55, 60]  # keep-3 retention counts it no more
     assert _hex(recovery.read_losses(run)) == _hex(reference)
@@ -83,7 +83,7 @@ def test_a_new_run_refuses_an_old_runs_folder_unless_told_to_replace_it(tmp_path
     assert [s for s, _ in recovery.checkpoint_files(run)] == [10, 15, 20]  # its own saves, kept
     assert list(recovery.read_losses(run)) == list(range(1, 21))  # one run's log, not two interleaved
     assert recovery.read_run(run).seed == 1
-    assert "resumed 20 from checkpoint-00000020.pt" in _train(run, steps=30, seed=1, resume=True)
+    assert "resumed after step 20 from checkpoint-00000020.pt" in _train(run, steps=30, seed=1, resume=True)
 
 
 def test_save_checkpoint_keeps_the_file_it_just_wrote(tmp_path):

@@ -52,3 +52,5 @@ def test_roofline_figure_is_log_log_with_labelled_axes(roof):
     assert "FLOPs per byte" in ax.get_xlabel() and "GFLOP/s" in ax.get_ylabel() and ax.get_title()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert all(p.name in labels for p in points)
+    # every point is also named beside itself, so overlapping points (QKV and MLP products) can be told apart
+    assert sorted(t.get_text() for t in ax.texts) == sorted(p.name for p in points)

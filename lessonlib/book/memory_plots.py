@@ -53,12 +53,16 @@ def crossover_figure(c, bytes_per_param: int):
     ax.axhline(c.state_bytes / MIB, color="#55A868",
                label=f"weights + gradients + master + Adam ({bytes_per_param} B/param)")
     ax.axhline(c.serving_bytes / MIB, color="#4C72B0", linestyle="--", label="16-bit weights (serving)")
+    # both axes logarithmic: a quantity in proportion to the batch is then a straight line (slope 1), where a
+    # log-x, linear-y axis would draw it as an exponential curve
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch (sequences of 64 tokens)")
-    ax.set_ylabel("memory (MiB)")
+    ax.set_yscale("log")
+    ax.set_xlabel("batch (sequences of 64 tokens, log scale)")
+    ax.set_ylabel("memory (MiB, log scale)")
     ax.set_title(f"Tiny GPT ({c.n_params:,} parameters): activations against the training state")
     ax.legend(fontsize=8)
-    return show(fig, alt="Activation memory rises in proportion to the batch (the batch axis is logarithmic) and "
+    return show(fig, alt="On logarithmic axes, activation memory rises as a straight line of slope 1 (in proportion "
+                "to the batch) and "
                 f"crosses the flat line of the {bytes_per_param}-bytes-per-parameter state at batch "
                 f"{c.first_batch_above}; the serving weights line is far below.")
 
@@ -74,7 +78,8 @@ def multiplier_figure(ratios: dict, slogan: float = 3.0):
     fig = plot_memory_multiplier(ratios, slogan)
     lo_case, hi_case = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
     values = "; ".join(f"{k.replace(chr(10), ', ')}: {v:.1f}" for k, v in ratios.items())
-    return show(fig, alt=f"Bars of training memory as a multiple of the weight memory, on a log axis, each bar "
+    return show(fig, alt=f"Bars of training memory as a multiple of the 16-bit weights (one denominator for every "
+                f"bar), on a log axis, each bar "
                 f"labelled with its value ({values}). They run from {ratios[lo_case]:.1f} for "
                 f"{lo_case.replace(chr(10), ', ')} to {ratios[hi_case]:.1f} for {hi_case.replace(chr(10), ', ')}; "
                 f"the dashed line of the slogan, {slogan:g} times the weights, matches none in particular.")
@@ -162,7 +167,7 @@ def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
     ax.set_yticks(ticks, [f"{t}×" for t in ticks])
     ax.minorticks_off()
     ax.set_ylim(1, top)
-    ax.set_ylabel("training memory / weight memory (×, log scale)")
+    ax.set_ylabel("training memory / 16-bit weights (×, log scale)")
     ax.set_xlabel("optimizer, precision, batch × sequence length")
     ax.set_title(title)
     ax.tick_params(axis="x", labelsize=8)

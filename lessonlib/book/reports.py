@@ -14,9 +14,9 @@ from ..calc.amdahl import amdahl_time, speedup_from_share
 from ..calc.hardware import rate_text, sustained_flops_per_s
 from ..calc.goodput import SECONDS_PER_HOUR, goodput, job_mtbf_seconds
 from ..calc.memory import (OPTIMIZER_BYTES_PER_PARAM, RECOMPUTE_CHOICES, activation_bytes_per_value, format_bytes,
-                           training_state_bytes)
+                           logits_bytes, training_state_bytes)
 from ..calc.precision import precision_name
-from ..calc.planner import PRESETS, plan, propose
+from ..calc.planner import GPT2_VOCAB, PRESETS, plan, propose
 from ..calc.reliability import (daly_interval, expected_overhead, first_order_overhead, optimal_interval,
                                  young_interval)
 from ..measure.memory import MemoryLedger
@@ -226,8 +226,9 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     max_days = _check_positive("max_days", max_days)
     p = PRESETS[model]
     tokens = max(1, int(tokens_per_param * p["n_params"]))
+    # the presets' vocabulary: the loss's logits (b x s x V values) count with the activations, as page 1.3 warns
     r = plan(p["n_params"], optimizer, precision, batch_per_device, seq_len, p["layers"], p["hidden"],
-             p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days)
+             p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days, vocab=GPT2_VOCAB)
     gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
     label = {"none": "fits", "time": "fits, but too slow", "activations": "activations do not fit",
              "state": "state does not fit"}[r.failure]
@@ -241,8 +242,10 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
              "selective": ", + attention scores recomputed"}[recompute]
     rows = [
         (f"state: {' + '.join(parts)} = {per.total} bytes/parameter", gb(r.state_bytes)),
-        (f"activations at batch {batch_per_device} x {seq_len} tokens (fused attention), {e} bytes per value",
-         gb(r.activation_bytes)),
+        (f"activations at batch {batch_per_device} x {seq_len} tokens (fused attention), {e} bytes per value, "
+         f"with the loss's logits", gb(r.activation_bytes)),
+        (f"of which the logits ({GPT2_VOCAB:,} per token; chunked cross-entropy avoids them)",
+         gb(logits_bytes(seq_len, batch_per_device, GPT2_VOCAB, e))),
         ("state + activations", gb(r.state_bytes + r.activation_bytes)),
         ("device memory", gb(r.device_bytes)),
         ("largest batch per device that fits", str(r.max_batch_that_fits)),
@@ -257,11 +260,11 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
         else:
             fixes = [m for m in RECOMPUTE_CHOICES[RECOMPUTE_CHOICES.index(recompute) + 1:]
                      if plan(p["n_params"], optimizer, precision, 1, seq_len, p["layers"], p["hidden"], p["heads"],
-                             m, int(device_GB * 1e9)).failure == "none"]
+                             m, int(device_GB * 1e9), vocab=GPT2_VOCAB).failure == "none"]
             answer += (f" Even batch 1 does not fit; with '{fixes[0]}' recomputation it would." if fixes else
                        " Even batch 1 with full recomputation does not fit: split the layers across devices.")
     layouts = propose(p["n_params"], optimizer, precision, batch_per_device, seq_len, p["layers"], p["hidden"],
-                      p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days)
+                      p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days, vocab=GPT2_VOCAB)
     return (f"{table(None, rows)}<p><b class='wtc-verdict-{r.failure}'>{label}.</b> {answer}</p>"
             + proposal_html(layouts))
 

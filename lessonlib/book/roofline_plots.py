@@ -24,8 +24,15 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
     ax.plot(xs, [roofline.attainable(x) / 1e9 for x in xs], color="black", label="roofline: min(peak, bandwidth × intensity)")
     ax.axvline(roofline.ridge, color="grey", linestyle=":", label=f"ridge: {roofline.ridge:.3g} FLOPs/byte")
     markers = "osD^vP*Xh<>"  # a colour and a shape per op: told apart without colour too
+    # Points of similar intensity and speed (the QKV and MLP products; GELU and softmax) overlap: each is also
+    # named beside itself, the labels of neighbours placed above and below in turn, so every point can be read.
+    order = sorted(range(len(points)), key=lambda i: points[i].intensity)
     for i, p in enumerate(points):
-        ax.scatter([p.intensity], [p.measured / 1e9], zorder=3, marker=markers[i % len(markers)], s=40, label=p.name)
+        ax.scatter([p.intensity], [p.measured / 1e9], zorder=3, marker=markers[i % len(markers)], s=40, label=p.name,
+                   alpha=0.85)
+        up = order.index(i) % 2 == 0
+        ax.annotate(p.name, (p.intensity, p.measured / 1e9), xytext=(6, 7 if up else -11), textcoords="offset points",
+                    fontsize=8, va="bottom" if up else "top")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")

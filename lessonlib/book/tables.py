@@ -23,6 +23,12 @@ from typing import Any, Collection, Sequence
 from ..checks import flag as _check_flag, sequence as _check_sequence, text as _check_text
 
 
+#: A cell whose text is longer than this many characters is a text column's cell: the HTML marks it
+#: ``class="wtc-long"``, which ``static/widgets.css`` keeps at least 14em wide on a wide screen (the table then
+#: scrolls inside its own box) instead of letting the short columns squeeze it to a word a line.
+LONG_CELL = 32
+
+
 class HTMLTable(str):
     """An HTML table that Jupyter, Colab and the book all display as a table (``_repr_html_``)."""
 
@@ -60,8 +66,13 @@ def table(header: Sequence[Any] | None, rows: Sequence[Sequence[Any]], *, captio
         lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
         return "\n".join(lines + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
 
+    def cell(c, tag):
+        s = str(c)
+        mark = ' class="wtc-long"' if len(s) > LONG_CELL else ""
+        return f"<{tag}{mark}>{_html.escape(s)}</{tag}>"
+
     def line(cells, tag):
-        return "<tr>" + "".join(f"<{tag}>{_html.escape(str(c))}</{tag}>" for c in cells) + "</tr>"
+        return "<tr>" + "".join(cell(c, tag) for c in cells) + "</tr>"
 
     cap = f"<caption>{_html.escape(caption)}</caption>" if caption else ""
     head = f"<thead>{line(header, 'th')}</thead>" if header is not None else ""

@@ -199,12 +199,12 @@ def _activations(dtype, batch: int, seq_len: int, device) -> int:
 
 
 def memory_multiplier(optimizer: str, precision: str, batch: int, seq_len: int, device=None) -> float:
-    """Training-step memory (state + activations) over the weights' own bytes, on :data:`MULTIPLIER_GPT`.
+    """Training-step memory (state + activations) over the 16-bit weights that serving holds, on :data:`MULTIPLIER_GPT`.
 
+    One denominator for every case (2 bytes a parameter), so a larger ratio is always more bytes.
     fp32: weights, gradients and optimizer state measured, activations measured in
-    fp32, over the fp32 weights. "bf16_master" (Adam only): the 16 bytes per parameter
-    of :func:`lessonlib.calc.memory.training_state_bytes` plus activations measured
-    in bf16, over the 16-bit weights.
+    fp32. "bf16_master" (Adam only): the 16 bytes per parameter of
+    :func:`lessonlib.calc.memory.training_state_bytes` plus activations measured in bf16.
     """
     choice("optimizer", optimizer, ("sgd", "adam"))
     precision = choice("precision", precision_name(precision), ("fp32", "bf16_master"))
@@ -213,7 +213,8 @@ def memory_multiplier(optimizer: str, precision: str, batch: int, seq_len: int, 
     device = as_device("device", device)
     if precision == "fp32":
         state, weights = _state_fp32(optimizer, device)
-        return (state + _activations(torch.float32, batch, seq_len, device)) / weights
+        n = weights // 4  # fp32 weights: 4 bytes a parameter
+        return (state + _activations(torch.float32, batch, seq_len, device)) / serving_bytes(n)
     if optimizer != "adam":
         raise ValueError("precision='bf16_master' is measured for optimizer='adam' only")
     n = models.n_params(models.TinyGPT(**MULTIPLIER_GPT))

@@ -35,7 +35,9 @@ class LoRALinear(nn.Module):
     """``base(x) + (alpha / rank) * x @ A.T @ B.T``: a frozen linear layer and a trainable rank-``rank`` update.
 
     A starts small and random, B at zero, so at the start the layer computes
-    exactly what ``base`` does; training moves only A and B.
+    exactly what ``base`` does; training moves only A and B. The adapters may be kept in a wider format
+    than the frozen base (fp32 adapters on a bf16 base, as LoRA runs usually do): the update is computed in
+    the adapters' format and added in the base's.
     """
 
     def __init__(self, base: nn.Linear, rank: int = 8, alpha: float = 16.0):
@@ -50,7 +52,8 @@ class LoRALinear(nn.Module):
         self.scale = check_positive("alpha", alpha) / rank
 
     def forward(self, x):
-        return self.base(x) + self.scale * (x @ self.A.T @ self.B.T)
+        update = self.scale * (x.to(self.A.dtype) @ self.A.T @ self.B.T)
+        return self.base(x) + update.to(x.dtype)
 
 
 def add_lora(model: TinyGPT, rank: int = 8, alpha: float = 16.0, targets=LORA_TARGETS) -> TinyGPT:

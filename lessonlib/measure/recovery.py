@@ -77,7 +77,7 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
     kept). Each step's loss is appended to ``run_dir/losses.txt`` as
     ``step float.hex`` (exact), and progress lines (``step N``, ``saving N``,
     ``writing N k/20`` during a slowed save, ``saved N``, ``skipped FILE:
-    REASON``, ``set aside FILE: REASON``, ``resumed N``, ``done``) go to
+    REASON``, ``set aside FILE: REASON``, ``resumed after step N from FILE``, ``done``) go to
     ``out`` (stdout by default) for a parent process to watch.
 
     The folder belongs to one run and has one writer. A new run
@@ -154,7 +154,7 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
                 if a["restore"] == "all":
                     restore_rng_state(state["rng"])
                 start, data = int(state["step"]), dict(state["data"])
-                say(f"resumed {start} from {path.name}")
+                say(f"resumed after step {start} from {path.name}")
         cut = repair_loss_log(run_dir)
         if cut is not None:
             say(f"repaired {LOSS_LOG}: removed its cut last line {cut[:40]!r}")
