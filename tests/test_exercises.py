@@ -184,6 +184,25 @@ GOOD_ANSWERS = [
     "backward, so each step takes longer.",
     "I would turn it on. Recomputing activations instead of storing them reduces activation memory a lot. "
     "It costs roughly a third more compute time per step, which is fine when memory is the only blocker.",
+    # graded examples (review I1): ordinary right answers that the screen used to flag. A negation about
+    # something else, "not storing" as the mechanism, a bare "Yes." first, an alternative that comes first
+    "Yes, I would turn it on, since memory is the only blocker. Checkpointing stores fewer activations, so "
+    "activation memory drops a lot. Recomputing them in backward adds roughly one extra forward pass, so each "
+    "step takes more time. It does not change the gradients or the result.",
+    "Yes, it is worth it here. Checkpointing reduces activation memory without changing the result. The price "
+    "is extra compute: the discarded activations are recomputed during backward, so steps take longer.",
+    "It is a good idea here because memory is the only bottleneck. Checkpointing reduces memory usage by not "
+    "storing all the activations. The downside is that the step takes longer, since activations must be "
+    "recomputed.",
+    "Yes. Activation checkpointing throws away most intermediate activations in the forward pass and recomputes "
+    "them during the backward pass. This lowers peak memory, often enough to make the model fit. The cost is "
+    "roughly one extra forward pass per step, so training is about 20-30% slower.",
+    "I would first cut the micro-batch and accumulate gradients, and use selective recomputation if that is not "
+    "enough. Checkpointing keeps fewer activations, so memory goes down. The recomputation adds extra compute, "
+    "so each step takes longer.",
+    "Yes, I would. With checkpointing we only keep the activations at segment boundaries, so activation memory "
+    "shrinks from O(n) to about O(sqrt n). The backward pass has to rerun the forward for each segment, so the "
+    "step costs about one more forward pass of compute.",
 ]
 FLAGGED_ANSWERS = {  # not failed: a person reads them (the screen names what it did not find)
     "Yes, it is reasonable because it reduces the memory we need, so the model finally fits.": "time",
@@ -194,6 +213,10 @@ FLAGGED_ANSWERS = {  # not failed: a person reads them (the screen names what it
     "Yes yes. Checkpointing memory less, checkpointing memory less. Recomputing time more, recomputing time more.":
         "malformed or repeated",
     "Yes, it saves memory and costs extra compute time, a sensible trade.": "share sentences",
+    # graded examples (review I1), borderline: a "no" may be argued well, or not; a person decides
+    "Unlike saving the model to disk, which only protects against crashes, checkpointing activations reduces "
+    "memory. Yes, it is sensible here. The recomputation adds extra compute, so steps take longer.":
+        "misconception",
 }
 FAILED_ANSWERS = {"": "empty", "Yes.": "words", None: "empty"}
 # Issue 23 (item 6) and issue 26: answers that use the key words without making the claims. The old
@@ -222,6 +245,24 @@ FORGED_ANSWERS = {
     # off-topic sentences that use the key words
     "Yes, I would turn it on. Memory prices are lower this year than last. "
     "My commute takes more time every morning now.": "did not find",
+    # graded examples (review I1): wrong claims in the key words, which the screen used to pass
+    "Yes, it is sensible. Checkpointing keeps fewer activations, so memory goes down. "
+    "The gradients are recomputed in backward, which takes more time.": "gradients, weights or optimizer",
+    "Yes, it is sensible. Checkpointing discards the weights of some layers, so memory goes down. "
+    "Recomputing them takes more time.": "gradients, weights or optimizer",
+    "Yes, it is sensible. Checkpointing keeps fewer activations, so memory goes down. "
+    "But it doubles the step time because everything runs twice.": "doubles the step",
+    "Yes, it is sensible. Checkpointing moves the activations to the CPU, so GPU memory goes down. "
+    "Copying them back adds extra time.": "offloading",
+    "Yes, it is sensible. Checkpointing compresses the activations, so memory goes down. "
+    "Decompressing them adds extra time.": "compresses",
+    # a negation in a clause of its own, about the point's subject, or an elliptical hedge
+    "Yes, it is sensible. Checkpointing keeps fewer activations, so memory does not go down much. "
+    "The recomputation adds extra compute, so each step takes more time.": "negated",
+    "Yes, it is sensible. Checkpointing keeps fewer activations, so memory goes down, but not by much. "
+    "The recomputation adds extra compute, so each step takes more time.": "negated",
+    "Yes, it is sensible. Checkpointing keeps fewer activations, so memory goes down without any extra time. "
+    "The recomputation runs the forward again.": "negated",
 }
 
 
@@ -261,7 +302,10 @@ def test_2b_summary_compares_the_slowdown_it_measured():
     summary = next(c.source for c in nb.cells if "What this exercise showed" in c.source)
     assert "time_ratios(" in summary and "step_flops(" in summary
     # the timed step is PyTorch's default (early stop on): compared with that configuration's FLOP ratio
-    assert "if _t > _r_timed else" in summary and "early_stop=True" in summary
+    # a direction is claimed only outside the spread of the medians, and "more" is what chapter 2 explains
+    assert "if _t > 1.05 * _r_timed:" in summary and "elif _t < _r_timed / 1.05:" in summary
+    assert "early_stop=True" in summary and "Memory against compute" in summary
+    assert "no more time per FLOP" not in summary and "pulls the other way" not in summary
     assert not re.search(r"slowdown is (smaller|larger|bigger)", summary)
 
 
