@@ -532,3 +532,28 @@ def test_running_2c_leaves_no_files_in_the_temp_folder(tmp_path):
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(p.name for p in tmp.iterdir()) == []
+
+
+# --------------------------------------------------------------------------
+# 1a: an answer the chapter has not printed, and a rule the student finds
+# --------------------------------------------------------------------------
+
+def test_1a_uses_a_model_no_chapter_prints_and_asks_for_the_first_layer_rule():
+    """Review I1: chapter 1.1 printed 1a's answer (2.902 for ForecastMLP(28, 256, 2)), and 1a's question 3 handed
+    over the first-layer rule it asked for: the student now predicts with the two-products rule, then finds
+    which layer's product the counter leaves out, and why."""
+    text = (EXERCISES / "1a-price-the-training-step.md").read_text()
+    mine = re.search(r"window, hidden, batch = (\d+), (\d+), \d+\nmodel = ForecastMLP\(window=window, hidden=hidden, "
+                     r"layers=(\d+)\)", text)
+    assert mine, "1a builds its model from window, hidden and layers"
+    config = tuple(int(v) for v in mine.groups())
+    for page in sorted((ROOT / "chapters").glob("*/[0-9]*.md")):
+        for m in re.finditer(r"ForecastMLP\(window=(\w+), hidden=(\d+), layers=(\d+)\)", page.read_text()):
+            window = int(m.group(1)) if m.group(1).isdigit() else None
+            assert (window, int(m.group(2)), int(m.group(3))) != config, f"{page.name} runs 1a's model"
+    q2 = text[text.index("## Question 2"):text.index("## Question 3")]
+    q3 = text[text.index("## Question 3"):text.index("## Question 4")]
+    assert q2.index("rule_backward_flops") < q2.index("count_flops"), "predict before measuring"
+    for giveaway in ("first layer is different", "needs no gradient.", "input is the data, which needs no gradient."):
+        assert giveaway not in q2.split("```{code-cell}")[0], giveaway
+    assert '"its input is the data, which needs no gradient"' in q3  # one of four choices, not the rule stated
