@@ -557,3 +557,13 @@ def test_1a_uses_a_model_no_chapter_prints_and_asks_for_the_first_layer_rule():
     for giveaway in ("first layer is different", "needs no gradient.", "input is the data, which needs no gradient."):
         assert giveaway not in q2.split("```{code-cell}")[0], giveaway
     assert '"its input is the data, which needs no gradient"' in q3  # one of four choices, not the rule stated
+
+
+def test_1b_names_the_step_counter_and_makes_the_bf16_rule_relative():
+    """Review I1: Q1 was vague about Adam's step tensor (the ratio is 2.0001, not 2), and 'training stalls' held
+    only for weights near 1: the rule is relative to the weight, and Q3 now measures it at two sizes."""
+    text = (EXERCISES / "1b-count-the-training-state.md").read_text()
+    q1 = text[text.index("## Question 1"):text.index("## Question 2")]
+    q3 = text[text.index("## Question 3"):text.index("## What this exercise showed")]
+    assert "`step`" in q1 and "counters included" in q1 and "rel=1e-3" not in q1
+    assert "smallest_update_small" in q3 and "relative to the weight" in q3 and "training stalls" not in text
