@@ -567,3 +567,21 @@ def test_1b_names_the_step_counter_and_makes_the_bf16_rule_relative():
     q3 = text[text.index("## Question 3"):text.index("## What this exercise showed")]
     assert "`step`" in q1 and "counters included" in q1 and "rel=1e-3" not in q1
     assert "smallest_update_small" in q3 and "relative to the weight" in q3 and "training stalls" not in text
+
+
+def test_1c_asks_for_the_time_failure_and_what_data_parallelism_fixes():
+    """Review I1: the summary hid that the job also fails on time (68 days > 30), and micro-batch 5 was offered
+    as a remedy without saying it makes no token faster: the days on one and on four devices are asked and
+    checked, and the summary says both."""
+    nb = nbformat.read(EXERCISES / "1c-will-it-fit.ipynb", as_version=4)
+    hand = {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
+            if c.metadata.get("nbgrader", {}).get("grade", False)}
+    assert "days_one_device=days_one_device" in hand["1c-q2"] and "days_on_4=days_on_4" in hand["1c-q3"]
+    summary = next(c.source for c in nb.cells if "What this exercise showed" in c.source)
+    assert "fails on time too" in summary and "fixes the time, not the memory" in summary
+    assert "no token faster" in summary and "idealised" in summary
+    from lessonlib.calc import planner
+    given = _given_names(nb)
+    days = planner.single_device_seconds(planner.training_flops(given["n_params"], given["train_tokens"]),
+                                         given["device_flops_per_s"]) / 86_400
+    assert days > given["max_days"] > days / 4  # one device fails on time; four do not
