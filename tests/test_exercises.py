@@ -585,3 +585,14 @@ def test_1c_asks_for_the_time_failure_and_what_data_parallelism_fixes():
     days = planner.single_device_seconds(planner.training_flops(given["n_params"], given["train_tokens"]),
                                          given["device_flops_per_s"]) / 86_400
     assert days > given["max_days"] > days / 4  # one device fails on time; four do not
+
+
+def test_2a_q4_asks_for_the_derivation_not_a_min_over_a_given_formula():
+    """Review I1: Q4 (2 points) was one `min` over a formula the question supplied (with a stray bracket)."""
+    text = (EXERCISES / "2a-place-the-checkpoints.md").read_text()
+    q4 = text[text.index("## Question 4"):text.index("# Check 2a-q4")]
+    assert "chain_memory_units" not in q4 and "\\lceil" not in q4 and "computes it)." not in text
+    given = text[:text.index("## Question 1")]
+    assert "chain_memory_units" not in given, "the formula's function is not handed to the student"
+    summary = text[text.index("# @title What this exercise showed"):]
+    assert "_two[_low]" in summary and "_two[_high]" in summary  # the placement contrast, computed
