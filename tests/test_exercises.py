@@ -596,3 +596,13 @@ def test_2a_q4_asks_for_the_derivation_not_a_min_over_a_given_formula():
     assert "chain_memory_units" not in given, "the formula's function is not handed to the student"
     summary = text[text.index("# @title What this exercise showed"):]
     assert "_two[_low]" in summary and "_two[_high]" in summary  # the placement contrast, computed
+
+
+def test_3a_summary_reports_the_measured_step_and_q4_says_plain_data_parallelism():
+    """Review I1: the summary's '2.5x on this step' read as the measured step, whose result it never gave; Q4's
+    serial update holds for plain data parallelism only; the printed step is not the sum of phase medians."""
+    text = (EXERCISES / "3a-amdahl-for-the-retailer.md").read_text()
+    q4 = text[text.index("## Question 4"):text.index("# Check 3a-q4")]
+    assert "plain data parallelism" in q4 and "ZeRO" in q4 and "a median of sums is not a sum" in q4
+    summary = text[text.index("# @title What this exercise showed"):]
+    assert "timing.seconds" in summary and "speedup_from_share" in summary and "questions 1 to 3" in summary
