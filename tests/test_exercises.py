@@ -606,3 +606,14 @@ def test_3a_summary_reports_the_measured_step_and_q4_says_plain_data_parallelism
     assert "plain data parallelism" in q4 and "ZeRO" in q4 and "a median of sums is not a sum" in q4
     summary = text[text.index("# @title What this exercise showed"):]
     assert "timing.seconds" in summary and "speedup_from_share" in summary and "questions 1 to 3" in summary
+
+
+def test_3c_says_how_the_losses_combine_and_that_the_schedule_is_a_simulation():
+    """Review I1: Q3 could be read as subtracting the stall and the bubble; Q2 called a computed schedule a
+    measurement; prices had no unit; 'never remove it' ignored zero-bubble schedules."""
+    text = (EXERCISES / "3c-bubbles-and-paid-capacity.md").read_text()
+    q2 = text[text.index("## Question 2"):text.index("## Question 3")]
+    q3 = text[text.index("## Question 3"):text.index("# Check 3c-q3")]
+    assert "measure" not in q2.split("```")[0].lower() and "not a measurement" in q2
+    assert "multiply" in q3 and "running hours" in q3 and "US dollars" in q3
+    assert "zero-bubble" in text[text.index("## What this exercise showed"):]
