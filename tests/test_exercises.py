@@ -614,6 +614,6 @@ def test_3c_says_how_the_losses_combine_and_that_the_schedule_is_a_simulation():
     text = (EXERCISES / "3c-bubbles-and-paid-capacity.md").read_text()
     q2 = text[text.index("## Question 2"):text.index("## Question 3")]
     q3 = text[text.index("## Question 3"):text.index("# Check 3c-q3")]
-    assert "measure" not in q2.split("```")[0].lower() and "not a measurement" in q2
+    assert q2.startswith("## Question 2: count") and "measure the" not in q2.lower() and "not a measurement" in q2
     assert "multiply" in q3 and "running hours" in q3 and "US dollars" in q3
     assert "zero-bubble" in text[text.index("## What this exercise showed"):]
