@@ -617,3 +617,14 @@ def test_3c_says_how_the_losses_combine_and_that_the_schedule_is_a_simulation():
     assert q2.startswith("## Question 2: count") and "measure the" not in q2.lower() and "not a measurement" in q2
     assert "multiply" in q3 and "running hours" in q3 and "US dollars" in q3
     assert "zero-bubble" in text[text.index("## What this exercise showed"):]
+
+
+def test_3d_defines_the_state_failure_and_says_the_price_is_an_h800_price():
+    """Review I1: 'failure 1' was never defined on the page, and the A100 bill used an H800 rental price unsaid."""
+    from lessonlib.calc import published
+
+    text = (EXERCISES / "3d-price-a-published-run.md").read_text()
+    assert "failure 1" not in text.lower() and "the state failure" in text
+    assert "H800" in published.DEEPSEEK_V3["price_per_gpu_hour"].unit  # the cited assumption is an H800 price
+    q4 = text[text.index("## Question 4"):text.index("# Check 3d-q4")]
+    assert "*H800* hour" in q4 and "A100" in q4 and "KERNEL_EFFICIENCY" in text
