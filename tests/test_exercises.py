@@ -458,7 +458,8 @@ def test_3a_typed_in_times_are_flagged_measured_ones_pass():
 
 def test_the_measuring_cells_of_3a_and_3b_are_declared_for_the_grader():
     for stem, questions in (("3a-amdahl-for-the-retailer", {"3a-q4"}), ("3b-predict-the-two-process-step",
-                                                                        {"3b-q2", "3b-q3", "3b-q4"})):
+                                                                        {"3b-q2", "3b-q3", "3b-q4"}),
+                            ("3e-shard-the-state", {"3e-q2"})):
         ex = autograde.Exercise.load(EXERCISES / f"{stem}.ipynb")
         assert set(ex.measured) == questions, ex.measured
 
@@ -628,3 +629,26 @@ def test_3d_defines_the_state_failure_and_says_the_price_is_an_h800_price():
     assert "H800" in published.DEEPSEEK_V3["price_per_gpu_hour"].unit  # the cited assumption is an H800 price
     q4 = text[text.index("## Question 4"):text.index("# Check 3d-q4")]
     assert "*H800* hour" in q4 and "A100" in q4 and "KERNEL_EFFICIENCY" in text
+
+
+def test_3e_held_follows_from_the_measurement_not_from_the_formula():
+    """Review I1: 3e's 'measured' answer was checked only against the formula, so typing the formula's value
+    passed. Now it must add up the measurement handed in, and a measurement that is not fully_shard's is flagged."""
+    from lessonlib.grading.graders import decode_answers
+    from lessonlib.measure.distributed.fsdp import MODEL
+    from lessonlib.measure.models import TinyGPT
+
+    check = reference.load(EXERCISES / "3e-shard-the-state.ipynb", questions=["3e-q2"], given=False)["3e-q2"]
+    n = sum(p.numel() for p in TinyGPT(**MODEL).parameters())
+    share = {"weights": 4 * n // 2, "gradients": 4 * n // 2, "optimizer_state": 8 * n // 2, "step_counters": 116}
+
+    def answers(held, measured):
+        return decode_answers({"held": held, "formula": 16 * n / 2,
+                               "measured": [{"$dict": [[k, v] for k, v in m.items()]} for m in measured]})
+
+    check(answers([16 * n // 2] * 2, [share, share]))
+    with pytest.raises(AssertionError, match="held\\[0\\]"):  # the formula typed in, against another measurement
+        check(answers([16 * n // 2] * 2, [dict(share, weights=share["weights"] + 64), share]))
+    with pytest.raises(Flag, match="not what fully_shard leaves"):  # a measurement made to match a typed answer
+        typed = dict(share, weights=share["weights"] + 64)
+        check(answers([sum(typed[k] for k in ("weights", "gradients", "optimizer_state"))] * 2, [typed, typed]))
