@@ -652,3 +652,30 @@ def test_3e_held_follows_from_the_measurement_not_from_the_formula():
     with pytest.raises(Flag, match="not what fully_shard leaves"):  # a measurement made to match a typed answer
         typed = dict(share, weights=share["weights"] + 64)
         check(answers([sum(typed[k] for k in ("weights", "gradients", "optimizer_state"))] * 2, [typed, typed]))
+
+
+def test_no_summary_reads_a_name_only_a_solution_or_a_hidden_check_defines():
+    """A summary (instructor-only) that read 2a-q4's hidden `_k` failed in the sandboxed grading run, where hidden
+    parts do not run in the notebook's kernel; one that reads a solution's name fails wherever it is not solved."""
+    import builtins
+
+    for path in EXERCISE_PATHS:
+        nb = nbformat.read(path, as_version=4)
+        given: set[str] = set(dir(builtins))
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            src = handout.visible_part(cell.source) if handout.is_check_cell(cell) else cell.source
+            tree = ast.parse(src)
+            defined = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            defined |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            defined |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+                        if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+            defined |= {a.arg for n in ast.walk(tree) if isinstance(n, (ast.arguments,)) for a in n.args + n.kwonlyargs}
+            defined |= {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
+            if handout.INSTRUCTOR_ONLY in cell.metadata.get("tags", []):
+                read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+                missing = read - given - defined
+                assert not missing, f"{path.name}: the summary reads {sorted(missing)}, which no given cell defines"
+            elif not handout.is_solution_cell(cell):
+                given |= defined
