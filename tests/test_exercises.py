@@ -270,6 +270,12 @@ FORGED_ANSWERS = {
     "Copying them back adds extra time.": "offloading",
     "Yes, it is sensible. Checkpointing compresses the activations, so memory goes down. "
     "Decompressing them adds extra time.": "compresses",
+    "Yes, it is sensible. Checkpointing reduces the number of parameters, so memory goes down. "
+    "It takes more time.": "model smaller",
+    "Yes. Checkpointing makes the model smaller, so it fits in memory with less to store. "
+    "The step takes more time.": "model smaller",
+    "Yes, it is sensible. Checkpointing keeps fewer gradients, so memory goes down. "
+    "The recomputation adds extra compute, so each step takes more time.": "gradients, weights or optimizer",
     # a negation in a clause of its own, about the point's subject, or an elliptical hedge
     "Yes, it is sensible. Checkpointing keeps fewer activations, so memory does not go down much. "
     "The recomputation adds extra compute, so each step takes more time.": "negated",
