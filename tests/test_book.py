@@ -33,3 +33,29 @@ def test_no_page_shows_a_matplotlib_repr_or_a_figure_twice(built_book):
     assert pages, f"no pages in {built_book}"
     faults = {p.name: f for p in pages if (f := figure_faults(p.read_text(errors="replace")))}
     assert not faults, faults
+
+
+def folded_faults(html: str) -> list[str]:
+    """Where a solution or a hidden check shows outside a closed ``<details>`` toggle (an empty list: none)."""
+    faults = []
+    for m in re.finditer(r"BEGIN SOLUTION|BEGIN HIDDEN TESTS", html):
+        stack = []
+        for tag in re.finditer(r"<details\b[^>]*>|</details>", html[:m.start()]):
+            if tag.group(0).startswith("</"):
+                stack and stack.pop()
+            else:
+                stack.append(tag.group(0))
+        if not stack or re.search(r"\sopen(\s|=|>)", stack[-1]):
+            faults.append(f"{m.group(0)} at character {m.start()} is not folded")
+    return faults
+
+
+def test_exercise_solutions_are_folded_in_the_built_book(built_book):
+    """Review I1: the instructor pages are public in the book; each solution and hidden check stays folded
+    behind its toggle ("Show code cell content"), never shown open on the page."""
+    pages = sorted((built_book / "exercises").glob("[0-9]*.html"))
+    assert pages, f"no exercise pages in {built_book}"
+    for page in pages:
+        html = page.read_text(errors="replace")
+        assert "BEGIN SOLUTION" in html, f"{page.name}: the solutions are missing (the instructor pages hold them)"
+        assert not folded_faults(html), (page.name, folded_faults(html)[:3])

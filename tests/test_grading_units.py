@@ -474,7 +474,7 @@ def test_autograde_passes_other_answers_and_drops_a_students_own(tmp_path):
 def test_free_text_negated_or_misconceived_is_flagged_not_passed():
     good = "Yes, it is the right call here. The memory needed goes down a lot. Each step takes more time than before."
     check_key_points("a", good, KEYS)
-    with pytest.raises(Flag, match="negated or hedged where it makes: memory down"):
+    with pytest.raises(Flag, match="negated or hedged where it speaks of: memory down"):
         check_key_points("a", "Yes, it is the right call here. The memory needed does not go down at all. "
                               "Each step takes more time than before.", KEYS)
     with pytest.raises(Flag, match="negated"):
@@ -484,3 +484,20 @@ def test_free_text_negated_or_misconceived_is_flagged_not_passed():
         check_key_points("a", good + " Saving it to disk frees memory too.", KEYS, misconceptions=wrong)
     check_key_points("a", good, KEYS, misconceptions=wrong)
     assert graders.negated("It doesn\u2019t help.") and not graders.negated("Another note on memory.")
+
+
+def test_a_negation_turns_its_own_clause_only():
+    """A negation about something else leaves a plain claim standing; one about the point's subject flags
+    the answer wherever it stands (an ordinary right answer says "it does not change the gradients")."""
+    good = "Yes, it is the right call here. The memory needed goes down a lot. Each step takes more time than before."
+    check_key_points("a", good + " It does not change the gradients.", KEYS)
+    check_key_points("a", good.replace("goes down a lot.", "goes down without changing the result."), KEYS)
+    check_key_points("a", good.replace("The memory", "It does not change the maths, but the memory"), KEYS)
+    for turned in ("The memory goes down, but not by much.", "So the memory does not go down.",
+                   "The memory goes down without any more time."):
+        with pytest.raises(Flag, match="negated"):
+            check_key_points("a", good + " " + turned, KEYS)
+    assert graders.clauses("It cuts memory, but it does not change the result") == \
+        ["It cuts memory", "it does not change the result"]
+    assert graders.turned("It does not cut memory", [["it"], ["memory"]])
+    assert not graders.turned("It does not change the gradients", [["it"], ["memory"]])

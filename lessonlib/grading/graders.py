@@ -195,6 +195,12 @@ def well_formed(sentence: str) -> bool:
     return any(w in FUNCTION_WORDS for w in words)
 
 
+def _lead_in(ss: Sequence[str], i: int) -> bool:
+    """A short opening such as "Yes." or "Yes, I would." before a well-formed sentence: a plain verdict."""
+    words = [w.lower() for w in re.findall(r"[A-Za-z][A-Za-z'-]*", ss[i])]
+    return 0 < len(words) < 4 and len(set(words)) == len(words) and i + 1 < len(ss) and well_formed(ss[i + 1])
+
+
 def _matches(sentence: str, groups: Sequence[Sequence[str]]) -> bool:
     return all(any(re.search(p, sentence, re.I) for p in group) for group in groups)
 
@@ -234,9 +240,46 @@ NEGATION = re.compile(r"\b(?:not|no|never|neither|nor|none|nothing|without|hardl
                       r"unlikely|fails? to)\b|n[\'\u2019]t\b", re.I)
 
 
+#: "not storing", "without keeping": a way of saying *discarding*, the mechanism an answer describes,
+#: not a claim turned around ("it saves memory by not storing every activation").
+NOT_KEEPING = re.compile(r"\b(?:not|without) (?:storing|keeping|saving|holding|retaining|caching)\b", re.I)
+
+
 def negated(sentence: str) -> bool:
-    """Whether ``sentence`` holds a word that negates or hedges a claim (``not``, ``n't``, ``never``...)."""
-    return bool(NEGATION.search(sentence))
+    """Whether ``sentence`` holds a word that negates or hedges a claim (``not``, ``n't``, ``never``...).
+
+    "Not storing" and "without keeping" (:data:`NOT_KEEPING`) name a mechanism, discarding, and do not count.
+    """
+    return bool(NEGATION.search(NOT_KEEPING.sub("discarding", sentence)))
+
+
+#: Where one clause of a sentence ends and the next begins: punctuation, the words that join clauses,
+#: and just before "without" (which opens a clause of its own: "memory drops without changing the result").
+#: A negation is read as turning the claim of its own clause only.
+CLAUSE_BREAK = re.compile(r"[,;:()\u2013\u2014]|\s-\s|\b(?:but|and|so|while|whereas|although|though|because|since|"
+                          r"which|yet|if|unless|when|whether)\b|(?=\bwithout\b)", re.I)
+
+
+def clauses(sentence: str) -> list[str]:
+    """The clauses of ``sentence`` (split at :data:`CLAUSE_BREAK`), for telling what a negation turns."""
+    return [c.strip() for c in CLAUSE_BREAK.split(sentence or "") if c and c.strip()]
+
+
+def turned(sentence: str, groups: Sequence[Sequence[str]]) -> bool:
+    """Whether a negated or hedged clause of ``sentence`` speaks of what the key point ``groups`` is about.
+
+    The first group of a key point names what acts ("checkpointing", "it") and is left out when there
+    are others: every clause has an "it". A clause is about the point when it holds a word of any other
+    group (memory, time, the direction). So "it does not change the gradients" (no such word) leaves
+    "it reduces memory" standing, while "memory does not go down", "without any extra time" and an
+    elliptical "..., but not by much" (read with the clause before it) turn the point, wherever in the
+    answer they are.
+    """
+    content = list(groups[1:]) if len(groups) > 1 else list(groups)
+    parts = clauses(sentence)
+    # an elliptical clause ("..., but not by much") speaks of the clause before it
+    scopes = [(parts[i - 1] + " " + c) if i and len(c.split()) <= 3 else c for i, c in enumerate(parts)]
+    return any(negated(c) and any(re.search(p, c, re.I) for g in content for p in g) for c in scopes)
 
 
 def check_key_points(name: str, text, key_points: Mapping[str, Sequence[Sequence[str]]],
@@ -249,8 +292,10 @@ def check_key_points(name: str, text, key_points: Mapping[str, Sequence[Sequence
 
     * a key point is missing, or made only in a malformed or repeated sentence,
       or shares its only sentence with another point;
-    * a sentence that makes a key point also negates or hedges (:func:`negated`):
-      words alone cannot tell a claim from its negation;
+    * a clause that speaks of a key point's subject (memory, time, the verdict)
+      negates or hedges it (:func:`turned`), anywhere in the answer: words alone
+      cannot tell a claim from its negation. A negation in a clause about
+      something else ("it does not change the gradients") does not count;
     * a sentence says one of ``misconceptions`` (same form as ``key_points``:
       a known wrong claim, e.g. that saving the model to disk frees device
       memory), whatever else the answer says.
@@ -271,15 +316,15 @@ def check_key_points(name: str, text, key_points: Mapping[str, Sequence[Sequence
     if wrong:
         raise Flag(f"{name}: to read; it seems to claim a known misconception: " + "; ".join(wrong) + ".")
     normal = [" ".join(re.findall(r"[a-z0-9']+", s.lower())) for s in ss]
-    good = [i for i, s in enumerate(ss) if well_formed(s) and normal.index(normal[i]) == i]
+    good = [i for i, s in enumerate(ss) if (well_formed(s) or _lead_in(ss, i)) and normal.index(normal[i]) == i]
     points = list(key_points)
     anywhere = key_points_found(text, key_points)
     missing = [p for p in points if not anywhere[p]]
     if missing:
         raise Flag(f"{name}: to read; the screen did not find: " + "; ".join(missing) + ".")
-    turned = [p for p in points if any(_matches(s, key_points[p]) and negated(s) for s in ss)]
-    if turned:
-        raise Flag(f"{name}: to read; negated or hedged where it makes: " + "; ".join(turned)
+    against = [p for p in points if any(turned(s, key_points[p]) for s in ss)]
+    if against:
+        raise Flag(f"{name}: to read; negated or hedged where it speaks of: " + "; ".join(against)
                    + " (a screen of words cannot tell a claim from its negation).")
     options = [[i for i in good if _matches(ss[i], key_points[p])] for p in points]
     weak = [p for p, o in zip(points, options) if not o]
