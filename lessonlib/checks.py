@@ -268,8 +268,8 @@ _NUMBER_FIELDS = {"int", "float", "int|None", "float|None"}
 _NOT_A_NUMBER_TEXT = re.compile(r"(?<![\w.])(nan|-?inf)(?![\w])", re.I)
 
 
-def _result_is_finite(value, depth=0) -> bool:
-    if depth > 6 or _is_bool(value) or value is None:
+def _result_is_finite(value, nesting=0) -> bool:
+    if nesting > 6 or _is_bool(value) or value is None:
         return True
     if isinstance(value, numbers.Real):
         try:
@@ -279,9 +279,9 @@ def _result_is_finite(value, depth=0) -> bool:
     if isinstance(value, str):
         return not _NOT_A_NUMBER_TEXT.search(value)
     if isinstance(value, dict):
-        return all(_result_is_finite(v, depth + 1) for v in value.values())
+        return all(_result_is_finite(v, nesting + 1) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return all(_result_is_finite(v, depth + 1) for v in value)
+        return all(_result_is_finite(v, nesting + 1) for v in value)
     return True
 
 

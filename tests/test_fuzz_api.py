@@ -107,7 +107,7 @@ def _good():
     x = recompute.make_input(model, batch=2, seq_len=4)
     ledger = MemoryLedger(weights=10, gradients=10, optimizer_state=20, activations=5)
     return {
-        "serial": 20, "parallel": 80, "devices": 4, "n_bytes": 1000, "tokens_per_expert": [10, 30],
+        "serial": 20, "parallel": 80, "n_bytes": 1000, "tokens_per_expert": [10, 30],
         "device_mtbf_hours": 1000.0, "speedup": 3.0, "checkpoint_seconds": 300.0, "n_params": 1000,
         "seq_len": 8, "batch": 2, "hidden": 16, "heads": 2, "layers": 2, "stages": 4, "microbatches": 8,
         "tasks": [{"stage": 0, "microbatch": 0, "kind": "F", "start": 0.0, "end": 1.0}], "tokens": 1000,
@@ -149,7 +149,7 @@ def _good():
         "sizes": [1e3, 1e5], "plot_alpha_beta.seconds": [1e-4, 2e-4], "link": _link(), "Clock.device": torch.device("cpu"),
         "items": [((2, 3, 1), "float32", 24)], "format_value.figure": _published(), "W": torch.ones(2, 1, dtype=torch.bfloat16),
         "b": torch.zeros(1, dtype=torch.bfloat16), "lr": 0.01, "compare_states.a": {"w": torch.zeros(2)},
-        "compare_states.b": {"w": torch.zeros(2)}, "plot_goodput_failures.devices": [1, 2],
+        "compare_states.b": {"w": torch.zeros(2)}, "plot_goodput_failures.world_sizes": [1, 2],
         "plot_goodput_failures.rows": {"MTBF 1000 h": _goodputs()}, "no_failure": [1.0, 0.95],
         "per_rank_spans": [[("F", 0, 0.0, 1.0), ("B", 0, 1.0, 3.0)], [("F", 0, 1.0, 2.0), ("B", 0, 2.0, 4.0)]],
         "data_parallel_figure.rows": [_dp_row(8), _dp_row(32)], "world_size": 2,
@@ -494,7 +494,7 @@ def test_counts_take_numpy_integers_and_whole_floats_alike(qualname):
 
 
 def _good_calc(name):
-    return {"serial": 20, "parallel": 80, "devices": 4, "n_bytes": 1000, "device_mtbf_hours": 1000.0,
+    return {"serial": 20, "parallel": 80, "world_size": 4, "n_bytes": 1000, "device_mtbf_hours": 1000.0,
             "speedup": 3.0, "checkpoint_seconds": 300.0, "n_params": 1000, "seq_len": 8, "batch": 2,
             "hidden": 16, "heads": 2, "layers": 2, "stages": 4, "microbatches": 8, "tokens": 1000,
             "total_flops": 1e12, "device_flops_per_s": 1e12, "n_layers": 4, "segments": 2,
@@ -645,7 +645,7 @@ def _combo_targets():
 
 #: Numeric arguments by name, where a function gives no default (the fuzz's GOOD, numbers only).
 _GOOD_NUMBERS = {k: v for k, v in {
-    "serial": 20, "parallel": 80, "devices": 4, "n_bytes": 1000, "device_mtbf_hours": 1000.0, "speedup": 3.0,
+    "serial": 20, "parallel": 80, "world_size": 4, "n_bytes": 1000, "device_mtbf_hours": 1000.0, "speedup": 3.0,
     "checkpoint_seconds": 300.0, "n_params": 1000, "seq_len": 8, "batch": 2, "hidden": 16, "heads": 2, "layers": 2,
     "stages": 4, "microbatches": 8, "tokens": 1000, "total_flops": 1e12, "device_flops_per_s": 1e12, "n_layers": 4,
     "segments": 2, "interval_seconds": 3600.0, "mtbf_seconds": 86400.0, "work_seconds": 86400.0, "n": 1536,
@@ -761,7 +761,7 @@ def _structure_samples():
         "lessonlib.book.roofline_plots.plot_roofline": _roofline_sample(),
         "lessonlib.book.memory_plots.plot_activation_sweep": dict(
             results={("batch", 1): (100, 100), ("batch", 2): (200, 200)}, sweeps={"batch": [1, 2]}),
-        "lessonlib.book.speedup_plots.plot_goodput_failures": dict(devices=[1, 2], rows={"m": _goodputs()},
+        "lessonlib.book.speedup_plots.plot_goodput_failures": dict(world_sizes=[1, 2], rows={"m": _goodputs()},
                                                                    no_failure=[1.0, 0.95]),
         "lessonlib.book.speedup_plots.stall_figure": dict(runs=runs, stall_step=2, stall_s=2.0),
         "lessonlib.calc.goodput.stall_account": dict(runs=runs, stall_step=2),
@@ -786,7 +786,7 @@ def _structure_samples():
         "lessonlib.calc.comm.fit_alpha_beta": dict(n_bytes=[1e3, 1e5, 1e7], seconds=[1e-4, 2e-4, 1e-2]),
         "lessonlib.calc.experts.process_load_imbalance": dict(tokens_per_expert=[25, 5, 5, 5], experts_per_process=2),
         "lessonlib.book.split_plots.plot_alpha_beta": dict(sizes=[1e3, 1e5], seconds=[1e-4, 2e-4], link=LINKS["nvlink"]),
-        "lessonlib.book.sequence_plots.plot_causal_work": dict(devices=2, measured={"contiguous": [3, 7],
+        "lessonlib.book.sequence_plots.plot_causal_work": dict(world_size=2, measured={"contiguous": [3, 7],
                                                                                      "zigzag": [5, 5]}),
         "lessonlib.book.overlap_plots.overlap_table": dict(rows=[_overlap_row()], compute=0.005),
         "lessonlib.book.overlap_plots.plot_overlap_timeline": dict(timeline=_overlap_timeline()),

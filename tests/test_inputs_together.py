@@ -42,7 +42,7 @@ def test_the_tensor_degree_must_divide_the_heads_everywhere():
     with pytest.raises(ValueError, match="tensor_parallel"):
         activation_bytes_per_layer(2048, 1, 4096, 32, tensor_parallel=3)
     with pytest.raises(ValueError, match="tensor_parallel"):
-        layout(7.5e9, layers=32, hidden=4096, heads=32, devices=6, tensor_parallel=3)
+        layout(7.5e9, layers=32, hidden=4096, heads=32, world_size=6, tensor_parallel=3)
     assert all(lay.tensor_parallel in (1, 2, 4, 8) for lay in propose(7.5e9, layers=32, hidden=4096, heads=32))
 
 

@@ -22,16 +22,16 @@ from .plots import COLORS, stacked_bars
 from .split_reports import _record
 
 
-def plot_zero_stages(n_params: int, devices: int, label: str = ""):
+def plot_zero_stages(n_params: int, world_size: int, label: str = ""):
     """Bytes per device at ZeRO stages 0-3 (Adam, mixed precision), stacked by part, in GB."""
-    zero_state_bytes(n_params, devices, 0)  # checks n_params and devices before drawing anything
+    zero_state_bytes(n_params, world_size, 0)  # checks n_params and world_size before drawing anything
     label = check_text("label", label, allow_empty=True)
     data = {}
     for stage in ZERO_STAGES:
         name = "no sharding\n(stage 0)" if stage == 0 else f"stage {stage}"
-        data[name] = {k: v for k, v in zero_state_bytes(n_params, devices, stage).as_dict().items() if k != "total"}
+        data[name] = {k: v for k, v in zero_state_bytes(n_params, world_size, stage).as_dict().items() if k != "total"}
     fig = stacked_bars(data, f"Training state per device, {label or f'{n_params:,} parameters'}, "
-                             f"{devices} devices (Adam, mixed precision)", "bytes per device (GB)", scale=1e9)
+                             f"{world_size} devices (Adam, mixed precision)", "bytes per device (GB)", scale=1e9)
     fig.axes[0].set_xlabel("ZeRO stage (what is sharded)")
     return fig
 
@@ -117,24 +117,24 @@ def plot_idle_shares(run: dict):
 
 
 @_reads("sizes", "seconds")
-def plot_alpha_beta(sizes, seconds, link: Link, devices: int = 2, collective: str = "all_reduce"):
+def plot_alpha_beta(sizes, seconds, link: Link, world_size: int = 2, collective: str = "all_reduce"):
     """Measured collective times (one per size, seconds) against message size, and the fitted alpha-beta line (log-log)."""
     sizes = [check_positive("sizes", x) for x in check_sequence("sizes", sizes)]
     seconds = [check_positive("seconds", t) for t in check_sequence("seconds", seconds)]
     if len(sizes) != len(seconds):
         raise ValueError(f"sizes and seconds must have the same length, got {len(sizes)} and {len(seconds)}")
     check_instance("link", link, Link, "a Link (alpha_s, beta_bytes_per_s)")
-    devices = check_count("devices", devices, minimum=2)
+    world_size = check_count("world_size", world_size, minimum=2)
     check_choice("collective", collective, COLLECTIVES)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.plot(sizes, [1e6 * t for t in seconds], "o", label="measured (fastest of the rounds)", color=COLORS["weights"])
     lo, hi = min(sizes), max(sizes)
     xs = [lo * (hi / lo) ** (i / 60) for i in range(61)]
-    ax.plot(xs, [1e6 * link.seconds(collective, x, devices) for x in xs], "-", color=COLORS["gradients"],
+    ax.plot(xs, [1e6 * link.seconds(collective, x, world_size) for x in xs], "-", color=COLORS["gradients"],
             label=f"fit: α = {link.alpha_us:.0f} µs per step, β = {link.beta_GBps:.2f} GB/s")
     ax.set(xscale="log", yscale="log", xlabel="tensor size (bytes, log scale)",
            ylabel="time (µs, log scale)",
-           title=f"{collective.replace('_', '-')} on {devices} processes: measured and the α–β model")
+           title=f"{collective.replace('_', '-')} on {world_size} processes: measured and the α–β model")
     ax.legend(fontsize=8)
     return fig
 

@@ -56,7 +56,7 @@ def sharded_state_rows(results: dict) -> list:
 
     ``results`` maps a process count N to :func:`~lessonlib.measure.distributed.fsdp.run_sharding`'s
     list. The formula is :func:`~lessonlib.calc.sharding.zero_state_bytes` in
-    fp32 (what the ranks train in) at stage 3. Returns dicts with ``devices``,
+    fp32 (what the ranks train in) at stage 3. Returns dicts with ``world_size``,
     ``rank``, ``part``, ``measured``, ``formula``.
     """
     rows = []
@@ -64,7 +64,7 @@ def sharded_state_rows(results: dict) -> list:
         f = zero_state_bytes(per_rank[0]["n_params"], n, 3, "adam", "fp32")
         for r in per_rank:
             for part in ("weights", "gradients", "optimizer_state"):
-                rows.append({"devices": n, "rank": r["rank"], "part": part,
+                rows.append({"world_size": n, "rank": r["rank"], "part": part,
                              "measured": r["zero3"][part], "formula": getattr(f, part)})
     return rows
 
@@ -150,13 +150,13 @@ def traffic_table(per_rank: list, value_bytes: int = 4) -> tuple:
     return shown, checks
 
 
-def zero_report(model: str, devices: int, stage: int) -> str:
+def zero_report(model: str, world_size: int, stage: int) -> str:
     """The ZeRO calculator's answer as HTML (for :class:`lessonlib.book.interactive.Explorer`)."""
     check_choice("model", model, PRESETS)
-    devices = check_count("devices", devices)
+    world_size = check_count("world_size", world_size)
     n = PRESETS[model]["n_params"]
-    s = zero_state_bytes(n, devices, stage)
-    base = zero_state_bytes(n, devices, 0)
+    s = zero_state_bytes(n, world_size, stage)
+    base = zero_state_bytes(n, world_size, 0)
     rows = [(k.replace("_", " "), f"{v / 1e9:,.2f} GB") for k, v in s.as_dict().items() if k != "total"]
     rows.append(("per device", f"{s.total / 1e9:,.2f} GB"))
     return (table(None, rows, strong={len(rows) - 1})

@@ -58,9 +58,9 @@ class Link:
         """beta in GB/s (10^9 bytes per second)."""
         return self.beta_bytes_per_s / 1e9
 
-    def seconds(self, collective: str, n_bytes, devices) -> float:
+    def seconds(self, collective: str, n_bytes, world_size) -> float:
         """:func:`collective_seconds` on this link."""
-        return collective_seconds(collective, n_bytes, devices, self.alpha_s, self.beta_bytes_per_s)
+        return collective_seconds(collective, n_bytes, world_size, self.alpha_s, self.beta_bytes_per_s)
 
 
 #: The NCCL release whose tuning table the latencies of :data:`LINKS` are read from. NCCL retunes
@@ -96,17 +96,17 @@ LINKS = {
 }
 
 
-def ring_steps(collective: str, devices) -> int:
-    """Message steps of a ring ``collective`` over ``devices`` devices: 2(N-1) for all-reduce, N-1 otherwise."""
+def ring_steps(collective: str, world_size) -> int:
+    """Message steps of a ring ``collective`` over ``world_size`` devices: 2(N-1) for all-reduce, N-1 otherwise."""
     check_choice("collective", collective, COLLECTIVES)
-    n = check_count("devices", devices)
+    n = check_count("world_size", world_size)
     return 2 * (n - 1) if collective == "all_reduce" else n - 1
 
 
-def collective_seconds(collective: str, n_bytes, devices, alpha_s, beta_bytes_per_s) -> float:
-    """Seconds for a ring ``collective`` over a tensor of ``n_bytes`` bytes on ``devices`` devices.
+def collective_seconds(collective: str, n_bytes, world_size, alpha_s, beta_bytes_per_s) -> float:
+    """Seconds for a ring ``collective`` over a tensor of ``n_bytes`` bytes on ``world_size`` devices.
 
-    ``steps × (alpha_s + n_bytes / (devices × beta_bytes_per_s))`` with
+    ``steps × (alpha_s + n_bytes / (world_size × beta_bytes_per_s))`` with
     :func:`ring_steps`. ``n_bytes`` is the full tensor: the all-reduced
     tensor, the all-gathered output, the reduce-scattered input. One device
     needs no communication: 0 seconds.
@@ -114,15 +114,15 @@ def collective_seconds(collective: str, n_bytes, devices, alpha_s, beta_bytes_pe
     >>> collective_seconds("all_reduce", 1e9, 8, 0.0, 100e9)  # 2 x 7/8 x 1 GB at 100 GB/s
     0.0175
     """
-    steps = ring_steps(collective, devices)
+    steps = ring_steps(collective, world_size)
     n_bytes = check_amount("n_bytes", n_bytes)
     alpha = check_amount("alpha_s", alpha_s)
     beta = check_positive("beta_bytes_per_s", beta_bytes_per_s)
-    return check_result(steps * (alpha + n_bytes / (devices * beta)),
+    return check_result(steps * (alpha + n_bytes / (world_size * beta)),
                         "n_bytes, devices, alpha_s and beta_bytes_per_s", "a time in seconds")
 
 
-def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, name: str = "fitted") -> Link:
+def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", world_size=2, name: str = "fitted") -> Link:
     """Fit alpha (s) and beta (bytes/s) to measured times of one collective.
 
     ``n_bytes`` and ``seconds`` are equal-length sequences: the full tensor
@@ -142,8 +142,8 @@ def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, 
         raise ValueError(f"n_bytes and seconds must have the same length, got {len(xs)} and {len(ts)}")
     if len(set(xs)) < 2:
         raise ValueError("n_bytes needs at least two different message sizes to separate alpha from beta")
-    steps = ring_steps(collective, devices)
-    d = check_count("devices", devices)
+    steps = ring_steps(collective, world_size)
+    d = check_count("world_size", world_size)
     # t = steps*alpha + (steps*n/d) * (1/beta): regress t on u = steps*n/d with weights 1/t^2.
     us = [steps * x / d for x in xs]
     try:
@@ -170,11 +170,11 @@ def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, 
                 source=f"fitted to {len(xs)} measured {collective} times on {d} devices")
 
 
-def relative_errors(link: Link, collective: str, n_bytes, seconds, devices) -> list:
+def relative_errors(link: Link, collective: str, n_bytes, seconds, world_size) -> list:
     """(predicted - measured) / measured for each sample, dimensionless."""
     check_instance("link", link, Link, "a Link (alpha_s, beta_bytes_per_s)")
     xs = [check_amount("n_bytes", x) for x in check_sequence("n_bytes", n_bytes)]
     ts = [check_positive("seconds", t) for t in check_sequence("seconds", seconds)]
     if len(xs) != len(ts):
         raise ValueError(f"n_bytes and seconds must have the same length, got {len(xs)} and {len(ts)}")
-    return [(link.seconds(collective, x, devices) - t) / t for x, t in zip(xs, ts)]
+    return [(link.seconds(collective, x, world_size) - t) / t for x, t in zip(xs, ts)]

@@ -222,8 +222,8 @@ DEVICE_COUNTS = tuple(2 ** k for k in range(1, 17))
 class Layout:
     """A way to lay the run out on devices, and what it costs per device.
 
-    ``devices`` in all, ``tensor_parallel`` of them splitting each layer
-    (so ``devices // tensor_parallel`` data-parallel replicas), ZeRO
+    ``world_size`` in all, ``tensor_parallel`` of them splitting each layer
+    (so ``world_size // tensor_parallel`` data-parallel replicas), ZeRO
     ``zero_stage`` over those replicas, and ``recompute``. Bytes are per
     device; ``days`` is the run's time if every device computes all the time
     (the one-device time / devices: a lower bound, communication left out),
@@ -231,7 +231,7 @@ class Layout:
     it was proposed for ("" for the plan itself).
     """
 
-    devices: int
+    world_size: int
     tensor_parallel: int
     zero_stage: int
     recompute: str
@@ -257,17 +257,17 @@ class Layout:
 
 def layout(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
            layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
-           device_flops_per_s=None, max_days: float = 30.0, *, devices=1, zero_stage=0, tensor_parallel=1,
+           device_flops_per_s=None, max_days: float = 30.0, *, world_size=1, zero_stage=0, tensor_parallel=1,
            change: str = "", attention: str = "fused", sequence_parallel: bool = False, vocab=None) -> Layout:
-    """The two numbers per device for a run split over ``devices`` devices (arguments as :func:`plan`).
+    """The two numbers per device for a run split over ``world_size`` devices (arguments as :func:`plan`).
 
     Tensor parallelism of degree t splits every weight matrix, and so
     (nearly) every parameter, t ways: the state per device is ZeRO's for
-    ceil(n_params / t) parameters over ``devices // t`` replicas
+    ceil(n_params / t) parameters over ``world_size // t`` replicas
     (:func:`lessonlib.calc.sharding.zero_state_bytes`), and the activations
     follow Korthikanti's formula with ``tensor_parallel=t`` (and ``attention``,
     ``sequence_parallel``, ``vocab`` as :func:`plan`). Raises ``ValueError`` when
-    ``tensor_parallel`` does not divide ``devices``, or does not divide ``heads`` and ``hidden``.
+    ``tensor_parallel`` does not divide ``world_size``, or does not divide ``heads`` and ``hidden``.
     """
     from .sharding import check_stage
 
@@ -275,17 +275,17 @@ def layout(n_params, optimizer: str = "adam", precision: str = "bf16_master", ba
     one = plan(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
                device_bytes, train_tokens, device_flops_per_s, max_days, **conv)  # checks the inputs; one-device time
     args = (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, conv)
-    return _layout(one, args, recompute, max_days, check_count("devices", devices),
+    return _layout(one, args, recompute, max_days, check_count("world_size", world_size),
                    check_stage("zero_stage", zero_stage), check_count("tensor_parallel", tensor_parallel),
                    check_text("change", change, allow_empty=True))
 
 
-def _layout(one: Plan, args, recompute, max_days, devices, zero_stage, tensor_parallel, change="") -> Layout:
+def _layout(one: Plan, args, recompute, max_days, world_size, zero_stage, tensor_parallel, change="") -> Layout:
     """:func:`layout` from the one-device plan ``one`` (already checked)."""
     from .sharding import zero_state_bytes
 
     n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, conv = args
-    d = check_count("devices", devices)
+    d = check_count("world_size", world_size)
     t = check_count("tensor_parallel", tensor_parallel)
     if d % t:
         raise ValueError(f"tensor_parallel ({t}) must divide devices ({d})")
@@ -306,7 +306,7 @@ _COST = {"zero": {0: 0, 1: 0, 2: 0, 3: 2}, "recompute": {"none": 0, "selective":
 
 def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
             layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
-            device_flops_per_s=None, max_days: float = 30.0, *, devices=1, zero_stage=0,
+            device_flops_per_s=None, max_days: float = 30.0, *, world_size=1, zero_stage=0,
             tensor_parallel=1, attention: str = "fused", sequence_parallel: bool = False, vocab=None) -> list:
     """The smallest change that makes a run fit, with its numbers: a list of :class:`Layout`.
 
@@ -327,7 +327,7 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
     """
     from .sharding import check_stage
 
-    devices = check_count("devices", devices)
+    world_size = check_count("world_size", world_size)
     zero_stage = check_stage("zero_stage", zero_stage)
     tensor_parallel = check_count("tensor_parallel", tensor_parallel)
     recompute = check_choice("recompute", recompute, RECOMPUTE_CHOICES)  # a dict key below: checked first
@@ -341,12 +341,12 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
             ones[rc] = plan(*common, rc, *rest, **conv)
         return _layout(ones[rc], common + (conv,), rc, max_days, d, z, t)
 
-    current = at(recompute, devices, zero_stage, tensor_parallel)
+    current = at(recompute, world_size, zero_stage, tensor_parallel)
     out = [current]
     if not current.fits_memory:
         rcs = RECOMPUTE_CHOICES[RECOMPUTE_CHOICES.index(recompute):]
         tps = [tensor_parallel] + [t for t in TP_DEGREES if t > tensor_parallel and heads % t == 0 and hidden % t == 0]
-        counts = [devices] + [d for d in DEVICE_COUNTS if d > devices]
+        counts = [world_size] + [d for d in DEVICE_COUNTS if d > world_size]
         best = None
         for d in counts:  # fewest devices first: stop at the first count where something fits
             options = []
@@ -376,7 +376,7 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
     last = out[-1]
     if not last.fits_time:
         for d in DEVICE_COUNTS:
-            if d > last.devices and d % last.tensor_parallel == 0:
+            if d > last.world_size and d % last.tensor_parallel == 0:
                 more = at(last.recompute, d, last.zero_stage, last.tensor_parallel)
                 if more.fits:
                     out.append(_described(more, last))
@@ -387,8 +387,8 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
 def _described(new: Layout, old: Layout) -> Layout:
     """``new`` with ``change`` saying, in words, what differs from ``old``."""
     words = []
-    if new.devices != old.devices:
-        words.append(f"{new.devices:,} devices")
+    if new.world_size != old.world_size:
+        words.append(f"{new.world_size:,} devices")
     if new.zero_stage != old.zero_stage:
         words.append(f"ZeRO stage {new.zero_stage}")
     if new.tensor_parallel != old.tensor_parallel:

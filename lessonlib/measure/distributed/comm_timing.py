@@ -91,7 +91,7 @@ def _interleaved(probes, device, rounds, warmup=2):
     return time_rounds(one_round, rounds, warmup=warmup, device=device, num_threads=None).seconds
 
 
-def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_hidden, ddp_batch, fsdp_cfg):
+def _comm_worker(rank, world_size, device, progress, sweep, check_bytes, rounds, ddp_hidden, ddp_batch, fsdp_cfg):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -109,7 +109,7 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
         model = forecast_model(ddp_hidden).to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         x, y = (t.to(device) for t in synthetic_batch(ddp_batch))
-        share = ddp_batch // world
+        share = ddp_batch // world_size
         xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
         loss_fn = torch.nn.MSELoss()
 
@@ -130,13 +130,13 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
             bucket_bytes = [grad_bytes]
 
         # fully_shard: the collectives of one forward and backward, logged with their sizes
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = init_device_mesh(device.type, (world_size,))
         torch.manual_seed(0)
         base = TinyGPT(**fsdp_cfg)
         sharded = _shard(copy.deepcopy(base).to(device), mesh, reshard=True)
         opt = torch.optim.Adam(sharded.parameters(), lr=1e-3)
         g = torch.Generator().manual_seed(1)
-        tokens = torch.randint(0, fsdp_cfg["vocab"], (2 * world, fsdp_cfg["seq_len"]), generator=g).to(device)
+        tokens = torch.randint(0, fsdp_cfg["vocab"], (2 * world_size, fsdp_cfg["seq_len"]), generator=g).to(device)
         ts, tt = tokens[rank * 2:(rank + 1) * 2], tokens.roll(-1, dims=1)[rank * 2:(rank + 1) * 2]
         log = CollectiveLog()
         with log:
@@ -150,14 +150,14 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
             buf = ones(n)
             probes.append((("all_reduce", n), lambda b=buf: dist.all_reduce(b)))
         for n in check_bytes:
-            full, part = ones(n), ones(n // world)
+            full, part = ones(n), ones(n // world_size)
             probes.append((("all_gather", n), lambda f=full, p=part: _all_gather(f, p)))
             probes.append((("reduce_scatter", n), lambda f=full, p=part: _reduce_scatter(p, f)))
         for i, n in enumerate(bucket_bytes):
             buf = ones(n)
             probes.append((("bucket", i), lambda b=buf: dist.all_reduce(b)))
         for i, (kind, n) in enumerate(records):
-            full, part = ones(n), ones(n // world)
+            full, part = ones(n), ones(n // world_size)
             fn = (lambda f=full, p=part: _all_gather(f, p)) if kind == "all_gather" else \
                  (lambda f=full, p=part: _reduce_scatter(p, f))
             probes.append((("fsdp", i), fn))
@@ -176,7 +176,7 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
         progress.put(1)
 
     return {
-        "rank": rank, "world_size": world, "backend": dist.get_backend(),
+        "rank": rank, "world_size": world_size, "backend": dist.get_backend(),
         "all_reduce": [(n, times[("all_reduce", n)]) for n in sweep],
         "all_gather": [(n, times[("all_gather", n)]) for n in check_bytes],
         "reduce_scatter": [(n, times[("reduce_scatter", n)]) for n in check_bytes],

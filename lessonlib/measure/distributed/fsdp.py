@@ -173,7 +173,7 @@ def _shard_on(rank, n, mesh, device, base, steps, global_batch, lr):
     }
 
 
-def _sharding_worker(rank, world, device, progress, world_sizes, steps, global_batch, lr):
+def _sharding_worker(rank, world_size, device, progress, world_sizes, steps, global_batch, lr):
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 

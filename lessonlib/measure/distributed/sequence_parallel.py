@@ -77,15 +77,15 @@ def _tp_plan():
             for name, kind in BLOCK_PLAN.items()}
 
 
-def _sp_worker(rank, world, device, progress, cfg):
+def _sp_worker(rank, world_size, device, progress, cfg):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
     batch, seq, hidden, heads = cfg
-    local = slice(rank * seq // world, (rank + 1) * seq // world)  # this process's tokens under SP
+    local = slice(rank * seq // world_size, (rank + 1) * seq // world_size)  # this process's tokens under SP
     with known_warnings_silenced():
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = init_device_mesh(device.type, (world_size,))
         out = {}
         # --- activation bytes and collectives, bf16 with 1-byte dropout masks (the paper's case) ---
         torch.manual_seed(1)  # every rank builds the same layer and input
@@ -127,7 +127,7 @@ def _sp_worker(rank, world, device, progress, cfg):
                 "input_grad_max_diff": (x_sp.grad - x_ref.grad[:, local]).abs().max().item(),
                 "input_grad_max": x_ref.grad.abs().max().item()}
         progress.put(1)
-    return {"rank": rank, "world_size": world, "backend": dist.get_backend(), "runs": out, "check": diff,
+    return {"rank": rank, "world_size": world_size, "backend": dist.get_backend(), "runs": out, "check": diff,
             "config": {"batch": batch, "seq_len": seq, "hidden": hidden, "heads": heads}}
 
 

@@ -29,7 +29,7 @@ from .quiet import known_warnings_silenced
 __all__ = ["save_sharded", "load_unsharded", "compare_states", "checkpoint_files"]
 
 
-def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
+def _save_worker(rank, world_size, device, progress, path, steps, global_batch, lr):
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -39,11 +39,11 @@ def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
     from ..models import lm_loss
 
     with known_warnings_silenced():
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = init_device_mesh(device.type, (world_size,))
         model = _shard(_build().to(device), mesh, reshard=True)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         x, y = (t.to(device) for t in token_batch(global_batch))
-        share = global_batch // world
+        share = global_batch // world_size
         xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
 
         def step():
@@ -53,7 +53,7 @@ def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
             opt.step()
             mean = loss.detach().clone()
             dist.all_reduce(mean)
-            return mean.item() / world
+            return mean.item() / world_size
 
         losses = [step() for _ in range(steps)]
         model_sd, optim_sd = get_state_dict(model, opt)  # each rank: its own shards (DTensors)
@@ -65,7 +65,7 @@ def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
             next_loss = lm_loss(model(xs), ys).detach().clone()
         dist.all_reduce(next_loss)
         progress.put(1)
-    out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world, "local_model_bytes": local_bytes}
+    out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world_size, "local_model_bytes": local_bytes}
     if rank == 0:
         out["full_model"] = {k: v.clone() for k, v in full_model.items()}
         out["full_optim"] = full_optim

@@ -124,13 +124,13 @@ class LocalSavedTensorCounter(SavedTensorCounter):
         return t
 
 
-def _tp_worker(rank, world, device, progress, mlp_cfg, block_cfg):
+def _tp_worker(rank, world_size, device, progress, mlp_cfg, block_cfg):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
     with known_warnings_silenced():
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = init_device_mesh(device.type, (world_size,))
         mlp_plan, block_plan = _plans()
 
         # --- MLP block: same output and input gradient as unsplit, and its collectives --------
@@ -169,7 +169,7 @@ def _tp_worker(rank, world, device, progress, mlp_cfg, block_cfg):
         parallelize_module(tp, mesh, block_plan)
         xb = torch.randn(batch, seq, hidden, device=device, dtype=torch.bfloat16)
         acts = {}
-        for t, module in ((1, ref), (world, tp)):
+        for t, module in ((1, ref), (world_size, tp)):
             module.train()
             xi = xb.clone().requires_grad_(True)  # a layer's input comes from the layer before
             counter = LocalSavedTensorCounter(exclude=list(module.parameters()))
@@ -191,7 +191,7 @@ def _tp_worker(rank, world, device, progress, mlp_cfg, block_cfg):
         with torch.no_grad():
             block_diff = (tp32(x32) - ref32(x32)).abs().max().item()
         progress.put(1)
-    return {"rank": rank, "world_size": world, "backend": dist.get_backend(), "mlp": mlp,
+    return {"rank": rank, "world_size": world_size, "backend": dist.get_backend(), "mlp": mlp,
             "block": {"activations": acts, "max_diff": block_diff,
                       "config": {"batch": batch, "seq_len": seq, "hidden": hidden, "heads": heads}}}
 
