@@ -194,6 +194,21 @@ def mapping(name: str, value, allow_empty: bool = False) -> dict:
     return value
 
 
+def record(name: str, value, keys, what: str = "a measurement's result") -> dict:
+    """``value`` if it is a dict holding every one of ``keys``; else an error naming ``name``."""
+    mapping(name, value)
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise ValueError(f"{name} must be {what}, with the keys {', '.join(map(repr, keys))}; "
+                         f"missing {', '.join(map(repr, missing))}")
+    return value
+
+
+def records(name: str, value, keys, what: str = "a list of per-rank results") -> list:
+    """A non-empty list of :func:`record` dicts."""
+    return [record(name, v, keys, what) for v in sequence(name, value)]
+
+
 def result(value, args: str, what: str, low: float = 0.0, high: float = math.inf, hint: str = "") -> float:
     """A computed ``value`` checked against its physical range: finite and within [``low``, ``high``].
 

@@ -19,7 +19,7 @@ from ..checks import (amount as check_amount, choice as check_choice, count as c
 from ..calc.memory import activation_bytes_per_layer
 from ..calc.sharding import ZERO_STAGES, zero_state_bytes
 from .plots import COLORS, stacked_bars
-from .split_reports import _record
+from ..checks import record as check_record
 
 
 def plot_zero_stages(n_params: int, world_size: int, label: str = ""):
@@ -63,7 +63,7 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
 @_reads("run")
 def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
     """Busy spans of each stage as recorded in one real step, GPipe above 1F1B (ms from the step's start)."""
-    _record("run", run, ("world_size", "runs"), "a result of run_pipelines")
+    check_record("run", run, ("world_size", "runs"), "a result of run_pipelines")
     microbatches = check_count("microbatches", microbatches)
     step = check_count("step", step, minimum=0)
     runs = [r for r in run["runs"] if r["microbatches"] == microbatches]
@@ -98,7 +98,7 @@ def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
 @_reads("run")
 def plot_idle_shares(run: dict):
     """Median measured idle share against m for each schedule, with (p-1)/(m+p-1)."""
-    p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
+    p = check_record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     ms_all = sorted({r["microbatches"] for r in run["runs"]})
     ax.plot(ms_all, [100 * (p - 1) / (m + p - 1) for m in ms_all], "k--", label="(p − 1)/(m + p − 1)")
@@ -149,7 +149,7 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
     (input-gradient backward) or ``W`` (weight-gradient backward) with the
     micro-batch and, small, the stage.
     """
-    _record("run", run, ("world_size", "runs"), "a result of run_pipelines")
+    check_record("run", run, ("world_size", "runs"), "a result of run_pipelines")
     microbatches = check_count("microbatches", microbatches)
     step = check_count("step", step, minimum=0)
     runs = [r for r in run["runs"] if r["microbatches"] == microbatches

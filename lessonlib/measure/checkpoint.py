@@ -49,7 +49,7 @@ from .checkpoint_format import (CHECKPOINT_PATTERN, CHECKPOINT_RE, MAGIC, _deser
                                 newest_checkpoint, read_header)
 from .rng_state import capture_rng_state, check_rng_state, restore_rng_state  # noqa: F401 (re-exported)
 from .run_folder import (RUN_FILE, CheckpointError, CheckpointPathError, CheckpointWriteError,  # noqa: F401
-                         FolderInUseError, RunIdentity, RunMismatchError, _IN_PROGRESS, acquire_folder,
+                         FolderInUseError, RunIdentity, RunMismatchError, IN_PROGRESS, acquire_folder,
                          holds_folder, read_run, release_folder, run_folder, temporary_is_stray,
                          temporary_prefix, write_run)
 
@@ -107,7 +107,7 @@ def atomic_save(obj: dict, path, slow_write_seconds: float = 0.0, on_progress=No
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path.name), suffix=".tmp")
-        _IN_PROGRESS.add(tmp)
+        IN_PROGRESS.add(tmp)
         with os.fdopen(fd, "wb") as f:
             chunks = 20 if slow_write_seconds > 0 else 1
             size = max(1, math.ceil(len(data) / chunks))
@@ -132,7 +132,7 @@ def atomic_save(obj: dict, path, slow_write_seconds: float = 0.0, on_progress=No
         _remove_file(tmp)
         raise
     finally:
-        _IN_PROGRESS.discard(tmp)
+        IN_PROGRESS.discard(tmp)
     return path
 
 
