@@ -729,12 +729,16 @@ def _structure_samples():
     pipe5 = {"world_size": 2, "backend": "gloo", "runs": [
         {"schedule": "1F1B", "microbatches": 1, "steps": [{"spans": spans5, "idle_share": 0.25,
                                                             "peak_bytes": [200, 60], "left_bytes": [0, 0]}]}]}
-    shard_rank = lambda r: {"rank": r, "world_size": 2, "n_params": 1000,  # noqa: E731
-                            "zero3": {"weights": 2000, "gradients": 2000, "optimizer_state": 4000},
-                            "zero1": {"weights": 4000, "gradients": 4000, "optimizer_state": 4000},
-                            "losses": [5.0, 4.5], "reference_losses": [5.0, 4.5],
-                            "zero3_collectives": [["all_gather", "forward", 4000], ["reduce_scatter", "backward", 4000]],
-                            "keep_collectives": [["all_gather", "forward", 2000], ["reduce_scatter", "backward", 4000]]}
+    from lessonlib.measure.distributed.fsdp import ShardedRank, ShardingRun
+
+    held = {"weights": 2000, "gradients": 2000, "optimizer_state": 4000, "step_counters": 8}
+    shard_rank = lambda r: ShardedRank.from_worker({  # noqa: E731
+        "rank": r, "world_size": 2, "backend": "gloo", "n_params": 1000, "shapes": [(1000,)], "n_tensors": 1,
+        "zero3": held, "zero1": {**held, "weights": 4000, "gradients": 4000},
+        "losses": [5.0, 4.5], "reference_losses": [5.0, 4.5],
+        "zero3_collectives": [["all_gather", "forward", 4000], ["reduce_scatter", "backward", 4000]],
+        "keep_collectives": [["all_gather", "forward", 2000], ["reduce_scatter", "backward", 4000]]})
+    shard_run = ShardingRun({2: (shard_rank(0), shard_rank(1))})
     comm = {"world_size": 2, "all_reduce": [[4096, [0.003, 0.001]]], "all_gather": [[4096, [0.002]]],
             "reduce_scatter": [[4096, [0.002]]],
             "ddp": {"grad_bytes": 4096, "bucket_bytes": [4096], "bucket_times": [[0.002, 0.001]],
@@ -774,10 +778,10 @@ def _structure_samples():
         "lessonlib.book.split_reports.idle_rows": dict(run=pipe),
         "lessonlib.book.split_reports.pipeline_memory_rows": dict(run=pipe),
         "lessonlib.book.split_reports.pipeline_memory_table": dict(run=pipe),
-        "lessonlib.book.split_reports.sharded_state_table": dict(results={2: [shard_rank(0), shard_rank(1)]}),
-        "lessonlib.book.split_reports.zero1_table": dict(per_rank=[shard_rank(0), shard_rank(1)]),
-        "lessonlib.book.split_reports.loss_table": dict(per_rank=[shard_rank(0), shard_rank(1)]),
-        "lessonlib.book.split_reports.traffic_table": dict(per_rank=[shard_rank(0), shard_rank(1)]),
+        "lessonlib.book.split_reports.sharded_state_table": dict(run=shard_run),
+        "lessonlib.book.split_reports.zero1_table": dict(run=shard_run),
+        "lessonlib.book.split_reports.loss_table": dict(run=shard_run),
+        "lessonlib.book.split_reports.traffic_table": dict(run=shard_run),
         "lessonlib.book.split_reports.tp_collective_table": dict(
             records=[["all_reduce", "forward", 4096]], expected={("all_reduce", "forward"): (1, 4096)}),
         "lessonlib.book.split_reports.comm_rows": dict(result=comm, link=LINKS["nvlink"]),

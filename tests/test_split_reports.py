@@ -12,16 +12,27 @@ def test_markdown_table():
 
 
 def _rank(rank, n, n_params, scale=1.0):
+    from lessonlib.measure.distributed.fsdp import ShardedRank
+
     f = zero_state_bytes(n_params, n, 3, "adam", "fp32")
-    return {"rank": rank, "world_size": n, "n_params": n_params,
-            "zero3": {"weights": int(f.weights * scale), "gradients": f.gradients, "optimizer_state": f.optimizer_state}}
+    held = {"weights": int(f.weights * scale), "gradients": f.gradients, "optimizer_state": f.optimizer_state,
+            "step_counters": 8}
+    return ShardedRank.from_worker({"rank": rank, "world_size": n, "backend": "gloo", "n_params": n_params,
+                                    "shapes": [(n_params,)], "n_tensors": 1, "zero3": held, "zero1": held,
+                                    "losses": [5.0], "reference_losses": [5.0], "zero3_collectives": [],
+                                    "keep_collectives": []})
 
 
 def test_sharded_state_rows_compare_with_the_formula():
-    rows = R.sharded_state_rows({2: [_rank(0, 2, 1000), _rank(1, 2, 1000, scale=1.5)]})
+    from lessonlib.measure.distributed.fsdp import ShardingRun
+
+    run = ShardingRun({2: (_rank(0, 2, 1000), _rank(1, 2, 1000, scale=1.5))})
+    rows = R.sharded_state_rows(run)
     bad = [(r["rank"], r["part"]) for r in rows if r["measured"] != r["formula"]]
     assert bad == [(1, "weights")]
-    table = R.sharded_state_table({2: [_rank(0, 2, 1000), _rank(1, 2, 1000, scale=1.5)]})
+    with pytest.raises(TypeError, match="run must be a ShardingRun"):
+        R.sharded_state_rows({2: [run.ranks[2][0]]})  # the string-keyed dict of old: refused, named
+    table = R.sharded_state_table(run)
     assert "**no**" in table and table.count("yes") == 1
 
 

@@ -21,6 +21,7 @@ The worker runs in spawned processes, so it lives here, not in a notebook.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from ...checks import (count as check_count, instance as check_instance, positive as check_positive,
                        sequence as check_sequence)
@@ -29,11 +30,72 @@ from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
 
-__all__ = ["MODEL", "run_sharding", "local_state_bytes"]
+__all__ = ["MODEL", "HeldBytes", "ShardedRank", "ShardingRun", "run_sharding", "local_state_bytes"]
 
 #: The model sharded on the page: every parameter's first dimension is a
 #: multiple of 4, so 2 and 4 ranks split it without padding.
 MODEL = dict(vocab=256, seq_len=32, hidden=64, heads=4, layers=2, dropout=0.0)
+
+
+@dataclass(frozen=True)
+class HeldBytes:
+    """Bytes one rank holds, by part: ``weights``, ``gradients``, ``optimizer_state`` (Adam's two averages)
+    and ``step_counters`` (Adam's per-tensor step counts)."""
+
+    weights: int
+    gradients: int
+    optimizer_state: int
+    step_counters: int
+
+
+@dataclass(frozen=True)
+class ShardedRank:
+    """One rank of a sharding run on ``world_size`` processes (:func:`run_sharding`).
+
+    ``n_params`` and ``shapes`` (``n_tensors`` of them) describe the full model; ``zero3`` and ``zero1``
+    are the :class:`HeldBytes` of this rank under ``fully_shard`` and under ``ZeroRedundancyOptimizer``;
+    ``losses`` is the sharded run's global loss per step and ``reference_losses`` the unsharded copy's on
+    the whole batch; ``zero3_collectives`` / ``keep_collectives`` are ``(kind, phase, bytes)`` for each
+    collective of one forward and backward, weights freed after forward or kept until backward.
+    """
+
+    rank: int
+    world_size: int
+    backend: str
+    n_params: int
+    shapes: tuple
+    n_tensors: int
+    zero3: HeldBytes
+    zero1: HeldBytes
+    losses: tuple
+    reference_losses: tuple
+    zero3_collectives: tuple
+    keep_collectives: tuple
+
+    @classmethod
+    def from_worker(cls, d: dict) -> "ShardedRank":
+        """The record a worker sent (plain types, as ``torch.load(weights_only=True)`` reads them)."""
+        triples = lambda key: tuple(tuple(c) for c in d[key])  # noqa: E731
+        return cls(d["rank"], d["world_size"], d["backend"], d["n_params"], tuple(map(tuple, d["shapes"])),
+                   d["n_tensors"], HeldBytes(**d["zero3"]), HeldBytes(**d["zero1"]), tuple(d["losses"]),
+                   tuple(d["reference_losses"]), triples("zero3_collectives"), triples("keep_collectives"))
+
+
+@dataclass(frozen=True)
+class ShardingRun:
+    """What :func:`run_sharding` measured: ``ranks[N]`` is the tuple of :class:`ShardedRank` on N processes."""
+
+    ranks: dict
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the model every run sharded."""
+        return next(iter(self.ranks.values()))[0].n_params
+
+    @property
+    def n_tensors(self) -> int:
+        """Parameter tensors of that model."""
+        return next(iter(self.ranks.values()))[0].n_tensors
 
 
 def _bytes(t) -> int:
@@ -197,21 +259,15 @@ MAX_GLOBAL_BATCH = 4096
 
 
 def run_sharding(world_sizes=(2, 4), steps: int = 4, global_batch: int = 8, lr: float = 1e-3,
-                 timeout: float = 180.0) -> dict:
-    """Run the sharding measurements on each process count in ``world_sizes``; ``{N: [one dict per rank]}``.
+                 timeout: float = 180.0) -> ShardingRun:
+    """Run the sharding measurements on each process count in ``world_sizes``: a :class:`ShardingRun`.
 
     One launch of ``max(world_sizes)`` processes serves every count: with N
     processes, ranks 0..N-1 shard over a device mesh of their own while the
     others wait (starting processes costs seconds each; they are started once).
 
-    Each dict: ``n_params`` and ``shapes`` (the full model), ``zero3`` and
-    ``zero1`` (bytes held by this rank under fully_shard and under
-    ZeroRedundancyOptimizer: ``weights``, ``gradients``, ``optimizer_state``,
-    ``step_counters``), ``losses`` (the sharded run's global loss per step)
-    and ``reference_losses`` (the unsharded copy on the whole batch),
-    ``zero3_collectives`` / ``keep_collectives`` (``(kind, phase, bytes)``
-    for each collective of one forward and backward, weights freed after
-    forward or kept). ``global_batch`` sequences are split evenly over the ranks.
+    ``run.ranks[N]`` holds one :class:`ShardedRank` per rank (what it holds, its
+    losses, the collectives it logged). ``global_batch`` sequences are split evenly over the ranks.
     """
     from ..precision import MAX_LR
     from .launch import MAX_WORLD_SIZE
@@ -227,4 +283,4 @@ def run_sharding(world_sizes=(2, 4), steps: int = 4, global_batch: int = 8, lr: 
     require_all('fully_shard', 'comm_debug_mode')  # before starting processes: one clear error on an older torch
     per_rank = launch(_sharding_worker, sizes[-1], args=(sizes, steps, global_batch, lr), timeout=timeout,
                       progress_total=sum(sizes), desc=f"sharding on {', '.join(map(str, sizes))} processes")
-    return {n: [r[n] for r in per_rank[:n]] for n in sizes}
+    return ShardingRun({n: tuple(ShardedRank.from_worker(r[n]) for r in per_rank[:n]) for n in sizes})
