@@ -739,11 +739,15 @@ def _structure_samples():
         "zero3_collectives": [["all_gather", "forward", 4000], ["reduce_scatter", "backward", 4000]],
         "keep_collectives": [["all_gather", "forward", 2000], ["reduce_scatter", "backward", 4000]]})
     shard_run = ShardingRun({2: (shard_rank(0), shard_rank(1))})
-    comm = {"world_size": 2, "all_reduce": [[4096, [0.003, 0.001]]], "all_gather": [[4096, [0.002]]],
-            "reduce_scatter": [[4096, [0.002]]],
-            "ddp": {"grad_bytes": 4096, "bucket_bytes": [4096], "bucket_times": [[0.002, 0.001]],
-                    "backward": [0.010, 0.012], "backward_no_sync": [0.008, 0.009]},
-            "fsdp": {"collectives": [["all_gather", 4096]], "replay_each": [[0.002, 0.001]], "step": [0.05]}}
+    from lessonlib.measure.distributed.comm_timing import CommTiming
+
+    comm = CommTiming.from_worker({
+        "world_size": 2, "backend": "gloo", "all_reduce": [[4096, [0.003, 0.001]]], "all_gather": [[4096, [0.002]]],
+        "reduce_scatter": [[4096, [0.002]]],
+        "ddp": {"grad_bytes": 4096, "bucket_bytes": [4096], "bucket_times": [[0.002, 0.001]],
+                "backward": [0.010, 0.012], "backward_no_sync": [0.008, 0.009]},
+        "fsdp": {"collectives": [["all_gather", 4096]], "n_params": 1024, "replay_each": [[0.002, 0.001]],
+                 "step": [0.05]}})
     runs = [{"rank": r, "wall": [1.0, 2.0, 5.0, 6.0], "cpu": [0.9, 1.8, 2.1, 3.0]} for r in (0, 1)]
     experts = [{"rank": r, "tokens_per_expert": [30, 10, 10, 10], "tokens_processed": t, "expert_seconds": s}
                for r, t, s in ((0, 40, 0.004), (1, 20, 0.002))]

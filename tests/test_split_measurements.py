@@ -168,11 +168,11 @@ def test_comm_timing_runs_and_fits():
     res = run_comm_timing(world_size=2, sweep=(2 ** 12, 2 ** 16, 2 ** 20, 2 ** 24), check_bytes=(2 ** 16,),
                           rounds=3, ddp_hidden=64, ddp_batch=16,
                           fsdp=dict(vocab=64, seq_len=16, hidden=32, heads=2, layers=1, dropout=0.0))
-    sizes = [b for b, _ in res["all_reduce"]]
-    fit = fit_alpha_beta(sizes, [R.fastest(t) for _, t in res["all_reduce"]])
+    sizes = [b for b, _ in res.all_reduce]
+    fit = fit_alpha_beta(sizes, [R.fastest(t) for _, t in res.all_reduce])
     assert fit.alpha_s > 0 and fit.beta_bytes_per_s > 0
-    assert sum(res["ddp"]["bucket_bytes"]) == res["ddp"]["grad_bytes"]
-    got = R.traffic_summary(res["fsdp"]["collectives"])
-    t3 = zero_step_traffic(res["fsdp"]["n_params"], 2, 3, 4)
+    assert sum(res.ddp.bucket_bytes) == res.ddp.grad_bytes
+    got = R.traffic_summary(res.fsdp.collectives)
+    t3 = zero_step_traffic(res.fsdp.n_params, 2, 3, 4)
     assert got["all_gather"]["bytes"] == t3["all_gather"] and got["reduce_scatter"]["bytes"] == t3["reduce_scatter"]
     assert all(r["measured_s"] > 0 for r in R.comm_rows(res, fit))

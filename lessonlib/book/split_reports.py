@@ -293,32 +293,77 @@ def fastest(times) -> float:
     return min(check_amount("times", t) for t in check_sequence("times", times))
 
 
+def _comm_timing(name: str, value):
+    """``value`` if it is a :class:`~lessonlib.measure.distributed.comm_timing.CommTiming` whose every field
+    has its type and every collective a known kind; else an error naming ``name``."""
+    from ..measure.distributed.comm_timing import CommTiming, DDPTiming, FSDPTiming
+
+    kinds = ("all_reduce", "all_gather", "reduce_scatter")
+
+    def rounds(where, ts):
+        return [check_amount(f"{where}[{i}]", t) for i, t in enumerate(check_sequence(where, ts))]
+
+    check_instance(name, value, CommTiming, "a CommTiming (what run_comm_timing returns)")
+    check_count(f"{name}.world_size", value.world_size, minimum=2)
+    for kind in kinds:
+        for i, pair in enumerate(check_sequence(f"{name}.{kind}", getattr(value, kind), allow_empty=True)):
+            pair = check_sequence(f"{name}.{kind}[{i}]", pair)
+            if len(pair) != 2:
+                raise ValueError(f"{name}.{kind}[{i}] must be (bytes, seconds per round), got {pair!r:.80}")
+            check_count(f"{name}.{kind}[{i}] (bytes)", pair[0])
+            rounds(f"{name}.{kind}[{i}] (seconds)", pair[1])
+    d = check_instance(f"{name}.ddp", value.ddp, DDPTiming, "a DDPTiming")
+    check_count(f"{name}.ddp.grad_bytes", d.grad_bytes)
+    buckets = [check_count(f"{name}.ddp.bucket_bytes[{i}]", b)
+               for i, b in enumerate(check_sequence(f"{name}.ddp.bucket_bytes", d.bucket_bytes))]
+    if len(check_sequence(f"{name}.ddp.bucket_times", d.bucket_times)) != len(buckets):
+        raise ValueError(f"{name}.ddp.bucket_times must hold one list of rounds per bucket ({len(buckets)})")
+    for i, ts in enumerate(d.bucket_times):
+        rounds(f"{name}.ddp.bucket_times[{i}]", ts)
+    rounds(f"{name}.ddp.backward", d.backward)
+    rounds(f"{name}.ddp.backward_no_sync", d.backward_no_sync)
+    f = check_instance(f"{name}.fsdp", value.fsdp, FSDPTiming, "an FSDPTiming")
+    collectives = check_sequence(f"{name}.fsdp.collectives", f.collectives)
+    for i, c in enumerate(collectives):
+        c = check_sequence(f"{name}.fsdp.collectives[{i}]", c)
+        if len(c) != 2 or c[0] not in kinds:
+            raise ValueError(f"{name}.fsdp.collectives[{i}] must be (kind, bytes) with a kind of {kinds}, got {c!r:.80}")
+        check_count(f"{name}.fsdp.collectives[{i}] (bytes)", c[1])
+    check_count(f"{name}.fsdp.n_params", f.n_params)
+    if len(check_sequence(f"{name}.fsdp.replay_each", f.replay_each)) != len(collectives):
+        raise ValueError(f"{name}.fsdp.replay_each must hold one list of rounds per collective ({len(collectives)})")
+    for i, ts in enumerate(f.replay_each):
+        rounds(f"{name}.fsdp.replay_each[{i}]", ts)
+    rounds(f"{name}.fsdp.step", f.step)
+    return value
+
+
 @_reads("result")
-def comm_rows(result: dict, link: Link, stat=fastest) -> list:
-    """Predicted against measured for every timed collective of :func:`run_comm_timing`.
+def comm_rows(result, link: Link, stat=fastest) -> list:
+    """Predicted against measured for every timed collective of ``result``, :func:`run_comm_timing`'s
+    :class:`~lessonlib.measure.distributed.comm_timing.CommTiming`, taken whole.
 
     ``stat`` reduces the rounds of one measurement to one number (default: :func:`fastest`).
     Returns dicts ``{"what", "bytes", "measured_s", "predicted_s"}``.
     """
-    n = check_record("result", result, ("world_size", "all_reduce", "all_gather", "reduce_scatter", "ddp", "fsdp"),
-                "a result of run_comm_timing")["world_size"]
+    n = _comm_timing("result", result).world_size
     check_instance("link", link, Link, "a Link (alpha_s, beta_bytes_per_s)")
     check_function("stat", stat)
     rows = []
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
-        for b, ts in result[kind]:
+        for b, ts in getattr(result, kind):
             rows.append({"what": kind.replace("_", "-"), "bytes": b, "measured_s": stat(ts),
                          "predicted_s": link.seconds(kind, b, n)})
-    d = result["ddp"]
-    pred = sum(link.seconds("all_reduce", b, n) for b in d["bucket_bytes"])
-    rows.append({"what": f"DDP buckets, all-reduced alone ({len(d['bucket_bytes'])})", "bytes": d["grad_bytes"],
-                 "measured_s": sum(stat(t) for t in d["bucket_times"]), "predicted_s": pred})
-    rows.append({"what": "DDP step: backward minus no_sync backward", "bytes": d["grad_bytes"],
-                 "measured_s": stat(d["backward"]) - stat(d["backward_no_sync"]), "predicted_s": pred})
-    f = result["fsdp"]
-    rows.append({"what": f"fully_shard step's {len(f['collectives'])} collectives, each replayed",
-                 "bytes": sum(b for _, b in f["collectives"]), "measured_s": sum(stat(t) for t in f["replay_each"]),
-                 "predicted_s": sum(link.seconds(k, b, n) for k, b in f["collectives"])})
+    d = result.ddp
+    pred = sum(link.seconds("all_reduce", b, n) for b in d.bucket_bytes)
+    rows.append({"what": f"DDP buckets, all-reduced alone ({len(d.bucket_bytes)})", "bytes": d.grad_bytes,
+                 "measured_s": sum(stat(t) for t in d.bucket_times), "predicted_s": pred})
+    rows.append({"what": "DDP step: backward minus no_sync backward", "bytes": d.grad_bytes,
+                 "measured_s": stat(d.backward) - stat(d.backward_no_sync), "predicted_s": pred})
+    f = result.fsdp
+    rows.append({"what": f"fully_shard step's {len(f.collectives)} collectives, each replayed",
+                 "bytes": sum(b for _, b in f.collectives), "measured_s": sum(stat(t) for t in f.replay_each),
+                 "predicted_s": sum(link.seconds(k, b, n) for k, b in f.collectives)})
     return rows
 
 

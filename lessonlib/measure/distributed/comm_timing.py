@@ -24,6 +24,7 @@ them (the fastest round, on the pages). Times are seconds.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from ...checks import count as check_count, mapping as check_mapping, sequence as check_sequence
 from ..rounds import MAX_ROUNDS
@@ -32,7 +33,59 @@ from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
 
-__all__ = ["run_comm_timing", "SWEEP_BYTES"]
+__all__ = ["run_comm_timing", "SWEEP_BYTES", "CommTiming", "DDPTiming", "FSDPTiming"]
+
+
+@dataclass(frozen=True)
+class DDPTiming:
+    """DDP's gradient all-reduce, timed: ``grad_bytes`` of gradients in buckets of ``bucket_bytes``;
+    ``bucket_times`` (seconds per round, per bucket, each bucket all-reduced alone); ``backward`` and
+    ``backward_no_sync`` (seconds per round of a backward with and without the all-reduce)."""
+
+    grad_bytes: int
+    bucket_bytes: tuple
+    bucket_times: tuple
+    backward: tuple
+    backward_no_sync: tuple
+
+
+@dataclass(frozen=True)
+class FSDPTiming:
+    """A ``fully_shard`` step, timed: its ``collectives`` (``(kind, bytes)`` in order) for a model of
+    ``n_params`` parameters; ``replay_each`` (seconds per round, per collective replayed alone) and
+    ``step`` (seconds per round of the whole step)."""
+
+    collectives: tuple
+    n_params: int
+    replay_each: tuple
+    step: tuple
+
+
+@dataclass(frozen=True)
+class CommTiming:
+    """What :func:`run_comm_timing` measured on ``world_size`` processes (rank 0's view; each time the
+    slowest rank's): ``all_reduce``, ``all_gather``, ``reduce_scatter`` are ``(bytes, seconds per round)``
+    per message size; ``ddp`` a :class:`DDPTiming`; ``fsdp`` an :class:`FSDPTiming`."""
+
+    world_size: int
+    backend: str
+    all_reduce: tuple
+    all_gather: tuple
+    reduce_scatter: tuple
+    ddp: DDPTiming
+    fsdp: FSDPTiming
+
+    @classmethod
+    def from_worker(cls, d: dict) -> "CommTiming":
+        """The record rank 0 sent (plain types, as ``torch.load(weights_only=True)`` reads them)."""
+        sizes = lambda key: tuple((b, tuple(ts)) for b, ts in d[key])  # noqa: E731
+        rounds = lambda xs: tuple(tuple(t) for t in xs)  # noqa: E731
+        g, f = d["ddp"], d["fsdp"]
+        return cls(d["world_size"], d["backend"], sizes("all_reduce"), sizes("all_gather"), sizes("reduce_scatter"),
+                   DDPTiming(g["grad_bytes"], tuple(g["bucket_bytes"]), rounds(g["bucket_times"]),
+                             tuple(g["backward"]), tuple(g["backward_no_sync"])),
+                   FSDPTiming(tuple(tuple(c) for c in f["collectives"]), f["n_params"], rounds(f["replay_each"]),
+                              tuple(f["step"])))
 
 #: All-reduce sizes of the sweep, bytes (1 KiB to 16 MiB, float32 tensors).
 SWEEP_BYTES = tuple(2 ** k for k in range(10, 25, 2))
@@ -220,16 +273,10 @@ def _fsdp_config(fsdp) -> dict:
 def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16, 2 ** 20, 2 ** 22),
                     rounds: int = 9, ddp_hidden: int = 512, ddp_batch: int = 256,
                     fsdp=dict(vocab=256, seq_len=64, hidden=128, heads=4, layers=2, dropout=0.0),
-                    timeout: float = 240.0) -> dict:
+                    timeout: float = 240.0) -> CommTiming:
     """Measure the collectives above on ``world_size`` processes; rank 0's view (every time is the slowest rank's).
 
-    Returns ``{"world_size", "backend", "all_reduce": [(bytes, [s per round])...],
-    "all_gather": [...], "reduce_scatter": [...], "ddp": {...}, "fsdp": {...}}``.
-    ``ddp`` has ``grad_bytes``, ``bucket_bytes``, ``bucket_times`` (per
-    bucket, per round), ``backward`` and ``backward_no_sync`` (per round);
-    ``fsdp`` has ``collectives`` (``(kind, bytes)`` in order), ``n_params``,
-    ``replay_each`` (per collective, per round) and ``step`` (per round). Sizes must be multiples of
-    ``4 * world_size`` bytes.
+    Returns a :class:`CommTiming`. Sizes must be multiples of ``4 * world_size`` bytes.
     """
     from .data_parallel import MAX_SIZE
     from .launch import MAX_WORLD_SIZE
@@ -254,4 +301,4 @@ def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16
     per_rank = launch(_comm_worker, world_size,
                       args=(sizes, checks, rounds, ddp_hidden, ddp_batch, fsdp),
                       timeout=timeout, progress_total=3 * world_size, desc=f"communication on {world_size} processes")
-    return per_rank[0]
+    return CommTiming.from_worker(per_rank[0])
