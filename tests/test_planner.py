@@ -286,3 +286,18 @@ def test_the_tensor_parallel_degree_divides_the_heads_everywhere(t):
     from lessonlib.calc import pricing
     with pytest.raises(ValueError, match="tensor"):
         pricing.activation_bytes_per_device(128, 1, 960, 12, 4, tensor=t)
+
+
+def test_propose_checks_its_arguments_once_however_many_layouts_it_tries(monkeypatch):
+    """Validate once, at the entry point: the planner's own checks of n_params (and of every argument)
+    do not repeat along the search; internal calls (_plan, _layout, _training_flops) trust their caller."""
+    calls = []
+    for name in ("check_count", "check_positive", "check_choice", "check_flag"):
+        real = getattr(planner, name)
+        monkeypatch.setattr(planner, name, lambda arg, *a, _real=real, **k: calls.append(arg) or _real(arg, *a, **k))
+    kw = dict(batch_per_device=1, seq_len=2048, device_bytes=80e9, train_tokens=10**9, device_flops_per_s=1e14)
+    small = planner.propose(**_shape("124M (GPT-2 small)"), **kw)
+    n_small, calls[:] = list(calls), []
+    big = planner.propose(**_shape("70B"), **kw)  # does not fit: the search tries many layouts
+    assert len(small) == 1 and len(big) >= 2 and big[1].fits_memory
+    assert calls.count("n_params") == 1 and calls == n_small  # the same checks, once each, whatever the search
