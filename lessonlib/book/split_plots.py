@@ -60,32 +60,52 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
     return fig
 
 
-@_reads("run")
-def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
-    """Busy spans of each stage as recorded in one real step, GPipe above 1F1B (ms from the step's start)."""
+def _pipeline_steps(run, microbatches, step, schedules=None) -> tuple:
+    """``(p, [(run of the schedule, its step ``step``)])`` for the runs of ``run`` (run_pipelines' result)
+    with ``microbatches`` micro-batches (and a schedule in ``schedules``, if given); errors name the argument."""
     check_record("run", run, ("world_size", "runs"), "a result of run_pipelines")
     microbatches = check_count("microbatches", microbatches)
     step = check_count("step", step, minimum=0)
-    runs = [r for r in run["runs"] if r["microbatches"] == microbatches]
+    runs = [r for r in run["runs"] if r["microbatches"] == microbatches
+            and (schedules is None or r["schedule"] in check_sequence("schedules", schedules))]
     if not runs:
-        raise ValueError(f"no run with microbatches={microbatches}")
-    p = run["world_size"]
-    fig, axes = plt.subplots(len(runs), 1, figsize=(7.5, 1.3 + 1.0 * p * len(runs)), squeeze=False)
-    cmap = plt.get_cmap("tab10")
-    for ax, r in zip(axes[:, 0], runs):
+        raise ValueError(f"no run with microbatches={microbatches}" + ("" if schedules is None else
+                                                                       f" and a schedule in {list(schedules)}"))
+    for r in runs:
         if step >= len(r["steps"]):
             raise ValueError(f"step must be below the {len(r['steps'])} steps measured, got {step}")
-        st = r["steps"][step]
-        t0 = min(s[2] for spans in st["spans"] for s in spans)
-        for stage, spans in enumerate(st["spans"]):
-            for kind, mb, a, b, *_ in spans:
-                ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (stage - 0.4, 0.8), facecolors=cmap(mb % 10),
-                               edgecolor="white", alpha=1.0 if kind == "F" else 0.55)
-                if b - a > 0.02 * (max(s[3] for sp in st["spans"] for s in sp) - t0):
-                    ax.text(1e3 * (a + b) / 2 - 1e3 * t0, stage, f"{kind}{mb}", ha="center", va="center", fontsize=7)
-        ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
-        ax.set_ylim(p - 0.4, -0.6)
-        ax.set_ylabel("process")
+    return run["world_size"], [(r, r["steps"][step]) for r in runs]
+
+
+def _draw_step(ax, st, p, row: str, *, fade: float, share: float, fontsize: int, stages: bool) -> tuple:
+    """One step's busy spans on ``ax``, a row per process (``row`` 0..p-1), in ms from its first computation:
+    bars coloured by micro-batch, forward opaque and backward ``fade``, labelled where a bar is over ``share``
+    of the step; with ``stages``, a process's later stage hatched and each label naming its stage.
+    Returns the step's first and last times (s)."""
+    cmap = plt.get_cmap("tab10")
+    every = [s for spans in st["spans"] for s in spans]
+    t0, t1 = min(s[2] for s in every), max(s[3] for s in every)
+    for proc, spans in enumerate(st["spans"]):
+        for kind, mb, a, b, *rest in spans:
+            later = stages and bool(rest) and rest[0] >= p  # this process's second stage (loop or V)
+            ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (proc - 0.4, 0.8), facecolors=cmap(mb % 10),
+                           edgecolor="white", hatch="///" if later else None, alpha=1.0 if kind == "F" else fade)
+            if b - a > share * (t1 - t0):
+                label = f"{kind}{mb}" + (f"\n s{rest[0]}" if stages and rest else "")
+                ax.text(1e3 * (a + b) / 2 - 1e3 * t0, proc, label, ha="center", va="center", fontsize=fontsize)
+    ax.set_yticks(range(p), [f"{row} {s}" for s in range(p)])
+    ax.set_ylim(p - 0.4, -0.6)
+    ax.set_ylabel("process")
+    return t0, t1
+
+
+@_reads("run")
+def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
+    """Busy spans of each stage as recorded in one real step, GPipe above 1F1B (ms from the step's start)."""
+    p, steps = _pipeline_steps(run, microbatches, step)
+    fig, axes = plt.subplots(len(steps), 1, figsize=(7.5, 1.3 + 1.0 * p * len(steps)), squeeze=False)
+    for ax, (r, st) in zip(axes[:, 0], steps):
+        _draw_step(ax, st, p, "stage", fade=0.55, share=0.02, fontsize=7, stages=False)
         ax.set_xlabel("time since the step's first computation (ms)")
         ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}: idle share "
                      f"{st['idle_share']:.0%} (formula {(p - 1) / (microbatches + p - 1):.0%})", fontsize=10)
@@ -149,39 +169,14 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
     (input-gradient backward) or ``W`` (weight-gradient backward) with the
     micro-batch and, small, the stage.
     """
-    check_record("run", run, ("world_size", "runs"), "a result of run_pipelines")
-    microbatches = check_count("microbatches", microbatches)
-    step = check_count("step", step, minimum=0)
-    runs = [r for r in run["runs"] if r["microbatches"] == microbatches
-            and (schedules is None or r["schedule"] in check_sequence("schedules", schedules))]
-    if not runs:
-        raise ValueError(f"no run with microbatches={microbatches}" + ("" if schedules is None else
-                                                                       f" and a schedule in {list(schedules)}"))
-    p = run["world_size"]
-    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 1.2 + 1.05 * p * len(runs)), squeeze=False)
-    cmap = plt.get_cmap("tab10")
-    for ax, r in zip(axes[:, 0], runs):
-        if step >= len(r["steps"]):
-            raise ValueError(f"step must be below the {len(r['steps'])} steps measured, got {step}")
-        st = r["steps"][step]
-        every = [s for spans in st["spans"] for s in spans]
-        t0, t1 = min(s[2] for s in every), max(s[3] for s in every)
-        for proc, spans in enumerate(st["spans"]):
-            for kind, mb, a, b, *rest in spans:
-                later = bool(rest) and rest[0] >= p  # this process's second stage (loop or V)
-                ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (proc - 0.4, 0.8), facecolors=cmap(mb % 10),
-                               edgecolor="white", hatch="///" if later else None,
-                               alpha=1.0 if kind == "F" else 0.6)
-                if b - a > 0.025 * (t1 - t0):
-                    label = f"{kind}{mb}" + (f"\n s{rest[0]}" if rest else "")
-                    ax.text(1e3 * (a + b) / 2 - 1e3 * t0, proc, label, ha="center", va="center", fontsize=8)
-        ax.set_yticks(range(p), [f"process {s}" for s in range(p)])
-        ax.set_ylim(p - 0.4, -0.6)
+    p, steps = _pipeline_steps(run, microbatches, step, schedules)
+    fig, axes = plt.subplots(len(steps), 1, figsize=(8, 1.2 + 1.05 * p * len(steps)), squeeze=False)
+    for ax, (r, st) in zip(axes[:, 0], steps):
+        t0, t1 = _draw_step(ax, st, p, "process", fade=0.6, share=0.025, fontsize=8, stages=True)
         ax.set_xlim(0, 1e3 * (t1 - t0))
         ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}, "
                      f"idle share {st['idle_share']:.0%}", fontsize=10)
         ax.set_xlabel("time since the step's first computation (ms)", fontsize=8)
-        ax.set_ylabel("process")
     axes[-1, 0].set_xlabel("time since the step's first computation (ms)\nF forward, B backward, I input-gradient "
                            "backward, W weight-gradient backward; s = stage; hatched = a process's later stage; "
                            "gaps = waiting", fontsize=8)

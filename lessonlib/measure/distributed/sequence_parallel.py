@@ -26,10 +26,9 @@ import torch.nn.functional as F
 from ...checks import amount as check_amount, count as check_count
 from ..compat import require_all
 from ..models import MAX_PARAMS, MAX_SEQ_LEN
-from .collectives import CollectiveLog
 from .launch import launch
 from .quiet import known_warnings_silenced
-from .tensor_parallel import BLOCK_PLAN, MAX_ACTIVATION_VALUES, LocalSavedTensorCounter, TPBlock
+from .tensor_parallel import BLOCK_PLAN, MAX_ACTIVATION_VALUES, TPBlock, saved_and_sent
 
 __all__ = ["SPBlock", "SP_PLAN", "run_sequence_parallel"]
 
@@ -97,19 +96,7 @@ def _sp_worker(rank, world_size, device, progress, cfg):
                 module = SPBlock(hidden, heads, seq).to(device=device, dtype=torch.bfloat16)
                 module.load_state_dict(ref.state_dict())
                 parallelize_module(module, mesh, plan)
-            module.train()
-            xi = x_in.clone().requires_grad_(True)  # a layer's input comes from the layer before
-            counter = LocalSavedTensorCounter(exclude=list(module.parameters()))
-            log = CollectiveLog()
-            with log:
-                with counter:
-                    y = module(xi)
-                y.float().square().mean().backward()
-            out[name] = {"bytes": counter.bytes,
-                         "items": [(shape, str(dtype), n) for _, shape, dtype, n in counter.items],
-                         "collectives": [(r.kind, r.phase, r.n_bytes) for r in log.records],
-                         "comm_counts": {str(k): v for k, v in log.get_comm_counts().items()},
-                         "output_shape": tuple(y.shape)}
+            out[name] = saved_and_sent(module, x_in)
         progress.put(1)
         # --- the split layer computes what the unsplit one does (float32, dropout off) -------------
         torch.manual_seed(2)
