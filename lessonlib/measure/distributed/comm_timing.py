@@ -152,7 +152,7 @@ def _comm_worker(rank, world_size, device, progress, sweep, check_bytes, rounds,
 
     from ..models import TinyGPT, lm_loss
     from .data_parallel import forecast_model, synthetic_batch
-    from .fsdp import _shard
+    from .fsdp import shard_model
 
     def ones(n_bytes):
         return torch.ones(n_bytes // 4, device=device)
@@ -186,7 +186,7 @@ def _comm_worker(rank, world_size, device, progress, sweep, check_bytes, rounds,
         mesh = init_device_mesh(device.type, (world_size,))
         torch.manual_seed(0)
         base = TinyGPT(**fsdp_cfg)
-        sharded = _shard(copy.deepcopy(base).to(device), mesh, reshard=True)
+        sharded = shard_model(copy.deepcopy(base).to(device), mesh, reshard=True)
         opt = torch.optim.Adam(sharded.parameters(), lr=1e-3)
         g = torch.Generator().manual_seed(1)
         tokens = torch.randint(0, fsdp_cfg["vocab"], (2 * world_size, fsdp_cfg["seq_len"]), generator=g).to(device)

@@ -23,14 +23,15 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from ...checks import (count as check_count, instance as check_instance, positive as check_positive,
+from ...checks import (count as check_count, flag as check_flag, instance as check_instance, positive as check_positive,
                        sequence as check_sequence)
 from ..compat import require_all
 from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
 
-__all__ = ["MODEL", "HeldBytes", "ShardedRank", "ShardingRun", "run_sharding", "local_state_bytes"]
+__all__ = ["MODEL", "HeldBytes", "ShardedRank", "ShardingRun", "run_sharding", "local_state_bytes", "build_model",
+           "shard_model", "token_batch"]
 
 #: The model sharded on the page: every parameter's first dimension is a
 #: multiple of 4, so 2 and 4 ranks split it without padding.
@@ -127,11 +128,14 @@ def local_state_bytes(model, optimizer) -> dict:
     return out
 
 
-def _build(seed: int = 0):
+def build_model(seed: int = 0):
+    """The :class:`~lessonlib.measure.models.TinyGPT` of :data:`MODEL`, its weights drawn from ``seed``
+    (the same on every process that passes the same seed)."""
     import torch
 
     from ..models import TinyGPT
 
+    seed = check_count("seed", seed, minimum=0)
     torch.manual_seed(seed)
     return TinyGPT(**MODEL)
 
@@ -151,8 +155,21 @@ def token_batch(global_batch: int, seed: int = 1):
     return x, y
 
 
-def _shard(model, mesh, reshard: bool):
+def shard_model(model, mesh, reshard: bool):
+    """``model`` (a TinyGPT: its ``blocks``) with ``fully_shard`` applied to each block and then to the
+    whole, over the device mesh ``mesh``; ``reshard`` frees the gathered weights after forward (ZeRO-3) or
+    keeps them until backward. Returns the model, sharded in place."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
+
+    from ..models import check_module
+
+    check_module("model", model)
+    if not isinstance(getattr(model, "blocks", None), torch.nn.Sequential):
+        raise TypeError(f"model must have blocks to shard one by one (a TinyGPT), got {type(model).__name__}")
+    check_instance("mesh", mesh, DeviceMesh, "a DeviceMesh")
+    check_flag("reshard", reshard)
 
     for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
@@ -177,7 +194,7 @@ def _shard_on(rank, n, mesh, device, base, steps, global_batch, lr):
     # --- ZeRO-3 with fully_shard, against an unsharded copy on the whole batch -------------
     ref = copy.deepcopy(base).to(device)
     ref_opt = torch.optim.Adam(ref.parameters(), lr=lr)
-    model = _shard(copy.deepcopy(base).to(device), mesh, reshard=True)
+    model = shard_model(copy.deepcopy(base).to(device), mesh, reshard=True)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     ref_losses, losses = [], []
     log = CollectiveLog()
@@ -205,7 +222,7 @@ def _shard_on(rank, n, mesh, device, base, steps, global_batch, lr):
     state["gradients"] = held["gradients"]
 
     # --- the same step with the weights kept from forward to backward ----------------------
-    keep = _shard(copy.deepcopy(base).to(device), mesh, reshard=False)
+    keep = shard_model(copy.deepcopy(base).to(device), mesh, reshard=False)
     log_keep = CollectiveLog()
     with log_keep:
         lm_loss(keep(xs), ys).backward()
@@ -241,7 +258,7 @@ def _sharding_worker(rank, world_size, device, progress, world_sizes, steps, glo
 
     out = {}
     with known_warnings_silenced():
-        base = _build()
+        base = build_model()
         for n in world_sizes:
             # Every process takes part in creating the mesh (it makes a process group); only
             # ranks 0..n-1 work on it, the others wait at the barrier without using the CPU.

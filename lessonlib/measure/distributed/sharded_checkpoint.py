@@ -23,7 +23,7 @@ from pathlib import Path
 from ...checks import count as check_count, path as check_path, positive as check_positive
 from ..compat import require_all
 from .launch import launch
-from .fsdp import _build, _shard, token_batch
+from .fsdp import build_model, shard_model, token_batch
 from .quiet import known_warnings_silenced
 
 __all__ = ["save_sharded", "load_unsharded", "compare_states", "checkpoint_files"]
@@ -40,7 +40,7 @@ def _save_worker(rank, world_size, device, progress, path, steps, global_batch, 
 
     with known_warnings_silenced():
         mesh = init_device_mesh(device.type, (world_size,))
-        model = _shard(_build().to(device), mesh, reshard=True)
+        model = shard_model(build_model().to(device), mesh, reshard=True)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         x, y = (t.to(device) for t in token_batch(global_batch))
         share = global_batch // world_size
@@ -124,7 +124,7 @@ def load_unsharded(path, lr: float = 1e-3):
     if not path.is_dir() or not (path / ".metadata").exists():
         raise ValueError(f"path {str(path)!r} holds no torch.distributed.checkpoint checkpoint (.metadata missing)")
     with known_warnings_silenced():
-        model = _build()
+        model = build_model()
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         model_sd, optim_sd = get_state_dict(model, opt)  # the layout to fill: full-size tensors
         state = {"model": model_sd, "optim": optim_sd}
