@@ -61,6 +61,8 @@ DENY = {
     "lessonlib.measure.recovery.run_training": "starts a process; test_recovery checks arguments first",
     "lessonlib.measure.recovery.main": "the command line (argparse exits); TrainingProcess checks before it",
     "lessonlib.measure.distributed.launch.launch": "starts processes; test_interrupt checks arguments first",
+    "lessonlib.measure.distributed.worker.run_rank": "a started process's entry: it exits the process; "
+                                                     "test_launch_failures checks its arguments",
     "lessonlib.measure.distributed.data_parallel.run_data_parallel": "starts processes; test_interrupt",
     "lessonlib.measure.distributed.scaling.run_scaling": "starts processes; test_scaling checks its arguments",
     "lessonlib.measure.distributed.splits.run_splits": "starts processes; test_interrupt",
