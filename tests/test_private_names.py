@@ -86,28 +86,11 @@ def test_the_check_finds_a_crossing():
     assert crossings("from .worker import _run_rank\n", "lessonlib.measure.distributed.worker") == []
 
 
-#: Crossings not yet resolved (each to be made public with its checks, or moved): this list only shrinks.
-KNOWN = {
-    "lessonlib/measure/checkpoint.py": {"_deserialise", "_named", "_serialise", "_whose"},
-}
-
-
-def _name_of(text: str) -> str:
-    return text.split(" import ")[-1] if " import " in text else text.split(".", 1)[1].split(" ")[0]
-
-
 def test_no_lessonlib_module_uses_another_modules_private_name():
-    bad, seen = [], set()
+    bad = []
     for path in sorted((ROOT / "lessonlib").rglob("*.py")):
         here, is_package = _module_name(path)
-        rel = path.relative_to(ROOT).as_posix()
-        for line, text in crossings(path.read_text(), here, is_package):
-            if _name_of(text) in KNOWN.get(rel, ()):
-                seen.add((rel, _name_of(text)))
-            else:
-                bad.append(f"{rel}:{line}: {text}")
-    stale = {(f, n) for f, ns in KNOWN.items() for n in ns} - seen
-    assert not stale, f"KNOWN lists crossings that are gone: drop them {sorted(stale)}"
+        bad += [f"{path.relative_to(ROOT)}:{line}: {text}" for line, text in crossings(path.read_text(), here, is_package)]
     assert not bad, "private names used across modules (make them public, or move them where they are used):\n" + "\n".join(bad)
 
 
