@@ -367,3 +367,18 @@ def test_port_taken_meanwhile_is_retried(monkeypatch):
     finally:
         busy.close()
     assert all(r["column_allclose"] for r in out)
+
+
+def test_amdahl_checks_each_argument_once_along_a_call(monkeypatch):
+    """Validate once: speedup_from_share -> amdahl_speedup's core -> the time formula checks world_size once,
+    and goodput checks its device count once (it used to pass through job_mtbf_seconds' checks again)."""
+    from lessonlib.calc import amdahl as A, goodput as G
+
+    seen = []
+    for mod in (A, G):
+        real = mod._check_count
+        monkeypatch.setattr(mod, "_check_count", lambda name, *a, _r=real, **k: seen.append(name) or _r(name, *a, **k))
+    assert A.speedup_from_share(0.2, 4) == pytest.approx(2.5)
+    assert A.amdahl_speedup(20, 80, 4) == pytest.approx(2.5)
+    G.goodput(8, 7.0, 50_000, 60)
+    assert seen == ["world_size"] * 3

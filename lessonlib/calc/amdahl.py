@@ -32,11 +32,26 @@ def amdahl_time(serial, parallel, world_size, communication=0.0) -> float:
     Raises ``ValueError`` naming the argument for negative or non-finite
     amounts and for a device count that is not a whole number >= 1.
     """
-    serial = _check_amount("serial", serial)
-    parallel = _check_amount("parallel", parallel)
-    world_size = _check_count("world_size", world_size)
-    communication = _check_amount("communication", communication)
+    return _time(*_checked(serial, parallel, world_size, communication))
+
+
+def _checked(serial, parallel, world_size, communication) -> tuple:
+    """The arguments of :func:`amdahl_time`, each checked once under the name the caller used."""
+    return (_check_amount("serial", serial), _check_amount("parallel", parallel),
+            _check_count("world_size", world_size), _check_amount("communication", communication))
+
+
+def _time(serial, parallel, world_size, communication) -> float:
+    """:func:`amdahl_time` on checked arguments (internal calls trust their caller)."""
     return serial + parallel / world_size + (communication if world_size > 1 else 0.0)
+
+
+def _speedup(serial, parallel, world_size, communication) -> float:
+    """:func:`amdahl_speedup` on checked arguments."""
+    t_many = _time(serial, parallel, world_size, communication)
+    if t_many == 0:
+        raise ValueError("serial, parallel and communication are all zero: there is no work to speed up")
+    return _time(serial, parallel, 1, 0.0) / t_many
 
 
 def amdahl_speedup(serial, parallel, world_size, communication=0.0) -> float:
@@ -48,11 +63,7 @@ def amdahl_speedup(serial, parallel, world_size, communication=0.0) -> float:
     >>> amdahl_speedup(20, 80, 4)
     2.5
     """
-    t_many = amdahl_time(serial, parallel, world_size, communication)
-    t_one = amdahl_time(serial, parallel, 1)
-    if t_many == 0:
-        raise ValueError("serial, parallel and communication are all zero: there is no work to speed up")
-    return t_one / t_many
+    return _speedup(*_checked(serial, parallel, world_size, communication))
 
 
 def speedup_from_share(serial_share, world_size, communication_share=0.0) -> float:
@@ -68,7 +79,7 @@ def speedup_from_share(serial_share, world_size, communication_share=0.0) -> flo
     """
     serial_share = _check_share("serial_share", serial_share)
     communication_share = _check_amount("communication_share", communication_share)
-    return amdahl_speedup(serial_share, 1.0 - serial_share, world_size, communication_share)
+    return _speedup(serial_share, 1.0 - serial_share, _check_count("world_size", world_size), communication_share)
 
 
 def gustafson_speedup(serial_share, world_size) -> float:

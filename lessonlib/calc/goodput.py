@@ -41,7 +41,11 @@ def job_mtbf_seconds(device_mtbf_hours, world_size) -> float:
     fails ``world_size`` times as often.
     """
     mtbf_h = _check_amount("device_mtbf_hours", device_mtbf_hours, allow_zero=False)
-    world_size = _check_count("world_size", world_size)
+    return _job_mtbf(mtbf_h, _check_count("world_size", world_size))
+
+
+def _job_mtbf(mtbf_h: float, world_size: int) -> float:
+    """:func:`job_mtbf_seconds` on checked arguments (internal calls trust their caller)."""
     return mtbf_h * SECONDS_PER_HOUR / world_size
 
 
@@ -92,7 +96,7 @@ def goodput(world_size, speedup, device_mtbf_hours, checkpoint_seconds, restart_
     speedup = _check_amount("speedup", speedup, allow_zero=False)
     checkpoint_seconds = _check_amount("checkpoint_seconds", checkpoint_seconds, allow_zero=False)
     restart_seconds = _check_amount("restart_seconds", restart_seconds)
-    mtbf = job_mtbf_seconds(device_mtbf_hours, world_size)
+    mtbf = _job_mtbf(_check_amount("device_mtbf_hours", device_mtbf_hours, allow_zero=False), world_size)
     if interval_seconds is None:
         interval = optimal_interval(checkpoint_seconds, mtbf)
     else:
