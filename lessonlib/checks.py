@@ -194,6 +194,21 @@ def mapping(name: str, value, allow_empty: bool = False) -> dict:
     return value
 
 
+def record(name: str, value, keys, what: str = "a measurement's result") -> dict:
+    """``value`` if it is a dict holding every one of ``keys``; else an error naming ``name``."""
+    mapping(name, value)
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise ValueError(f"{name} must be {what}, with the keys {', '.join(map(repr, keys))}; "
+                         f"missing {', '.join(map(repr, missing))}")
+    return value
+
+
+def records(name: str, value, keys, what: str = "a list of per-rank results") -> list:
+    """A non-empty list of :func:`record` dicts."""
+    return [record(name, v, keys, what) for v in sequence(name, value)]
+
+
 def result(value, args: str, what: str, low: float = 0.0, high: float = math.inf, hint: str = "") -> float:
     """A computed ``value`` checked against its physical range: finite and within [``low``, ``high``].
 
@@ -268,8 +283,8 @@ _NUMBER_FIELDS = {"int", "float", "int|None", "float|None"}
 _NOT_A_NUMBER_TEXT = re.compile(r"(?<![\w.])(nan|-?inf)(?![\w])", re.I)
 
 
-def _result_is_finite(value, depth=0) -> bool:
-    if depth > 6 or _is_bool(value) or value is None:
+def _result_is_finite(value, nesting=0) -> bool:
+    if nesting > 6 or _is_bool(value) or value is None:
         return True
     if isinstance(value, numbers.Real):
         try:
@@ -279,9 +294,9 @@ def _result_is_finite(value, depth=0) -> bool:
     if isinstance(value, str):
         return not _NOT_A_NUMBER_TEXT.search(value)
     if isinstance(value, dict):
-        return all(_result_is_finite(v, depth + 1) for v in value.values())
+        return all(_result_is_finite(v, nesting + 1) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return all(_result_is_finite(v, depth + 1) for v in value)
+        return all(_result_is_finite(v, nesting + 1) for v in value)
     return True
 
 

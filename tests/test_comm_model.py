@@ -64,7 +64,7 @@ def test_collective_bad_input():
         collective_seconds("all_reduce", 1, 2, 1e-6, 0)
     with pytest.raises(ValueError, match="alpha_s"):
         collective_seconds("all_reduce", 1, 2, -1e-6, 1e9)
-    with pytest.raises(ValueError, match="devices"):
+    with pytest.raises(ValueError, match="world_size"):
         collective_seconds("all_reduce", 1, 0, 1e-6, 1e9)
 
 

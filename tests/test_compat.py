@@ -168,8 +168,8 @@ def test_requires_refuses_bad_names():
     assert compat.requires() is True  # nothing required
     with pytest.raises(ValueError, match="names must be one of"):
         compat.requires("fully_shard", "fsdp")
-    with pytest.raises(ValueError, match="devices must name"):
-        compat.Capability("torch", "nn", "2.0", "x", devices=("tpu",))
+    with pytest.raises(ValueError, match="device_types must name"):
+        compat.Capability("torch", "nn", "2.0", "x", device_types=("tpu",))
 
 
 def test_a_fully_shard_that_cannot_run_on_cpu_processes_is_missing(monkeypatch):

@@ -61,6 +61,8 @@ DENY = {
     "lessonlib.measure.recovery.run_training": "starts a process; test_recovery checks arguments first",
     "lessonlib.measure.recovery.main": "the command line (argparse exits); TrainingProcess checks before it",
     "lessonlib.measure.distributed.launch.launch": "starts processes; test_interrupt checks arguments first",
+    "lessonlib.measure.distributed.worker.run_rank": "a started process's entry: it exits the process; "
+                                                     "test_launch_failures checks its arguments",
     "lessonlib.measure.distributed.data_parallel.run_data_parallel": "starts processes; test_interrupt",
     "lessonlib.measure.distributed.scaling.run_scaling": "starts processes; test_scaling checks its arguments",
     "lessonlib.measure.distributed.splits.run_splits": "starts processes; test_interrupt",
@@ -107,7 +109,7 @@ def _good():
     x = recompute.make_input(model, batch=2, seq_len=4)
     ledger = MemoryLedger(weights=10, gradients=10, optimizer_state=20, activations=5)
     return {
-        "serial": 20, "parallel": 80, "devices": 4, "n_bytes": 1000, "tokens_per_expert": [10, 30],
+        "serial": 20, "parallel": 80, "n_bytes": 1000, "tokens_per_expert": [10, 30],
         "device_mtbf_hours": 1000.0, "speedup": 3.0, "checkpoint_seconds": 300.0, "n_params": 1000,
         "seq_len": 8, "batch": 2, "hidden": 16, "heads": 2, "layers": 2, "stages": 4, "microbatches": 8,
         "tasks": [{"stage": 0, "microbatch": 0, "kind": "F", "start": 0.0, "end": 1.0}], "tokens": 1000,
@@ -149,7 +151,7 @@ def _good():
         "sizes": [1e3, 1e5], "plot_alpha_beta.seconds": [1e-4, 2e-4], "link": _link(), "Clock.device": torch.device("cpu"),
         "items": [((2, 3, 1), "float32", 24)], "format_value.figure": _published(), "W": torch.ones(2, 1, dtype=torch.bfloat16),
         "b": torch.zeros(1, dtype=torch.bfloat16), "lr": 0.01, "compare_states.a": {"w": torch.zeros(2)},
-        "compare_states.b": {"w": torch.zeros(2)}, "plot_goodput_failures.devices": [1, 2],
+        "compare_states.b": {"w": torch.zeros(2)}, "plot_goodput_failures.world_sizes": [1, 2],
         "plot_goodput_failures.rows": {"MTBF 1000 h": _goodputs()}, "no_failure": [1.0, 0.95],
         "per_rank_spans": [[("F", 0, 0.0, 1.0), ("B", 0, 1.0, 3.0)], [("F", 0, 1.0, 2.0), ("B", 0, 2.0, 4.0)]],
         "data_parallel_figure.rows": [_dp_row(8), _dp_row(32)], "world_size": 2,
@@ -494,7 +496,7 @@ def test_counts_take_numpy_integers_and_whole_floats_alike(qualname):
 
 
 def _good_calc(name):
-    return {"serial": 20, "parallel": 80, "devices": 4, "n_bytes": 1000, "device_mtbf_hours": 1000.0,
+    return {"serial": 20, "parallel": 80, "world_size": 4, "n_bytes": 1000, "device_mtbf_hours": 1000.0,
             "speedup": 3.0, "checkpoint_seconds": 300.0, "n_params": 1000, "seq_len": 8, "batch": 2,
             "hidden": 16, "heads": 2, "layers": 2, "stages": 4, "microbatches": 8, "tokens": 1000,
             "total_flops": 1e12, "device_flops_per_s": 1e12, "n_layers": 4, "segments": 2,
@@ -645,7 +647,7 @@ def _combo_targets():
 
 #: Numeric arguments by name, where a function gives no default (the fuzz's GOOD, numbers only).
 _GOOD_NUMBERS = {k: v for k, v in {
-    "serial": 20, "parallel": 80, "devices": 4, "n_bytes": 1000, "device_mtbf_hours": 1000.0, "speedup": 3.0,
+    "serial": 20, "parallel": 80, "world_size": 4, "n_bytes": 1000, "device_mtbf_hours": 1000.0, "speedup": 3.0,
     "checkpoint_seconds": 300.0, "n_params": 1000, "seq_len": 8, "batch": 2, "hidden": 16, "heads": 2, "layers": 2,
     "stages": 4, "microbatches": 8, "tokens": 1000, "total_flops": 1e12, "device_flops_per_s": 1e12, "n_layers": 4,
     "segments": 2, "interval_seconds": 3600.0, "mtbf_seconds": 86400.0, "work_seconds": 86400.0, "n": 1536,
@@ -729,17 +731,25 @@ def _structure_samples():
     pipe5 = {"world_size": 2, "backend": "gloo", "runs": [
         {"schedule": "1F1B", "microbatches": 1, "steps": [{"spans": spans5, "idle_share": 0.25,
                                                             "peak_bytes": [200, 60], "left_bytes": [0, 0]}]}]}
-    shard_rank = lambda r: {"rank": r, "world_size": 2, "n_params": 1000,  # noqa: E731
-                            "zero3": {"weights": 2000, "gradients": 2000, "optimizer_state": 4000},
-                            "zero1": {"weights": 4000, "gradients": 4000, "optimizer_state": 4000},
-                            "losses": [5.0, 4.5], "reference_losses": [5.0, 4.5],
-                            "zero3_collectives": [["all_gather", "forward", 4000], ["reduce_scatter", "backward", 4000]],
-                            "keep_collectives": [["all_gather", "forward", 2000], ["reduce_scatter", "backward", 4000]]}
-    comm = {"world_size": 2, "all_reduce": [[4096, [0.003, 0.001]]], "all_gather": [[4096, [0.002]]],
-            "reduce_scatter": [[4096, [0.002]]],
-            "ddp": {"grad_bytes": 4096, "bucket_bytes": [4096], "bucket_times": [[0.002, 0.001]],
-                    "backward": [0.010, 0.012], "backward_no_sync": [0.008, 0.009]},
-            "fsdp": {"collectives": [["all_gather", 4096]], "replay_each": [[0.002, 0.001]], "step": [0.05]}}
+    from lessonlib.measure.distributed.fsdp import ShardedRank, ShardingRun
+
+    held = {"weights": 2000, "gradients": 2000, "optimizer_state": 4000, "step_counters": 8}
+    shard_rank = lambda r: ShardedRank.from_worker({  # noqa: E731
+        "rank": r, "world_size": 2, "backend": "gloo", "n_params": 1000, "shapes": [(1000,)], "n_tensors": 1,
+        "zero3": held, "zero1": {**held, "weights": 4000, "gradients": 4000},
+        "losses": [5.0, 4.5], "reference_losses": [5.0, 4.5],
+        "zero3_collectives": [["all_gather", "forward", 4000], ["reduce_scatter", "backward", 4000]],
+        "keep_collectives": [["all_gather", "forward", 2000], ["reduce_scatter", "backward", 4000]]})
+    shard_run = ShardingRun({2: (shard_rank(0), shard_rank(1))})
+    from lessonlib.measure.distributed.comm_timing import CommTiming
+
+    comm = CommTiming.from_worker({
+        "world_size": 2, "backend": "gloo", "all_reduce": [[4096, [0.003, 0.001]]], "all_gather": [[4096, [0.002]]],
+        "reduce_scatter": [[4096, [0.002]]],
+        "ddp": {"grad_bytes": 4096, "bucket_bytes": [4096], "bucket_times": [[0.002, 0.001]],
+                "backward": [0.010, 0.012], "backward_no_sync": [0.008, 0.009]},
+        "fsdp": {"collectives": [["all_gather", 4096]], "n_params": 1024, "replay_each": [[0.002, 0.001]],
+                 "step": [0.05]}})
     runs = [{"rank": r, "wall": [1.0, 2.0, 5.0, 6.0], "cpu": [0.9, 1.8, 2.1, 3.0]} for r in (0, 1)]
     experts = [{"rank": r, "tokens_per_expert": [30, 10, 10, 10], "tokens_processed": t, "expert_seconds": s}
                for r, t, s in ((0, 40, 0.004), (1, 20, 0.002))]
@@ -761,7 +771,7 @@ def _structure_samples():
         "lessonlib.book.roofline_plots.plot_roofline": _roofline_sample(),
         "lessonlib.book.memory_plots.plot_activation_sweep": dict(
             results={("batch", 1): (100, 100), ("batch", 2): (200, 200)}, sweeps={"batch": [1, 2]}),
-        "lessonlib.book.speedup_plots.plot_goodput_failures": dict(devices=[1, 2], rows={"m": _goodputs()},
+        "lessonlib.book.speedup_plots.plot_goodput_failures": dict(world_sizes=[1, 2], rows={"m": _goodputs()},
                                                                    no_failure=[1.0, 0.95]),
         "lessonlib.book.speedup_plots.stall_figure": dict(runs=runs, stall_step=2, stall_s=2.0),
         "lessonlib.calc.goodput.stall_account": dict(runs=runs, stall_step=2),
@@ -774,10 +784,10 @@ def _structure_samples():
         "lessonlib.book.split_reports.idle_rows": dict(run=pipe),
         "lessonlib.book.split_reports.pipeline_memory_rows": dict(run=pipe),
         "lessonlib.book.split_reports.pipeline_memory_table": dict(run=pipe),
-        "lessonlib.book.split_reports.sharded_state_table": dict(results={2: [shard_rank(0), shard_rank(1)]}),
-        "lessonlib.book.split_reports.zero1_table": dict(per_rank=[shard_rank(0), shard_rank(1)]),
-        "lessonlib.book.split_reports.loss_table": dict(per_rank=[shard_rank(0), shard_rank(1)]),
-        "lessonlib.book.split_reports.traffic_table": dict(per_rank=[shard_rank(0), shard_rank(1)]),
+        "lessonlib.book.split_reports.sharded_state_table": dict(run=shard_run),
+        "lessonlib.book.split_reports.zero1_table": dict(run=shard_run),
+        "lessonlib.book.split_reports.loss_table": dict(run=shard_run),
+        "lessonlib.book.split_reports.traffic_table": dict(run=shard_run),
         "lessonlib.book.split_reports.tp_collective_table": dict(
             records=[["all_reduce", "forward", 4096]], expected={("all_reduce", "forward"): (1, 4096)}),
         "lessonlib.book.split_reports.comm_rows": dict(result=comm, link=LINKS["nvlink"]),
@@ -786,7 +796,7 @@ def _structure_samples():
         "lessonlib.calc.comm.fit_alpha_beta": dict(n_bytes=[1e3, 1e5, 1e7], seconds=[1e-4, 2e-4, 1e-2]),
         "lessonlib.calc.experts.process_load_imbalance": dict(tokens_per_expert=[25, 5, 5, 5], experts_per_process=2),
         "lessonlib.book.split_plots.plot_alpha_beta": dict(sizes=[1e3, 1e5], seconds=[1e-4, 2e-4], link=LINKS["nvlink"]),
-        "lessonlib.book.sequence_plots.plot_causal_work": dict(devices=2, measured={"contiguous": [3, 7],
+        "lessonlib.book.sequence_plots.plot_causal_work": dict(world_size=2, measured={"contiguous": [3, 7],
                                                                                      "zigzag": [5, 5]}),
         "lessonlib.book.overlap_plots.overlap_table": dict(rows=[_overlap_row()], compute=0.005),
         "lessonlib.book.overlap_plots.plot_overlap_timeline": dict(timeline=_overlap_timeline()),

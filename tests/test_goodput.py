@@ -58,7 +58,7 @@ def test_more_devices_never_buy_more_per_device_hour():
 @pytest.mark.parametrize(
     "kwargs, name",
     [
-        (dict(devices=0), "devices"),
+        (dict(world_size=0), "world_size"),
         (dict(speedup=0), "speedup"),
         (dict(speedup=-2), "speedup"),
         (dict(device_mtbf_hours=0), "device_mtbf_hours"),
@@ -68,7 +68,7 @@ def test_more_devices_never_buy_more_per_device_hour():
     ],
 )
 def test_goodput_rejects_bad_input(kwargs, name):
-    args = dict(devices=8, speedup=7.0, device_mtbf_hours=50_000, checkpoint_seconds=60, restart_seconds=600)
+    args = dict(world_size=8, speedup=7.0, device_mtbf_hours=50_000, checkpoint_seconds=60, restart_seconds=600)
     args.update(kwargs)
     with pytest.raises(ValueError, match=name):
         G.goodput(**args)
@@ -93,14 +93,14 @@ def test_reports():
         goodput_report(8, 1.5, 50_000, 30, "every 10 min", 120)
     with pytest.raises(ValueError, match="interval"):
         goodput_report(8, 0.1, 50_000, 30, "sometimes", 120)
-    with pytest.raises(ValueError, match="devices"):
+    with pytest.raises(ValueError, match="world_size"):
         goodput_report(0, 0.1, 50_000, 30, "every 10 min", 120)
     a = P.amdahl_report(4, 0.2, 0.0)
     assert "2.5× (not 4×)" in a and "5×" in a
     assert "no limit" in P.amdahl_report(4, 0.0, 0.0)
     with pytest.raises(ValueError, match="serial_share"):
         P.amdahl_report(4, 1.2)
-    with pytest.raises(ValueError, match="devices"):
+    with pytest.raises(ValueError, match="world_size"):
         P.amdahl_report(0, 0.2)
     with pytest.raises(ValueError, match="communication_share"):
         P.amdahl_report(4, 0.2, -0.1)

@@ -42,7 +42,7 @@ def test_the_tensor_degree_must_divide_the_heads_everywhere():
     with pytest.raises(ValueError, match="tensor_parallel"):
         activation_bytes_per_layer(2048, 1, 4096, 32, tensor_parallel=3)
     with pytest.raises(ValueError, match="tensor_parallel"):
-        layout(7.5e9, layers=32, hidden=4096, heads=32, devices=6, tensor_parallel=3)
+        layout(7.5e9, layers=32, hidden=4096, heads=32, world_size=6, tensor_parallel=3)
     assert all(lay.tensor_parallel in (1, 2, 4, 8) for lay in propose(7.5e9, layers=32, hidden=4096, heads=32))
 
 
@@ -269,10 +269,17 @@ def test_structured_launcher_arguments_are_refused_in_the_parent(call, message, 
 
 # --- report and plot functions fed measured results ------------------------------------------------
 
-def _shard_rank(rank, losses=(5.0, 4.5), reference=(5.0, 4.5)):
-    return {"rank": rank, "world_size": 2, "n_params": 1000, "losses": list(losses), "reference_losses": list(reference),
-            "zero3": {"weights": 2000, "gradients": 2000, "optimizer_state": 4000},
-            "zero1": {"weights": 4000, "gradients": 4000, "optimizer_state": 4000}}
+def _shard_run(losses=(5.0, 4.5), reference=(5.0, 4.5), zero1=None):
+    """A two-rank ShardingRun (what run_sharding returns), rank 0's zero1 replaced by ``zero1`` if given."""
+    from lessonlib.measure.distributed.fsdp import ShardedRank, ShardingRun
+
+    held = {"weights": 2000, "gradients": 2000, "optimizer_state": 4000, "step_counters": 8}
+    ranks = tuple(ShardedRank.from_worker(
+        {"rank": r, "world_size": 2, "backend": "gloo", "n_params": 1000, "shapes": [(1000,)], "n_tensors": 1,
+         "losses": list(losses), "reference_losses": list(reference), "zero3": held,
+         "zero1": (zero1 if zero1 is not None and r == 0 else {**held, "weights": 4000, "gradients": 4000}),
+         "zero3_collectives": [], "keep_collectives": []}) for r in (0, 1))
+    return ShardingRun({2: ranks})
 
 
 def test_report_functions_refuse_a_zero_reference_a_missing_phase_and_a_short_tuple():
@@ -281,8 +288,8 @@ def test_report_functions_refuse_a_zero_reference_a_missing_phase_and_a_short_tu
     from lessonlib.measure.timing import StepTiming
 
     # a zero reference: loss_table divides by the reference loss (ZeroDivisionError before)
-    with pytest.raises(ValueError, match="per_rank .*a zero where a measurement is divided by"):
-        R.loss_table([_shard_rank(0, reference=(0.0, 4.5))])
+    with pytest.raises(ValueError, match="run .*a zero where a measurement is divided by"):
+        R.loss_table(_shard_run(reference=(0.0, 4.5)))
     # a missing phase: timing_table reads every phase (KeyError before)
     secs = {"prediction": 1.0, "forward": 1.0, "backward": 2.0, "optimizer": 1.0, "step": 4.0}
     t = StepTiming(seconds=secs, ratios=dict(secs), shares={k: 0.25 for k in secs}, rounds={})
@@ -292,8 +299,8 @@ def test_report_functions_refuse_a_zero_reference_a_missing_phase_and_a_short_tu
     with pytest.raises(ValueError, match="records"):
         R.tp_collective_table([("all_reduce", "forward")], {})
     # a negative or non-finite measurement, named where it sits
-    with pytest.raises(ValueError, match=r"per_rank\[0\]\['zero1'\]\['optimizer_state'\] must be finite"):
-        R.zero1_table([{**_shard_rank(0), "zero1": {"weights": 1, "gradients": 1, "optimizer_state": math.nan}}])
+    with pytest.raises(ValueError, match=r"run.*zero1.*optimizer_state.* must be finite"):
+        R.zero1_table(_shard_run(zero1={"weights": 1, "gradients": 1, "optimizer_state": math.nan, "step_counters": 8}))
     # a zero one-process time: the speedups divide by it
     from lessonlib.measure.distributed.data_parallel import DataParallelRow, DataParallelRun
 

@@ -21,7 +21,7 @@ import pytest
 
 from lessonlib.measure.distributed import launch as L
 from lessonlib.measure.distributed.launch import choose_backend, launch
-from lessonlib.measure.distributed.worker import _Ending, _failure_report
+from lessonlib.measure.distributed.worker import Ending, failure_report
 
 LOST = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:4242: Connection reset by peer."
 
@@ -78,12 +78,12 @@ def test_the_root_cause_is_ordered_first_whatever_the_caller_saw_first():
     """A race seen in the wild: rank 0's lost-peer traceback is written (t=10.0) before the caller sees
     rank 1's exit (t=10.5); rank 1 still comes first, then the echo, then the rank that was stopped."""
     endings = [
-        _Ending(0, 1, 10.6, False, {"traceback": LOST, "interrupted": False, "time": 10.0}),
-        _Ending(1, 3, 10.5, False, None),
-        _Ending(2, -signal.SIGTERM, 10.7, True, None),
-        _Ending(3, 0, 10.7, False, None, saved=True),
+        Ending(0, 1, 10.6, False, {"traceback": LOST, "interrupted": False, "time": 10.0}),
+        Ending(1, 3, 10.5, False, None),
+        Ending(2, -signal.SIGTERM, 10.7, True, None),
+        Ending(3, 0, 10.7, False, None, saved=True),
     ]
-    text, interrupted = _failure_report(endings)
+    text, interrupted = failure_report(endings)
     assert not interrupted
     assert text.startswith("3 of 4 worker processes did not succeed; rank 1 failed first")
     heads = [line for line in text.splitlines() if line.startswith("-- ")]
@@ -93,16 +93,16 @@ def test_the_root_cause_is_ordered_first_whatever_the_caller_saw_first():
 
 
 def test_among_causes_the_first_in_time_comes_first():
-    crash = _Ending(0, -signal.SIGSEGV, 5.0, False, None)
-    error = _Ending(1, 1, 5.2, False, {"traceback": "ValueError: bad shape", "interrupted": False, "time": 4.0})
-    text, _ = _failure_report([crash, error])
+    crash = Ending(0, -signal.SIGSEGV, 5.0, False, None)
+    error = Ending(1, 1, 5.2, False, {"traceback": "ValueError: bad shape", "interrupted": False, "time": 4.0})
+    text, _ = failure_report([crash, error])
     assert "rank 1 failed first" in text and text.index("bad shape") < text.index("SIGSEGV")
-    text, _ = _failure_report([_Ending(0, -signal.SIGSEGV, 3.0, False, None), error])
+    text, _ = failure_report([Ending(0, -signal.SIGSEGV, 3.0, False, None), error])
     assert "rank 0 failed first" in text and "was ended by signal SIGSEGV without a Python traceback" in text
     # an exit code 0 without a result is a failure too
-    text, _ = _failure_report([_Ending(0, 0, 1.0, False, None, saved=False), _Ending(1, 0, 1.0, False, None, True)])
+    text, _ = failure_report([Ending(0, 0, 1.0, False, None, saved=False), Ending(1, 0, 1.0, False, None, True)])
     assert "rank 0 exited with code 0 before it saved a result" in text
-    assert _failure_report([_Ending(0, 0, 1.0, False, None, saved=True)]) == ("", False)
+    assert failure_report([Ending(0, 0, 1.0, False, None, saved=True)]) == ("", False)
 
 
 # --- a survivor that ignores SIGTERM -----------------------------------------------
@@ -176,3 +176,20 @@ def test_launch_works_with_a_torch_whose_process_context_has_no_error_files(monk
     with pytest.raises(RuntimeError, match="the workers' real error, from rank"):
         launch(_raises, 2, timeout=120)
     assert multiprocessing.active_children() == []
+
+
+def test_run_rank_checks_its_arguments_before_it_starts_anything(tmp_path):
+    """The worker's entry point (made public for launch) refuses what launch would never pass, naming it,
+    before it watches its parent or joins a group: nothing to clean up, no process exit."""
+    from lessonlib.measure.distributed.worker import Progress, run_rank
+
+    class Pipe:
+        def send_bytes(self, b):
+            pass
+
+    good = dict(rank=0, world_size=2, port=29500, backend="gloo", device_type="cpu", out_dir=tmp_path,
+                target=print, args=(), progress=Progress(Pipe()), owner=None)
+    for name, bad in (("rank", 2), ("world_size", 0), ("port", 70000), ("backend", "mpi"), ("device_type", "tpu"),
+                      ("out_dir", 3), ("target", "f"), ("args", [1]), ("progress", None)):
+        with pytest.raises((ValueError, TypeError), match=name if name != "rank" else "rank must be below"):
+            run_rank(**{**good, name: bad})

@@ -43,22 +43,22 @@ def test_amdahl_limits_and_communication():
     [
         (lambda: amdahl_time(-1, 80, 4), "serial"),
         (lambda: amdahl_time(20, -80, 4), "parallel"),
-        (lambda: amdahl_time(20, 80, 0), "devices"),
-        (lambda: amdahl_time(20, 80, 2.5), "devices"),
-        (lambda: amdahl_time(20, 80, True), "devices"),
+        (lambda: amdahl_time(20, 80, 0), "world_size"),
+        (lambda: amdahl_time(20, 80, 2.5), "world_size"),
+        (lambda: amdahl_time(20, 80, True), "world_size"),
         (lambda: amdahl_time(20, 80, 4, communication=-1), "communication"),
         (lambda: amdahl_time(float("nan"), 80, 4), "serial"),
         (lambda: amdahl_time("20", 80, 4), "serial"),
-        (lambda: amdahl_speedup(20, 80, 0), "devices"),
+        (lambda: amdahl_speedup(20, 80, 0), "world_size"),
         (lambda: amdahl_speedup(-20, 80, 4), "serial"),
         (lambda: amdahl_speedup(0, 0, 4), "serial"),
         (lambda: speedup_from_share(1.2, 4), "serial_share"),
         (lambda: speedup_from_share(-0.1, 4), "serial_share"),
-        (lambda: speedup_from_share(0.2, 0), "devices"),
+        (lambda: speedup_from_share(0.2, 0), "world_size"),
         (lambda: speedup_from_share(0.2, 4, communication_share=-0.1), "communication_share"),
         (lambda: ring_allreduce_bytes(-1, 4), "n_bytes"),
-        (lambda: ring_allreduce_bytes(100, 0), "devices"),
-        (lambda: all_gather_bytes(100, 0), "devices"),
+        (lambda: ring_allreduce_bytes(100, 0), "world_size"),
+        (lambda: all_gather_bytes(100, 0), "world_size"),
         (lambda: pipeline_bubble_fraction(0, 8), "stages"),
         (lambda: pipeline_bubble_fraction(4, 0), "microbatches"),
         (lambda: pipeline_schedule(4, 8, forward_time=0), "forward_time"),
@@ -367,3 +367,18 @@ def test_port_taken_meanwhile_is_retried(monkeypatch):
     finally:
         busy.close()
     assert all(r["column_allclose"] for r in out)
+
+
+def test_amdahl_checks_each_argument_once_along_a_call(monkeypatch):
+    """Validate once: speedup_from_share -> amdahl_speedup's core -> the time formula checks world_size once,
+    and goodput checks its device count once (it used to pass through job_mtbf_seconds' checks again)."""
+    from lessonlib.calc import amdahl as A, goodput as G
+
+    seen = []
+    for mod in (A, G):
+        real = mod._check_count
+        monkeypatch.setattr(mod, "_check_count", lambda name, *a, _r=real, **k: seen.append(name) or _r(name, *a, **k))
+    assert A.speedup_from_share(0.2, 4) == pytest.approx(2.5)
+    assert A.amdahl_speedup(20, 80, 4) == pytest.approx(2.5)
+    G.goodput(8, 7.0, 50_000, 60)
+    assert seen == ["world_size"] * 3

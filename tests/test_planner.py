@@ -170,7 +170,7 @@ def test_activations_that_do_not_fit_get_recomputation_first():
     out = propose(**shape, batch_per_device=8, seq_len=4096, device_bytes=80e9, attention="stored")
     plan_, fix = out
     assert not plan_.fits_memory and fix.fits_memory
-    assert (fix.devices, fix.recompute, fix.change) == (1, "selective", "selective recomputation")
+    assert (fix.world_size, fix.recompute, fix.change) == (1, "selective", "selective recomputation")
     assert fix.activation_bytes == activation_bytes(4096, 8, shape["hidden"], shape["heads"], shape["layers"],
                                                     "selective")  # selective: no score term either way
     assert fix.state_bytes == plan_.state_bytes  # recomputation leaves the state alone
@@ -182,7 +182,7 @@ def _brute_force_fewest_devices(shape, **kw):
         for t, z, rc in product((1,) + TP_DEGREES, range(4), ("none", "selective", "full")):
             if d % t or (z and d // t < 2) or shape["heads"] % t or shape["hidden"] % t:
                 continue
-            if layout(**shape, **kw, recompute=rc, devices=d, zero_stage=z, tensor_parallel=t).fits_memory:
+            if layout(**shape, **kw, recompute=rc, world_size=d, zero_stage=z, tensor_parallel=t).fits_memory:
                 return d
     return None
 
@@ -194,11 +194,11 @@ def test_the_proposal_uses_the_fewest_devices_that_can_fit(name, batch, seq, gb)
     kw = dict(batch_per_device=batch, seq_len=seq, device_bytes=gb * 1e9)
     out = propose(**shape, **kw)
     fewest = _brute_force_fewest_devices(shape, **kw)
-    assert fewest is not None and out[1].fits_memory and out[1].devices == fewest
+    assert fewest is not None and out[1].fits_memory and out[1].world_size == fewest
     # its numbers are the formulas' for that layout
     fix = out[1]
     assert fix.state_bytes == zero_state_bytes(-(-shape["n_params"] // fix.tensor_parallel),
-                                               fix.devices // fix.tensor_parallel, fix.zero_stage).total
+                                               fix.world_size // fix.tensor_parallel, fix.zero_stage).total
     assert fix.activation_bytes == activation_bytes(seq, batch, shape["hidden"], shape["heads"], shape["layers"],
                                                     fix.recompute, tensor_parallel=fix.tensor_parallel)
 
@@ -212,8 +212,8 @@ def test_nothing_tried_fits_is_said():
 
 
 def test_a_state_that_fits_nowhere_alone_is_sharded():
-    out = propose(**_shape("7.5B"), batch_per_device=1, seq_len=2048, device_bytes=80e9, devices=4)
-    assert out[1].devices == 4 and out[1].zero_stage in (1, 2, 3)  # no new devices needed: shard over the four
+    out = propose(**_shape("7.5B"), batch_per_device=1, seq_len=2048, device_bytes=80e9, world_size=4)
+    assert out[1].world_size == 4 and out[1].zero_stage in (1, 2, 3)  # no new devices needed: shard over the four
 
 
 def test_too_slow_gets_the_smallest_device_count():
@@ -223,18 +223,18 @@ def test_too_slow_gets_the_smallest_device_count():
     out = propose(**shape, **kw)
     assert out[0].fits_memory and not out[0].fits_time
     last = out[-1]
-    assert last.fits and last.days <= 30 and last.devices / 2 * last.days > 30  # half as many would be too slow
-    assert last.days == pytest.approx(out[0].days / last.devices)
+    assert last.fits and last.days <= 30 and last.world_size / 2 * last.days > 30  # half as many would be too slow
+    assert last.days == pytest.approx(out[0].days / last.world_size)
 
 
 def test_layout_bad_input():
     shape = _shape("1.3B")
     with pytest.raises(ValueError, match="tensor_parallel"):
-        layout(**shape, devices=6, tensor_parallel=4)
-    with pytest.raises(ValueError, match="devices"):
-        layout(**shape, devices=0)
+        layout(**shape, world_size=6, tensor_parallel=4)
+    with pytest.raises(ValueError, match="world_size"):
+        layout(**shape, world_size=0)
     with pytest.raises(ValueError, match="stage"):
-        layout(**shape, devices=2, zero_stage=4)
+        layout(**shape, world_size=2, zero_stage=4)
     with pytest.raises(ValueError, match="recompute"):
         propose(**shape, recompute="some")
     with pytest.raises(ValueError, match="recompute"):  # unhashable: once a raw TypeError (the deep fuzz)
@@ -254,8 +254,8 @@ def test_the_planner_takes_the_conventions_explicitly():
     with_logits = planner.plan(**shape, **kw, vocab=planner.GPT2_VOCAB)
     assert with_logits.activation_bytes - fused.activation_bytes == 2 * 2048 * 2 * planner.GPT2_VOCAB
     # sequence parallelism: the same layout gives every activation byte / t
-    no_sp = layout(**shape, **kw, devices=8, tensor_parallel=8, attention="stored")
-    sp = layout(**shape, **kw, devices=8, tensor_parallel=8, attention="stored", sequence_parallel=True)
+    no_sp = layout(**shape, **kw, world_size=8, tensor_parallel=8, attention="stored")
+    sp = layout(**shape, **kw, world_size=8, tensor_parallel=8, attention="stored", sequence_parallel=True)
     assert sp.activation_bytes * 8 == stored.activation_bytes < no_sp.activation_bytes * 8
     with pytest.raises(TypeError, match="sequence_parallel"):
         planner.plan(**shape, **kw, sequence_parallel=1)
@@ -268,7 +268,7 @@ def test_pricing_and_the_planner_agree_once_the_convention_is_the_same():
     from lessonlib.calc import pricing
 
     shape = _shape("7.5B")
-    kw = dict(batch_per_device=1, seq_len=2048, device_bytes=80e9, devices=8, tensor_parallel=8)
+    kw = dict(batch_per_device=1, seq_len=2048, device_bytes=80e9, world_size=8, tensor_parallel=8)
     per_device = pricing.activation_bytes_per_device(2048, 1, shape["hidden"], shape["heads"], shape["layers"], 8)
     lay = layout(**shape, **kw, attention="stored", sequence_parallel=True)
     assert lay.activation_bytes == per_device
@@ -279,10 +279,25 @@ def test_pricing_and_the_planner_agree_once_the_convention_is_the_same():
 def test_the_tensor_parallel_degree_divides_the_heads_everywhere(t):
     shape = dict(n_params=10**9, layers=4, hidden=960, heads=12)  # 3 divides both; 5 and 64 do not divide 12
     if shape["heads"] % t == 0 and shape["hidden"] % t == 0:
-        assert layout(**shape, devices=t, tensor_parallel=t).tensor_parallel == t
+        assert layout(**shape, world_size=t, tensor_parallel=t).tensor_parallel == t
         return
     with pytest.raises(ValueError, match="tensor_parallel"):
-        layout(**shape, devices=t, tensor_parallel=t)
+        layout(**shape, world_size=t, tensor_parallel=t)
     from lessonlib.calc import pricing
     with pytest.raises(ValueError, match="tensor"):
         pricing.activation_bytes_per_device(128, 1, 960, 12, 4, tensor=t)
+
+
+def test_propose_checks_its_arguments_once_however_many_layouts_it_tries(monkeypatch):
+    """Validate once, at the entry point: the planner's own checks of n_params (and of every argument)
+    do not repeat along the search; internal calls (_plan, _layout, _training_flops) trust their caller."""
+    calls = []
+    for name in ("check_count", "check_positive", "check_choice", "check_flag"):
+        real = getattr(planner, name)
+        monkeypatch.setattr(planner, name, lambda arg, *a, _real=real, **k: calls.append(arg) or _real(arg, *a, **k))
+    kw = dict(batch_per_device=1, seq_len=2048, device_bytes=80e9, train_tokens=10**9, device_flops_per_s=1e14)
+    small = planner.propose(**_shape("124M (GPT-2 small)"), **kw)
+    n_small, calls[:] = list(calls), []
+    big = planner.propose(**_shape("70B"), **kw)  # does not fit: the search tries many layouts
+    assert len(small) == 1 and len(big) >= 2 and big[1].fits_memory
+    assert calls.count("n_params") == 1 and calls == n_small  # the same checks, once each, whatever the search

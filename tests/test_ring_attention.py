@@ -27,7 +27,7 @@ def test_saved_bytes_divide_by_devices():
     one = ring_attention_saved_bytes(1024, 1, 128, 4, 1)
     assert one == 4 * 4 * 1024 * 128 + 4 * 4 * 1024  # q, k, v, out in float32, and a float32 lse per query
     assert ring_attention_saved_bytes(1024, 1, 128, 4, 4) * 4 == one
-    with pytest.raises(ValueError, match="devices"):
+    with pytest.raises(ValueError, match="world_size"):
         ring_attention_saved_bytes(1024, 1, 128, 4, 3)
 
 

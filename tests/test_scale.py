@@ -26,16 +26,16 @@ def test_the_step_efficiency_is_amdahl_fitted_to_table_4_not_the_mfu_over_an_ass
     # of -6.5e-07: circular. The account now fits Amdahl's form to Table 4's strong scaling (430 -> 400 TFLOP/s per
     # GPU from 8,192 to 16,384 GPUs at one batch).
     a = S.llama3_scale()
-    assert a.devices == L3["gpus"] == 16384
+    assert a.world_size == L3["gpus"] == 16384
     f = a.fit
-    assert (f.devices_low, f.throughput_low, f.devices_high, f.throughput_high) == (8192, 430, 16384, 400)
+    assert (f.world_size_low, f.throughput_low, f.world_size_high, f.throughput_high) == (8192, 430, 16384, 400)
     r = 400 / 430
     assert f.efficiency_high / f.efficiency_low == pytest.approx(r)
     # by hand: s = (1 - r) / (r (N2 - 1) - (N1 - 1)), E = 1 / (s N + 1 - s)
     s = (1 - r) / (r * 16383 - 8191)
     assert a.serial_share == pytest.approx(s) and 9.8e-6 < a.serial_share < 1.0e-5
     assert a.step_efficiency == pytest.approx(1 / (s * 16384 + 1 - s)) and round(a.step_efficiency, 2) == 0.86
-    assert a.step_efficiency == pytest.approx(speedup_from_share(a.serial_share, a.devices) / a.devices)
+    assert a.step_efficiency == pytest.approx(speedup_from_share(a.serial_share, a.world_size) / a.world_size)
     # the MFU is the run's, and no assumed utilisation enters: the unit is what linear scaling would keep
     assert a.mfu == pytest.approx(400e12 / D.device(pub.LLAMA3_DEVICE).peak_flops_per_s)
     assert a.one_device_utilisation == pytest.approx(a.mfu / a.step_efficiency)
@@ -55,7 +55,7 @@ def test_fit_serial_share_limits_and_refusals():
         S.fit_serial_share(8, 100, 16, 120)            # a rise fits no serial share
     with pytest.raises(ValueError, match="falls faster"):
         S.fit_serial_share(8, 100, 16, 40)             # below 1/N: beyond Amdahl
-    with pytest.raises(ValueError, match="devices_high"):
+    with pytest.raises(ValueError, match="world_size_high"):
         S.fit_serial_share(16, 100, 8, 90)
     assert S.efficiency_from_share(0, 16384) == 1
 

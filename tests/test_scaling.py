@@ -35,7 +35,7 @@ def test_gustafson_is_the_scaled_speedup_and_has_no_ceiling():
 
 @pytest.mark.parametrize("call, name", [
     (lambda: gustafson_speedup(1.2, 4), "serial_share"), (lambda: gustafson_speedup(-0.1, 4), "serial_share"),
-    (lambda: gustafson_speedup(0.2, 0), "devices"), (lambda: gustafson_speedup(0.2, 2.5), "devices"),
+    (lambda: gustafson_speedup(0.2, 0), "world_size"), (lambda: gustafson_speedup(0.2, 2.5), "world_size"),
 ])
 def test_gustafson_names_a_bad_argument(call, name):
     with pytest.raises(ValueError, match=name):

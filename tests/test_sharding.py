@@ -63,14 +63,14 @@ def test_step_traffic_by_stage():
 
 
 @pytest.mark.parametrize("kwargs,word", [
-    (dict(n_params=0, devices=2, stage=3), "n_params"),
-    (dict(n_params=10, devices=0, stage=3), "devices"),
-    (dict(n_params=10, devices=2.5, stage=3), "devices"),
-    (dict(n_params=10, devices=2, stage=4), "stage"),
-    (dict(n_params=10, devices=2, stage=True), "stage"),
-    (dict(n_params=10, devices=2, stage="3"), "stage"),
-    (dict(n_params=10, devices=2, stage=1, optimizer="lion"), "optimizer"),
-    (dict(n_params=10, devices=2, stage=1, precision="fp4"), "precision"),
+    (dict(n_params=0, world_size=2, stage=3), "n_params"),
+    (dict(n_params=10, world_size=0, stage=3), "world_size"),
+    (dict(n_params=10, world_size=2.5, stage=3), "world_size"),
+    (dict(n_params=10, world_size=2, stage=4), "stage"),
+    (dict(n_params=10, world_size=2, stage=True), "stage"),
+    (dict(n_params=10, world_size=2, stage="3"), "stage"),
+    (dict(n_params=10, world_size=2, stage=1, optimizer="lion"), "optimizer"),
+    (dict(n_params=10, world_size=2, stage=1, precision="fp4"), "precision"),
 ])
 def test_zero_state_bytes_bad_input(kwargs, word):
     with pytest.raises(ValueError, match=word):

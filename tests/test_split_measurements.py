@@ -73,29 +73,29 @@ def test_fully_shard_holds_the_formula_over_n(capfd):
     from lessonlib.measure.distributed.fsdp import run_sharding
 
     results = run_sharding(world_sizes=(2, 4), steps=2)
-    assert sorted(results) == [2, 4] and [len(v) for v in results.values()] == [2, 4]
-    for world, per_rank in results.items():
-        _check_sharded(world, per_rank)
+    assert sorted(results.ranks) == [2, 4] and [len(v) for v in results.ranks.values()] == [2, 4]
+    for world, per_rank in results.ranks.items():
+        _check_sharded(results, world, per_rank)
     assert "Warning" not in capfd.readouterr().err  # the workers' known warnings stay off the page
 
 
-def _check_sharded(world, per_rank):
-    n = per_rank[0]["n_params"]
+def _check_sharded(results, world, per_rank):
+    n = per_rank[0].n_params
     f = zero_state_bytes(n, world, 3, "adam", "fp32")
     for r in per_rank:
         # every first dimension of the model divides by 4: no padding, so exact
-        assert (r["zero3"]["weights"], r["zero3"]["gradients"], r["zero3"]["optimizer_state"]) == (
+        assert (r.zero3.weights, r.zero3.gradients, r.zero3.optimizer_state) == (
             f.weights, f.gradients, f.optimizer_state)
-        assert r["zero3"]["step_counters"] == 4 * r["n_tensors"]  # Adam's scalar steps, not sharded
-        assert r["zero1"]["weights"] == training_state_bytes(n, "adam", "fp32").weights
+        assert r.zero3.step_counters == 4 * r.n_tensors  # Adam's scalar steps, not sharded
+        assert r.zero1.weights == training_state_bytes(n, "adam", "fp32").weights
     full = training_state_bytes(n, "adam", "fp32").optimizer_state
-    assert sum(r["zero1"]["optimizer_state"] for r in per_rank) == full
-    assert R.loss_table(per_rank)[1] < 1e-5  # float32 rounding only (see the page for why)
-    _, traffic = R.traffic_table(per_rank)
+    assert sum(r.zero1.optimizer_state for r in per_rank) == full
+    assert R.loss_table(results, world_size=world)[1] < 1e-5  # float32 rounding only (see the page for why)
+    _, traffic = R.traffic_table(results, world_size=world)
     for kinds in traffic.values():
         for logged, formula in kinds.values():
             assert logged == formula
-    assert R.traffic_summary(per_rank[0]["zero3_collectives"])["all_gather"]["bytes"] == \
+    assert R.traffic_summary(per_rank[0].zero3_collectives)["all_gather"]["bytes"] == \
         zero_step_traffic(n, world, 3, 4)["all_gather"]
 
 
@@ -175,11 +175,11 @@ def test_comm_timing_runs_and_fits():
     res = run_comm_timing(world_size=2, sweep=(2 ** 12, 2 ** 16, 2 ** 20, 2 ** 24), check_bytes=(2 ** 16,),
                           rounds=3, ddp_hidden=64, ddp_batch=16,
                           fsdp=dict(vocab=64, seq_len=16, hidden=32, heads=2, layers=1, dropout=0.0))
-    sizes = [b for b, _ in res["all_reduce"]]
-    fit = fit_alpha_beta(sizes, [R.fastest(t) for _, t in res["all_reduce"]])
+    sizes = [b for b, _ in res.all_reduce]
+    fit = fit_alpha_beta(sizes, [R.fastest(t) for _, t in res.all_reduce])
     assert fit.alpha_s > 0 and fit.beta_bytes_per_s > 0
-    assert sum(res["ddp"]["bucket_bytes"]) == res["ddp"]["grad_bytes"]
-    got = R.traffic_summary(res["fsdp"]["collectives"])
-    t3 = zero_step_traffic(res["fsdp"]["n_params"], 2, 3, 4)
+    assert sum(res.ddp.bucket_bytes) == res.ddp.grad_bytes
+    got = R.traffic_summary(res.fsdp.collectives)
+    t3 = zero_step_traffic(res.fsdp.n_params, 2, 3, 4)
     assert got["all_gather"]["bytes"] == t3["all_gather"] and got["reduce_scatter"]["bytes"] == t3["reduce_scatter"]
     assert all(r["measured_s"] > 0 for r in R.comm_rows(res, fit))

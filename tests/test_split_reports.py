@@ -1,4 +1,6 @@
 """lessonlib.book.split_reports: the tables of the split pages, on made-up results (no processes)."""
+import dataclasses
+
 import pytest
 
 from lessonlib.book import split_reports as R
@@ -12,16 +14,27 @@ def test_markdown_table():
 
 
 def _rank(rank, n, n_params, scale=1.0):
+    from lessonlib.measure.distributed.fsdp import ShardedRank
+
     f = zero_state_bytes(n_params, n, 3, "adam", "fp32")
-    return {"rank": rank, "world_size": n, "n_params": n_params,
-            "zero3": {"weights": int(f.weights * scale), "gradients": f.gradients, "optimizer_state": f.optimizer_state}}
+    held = {"weights": int(f.weights * scale), "gradients": f.gradients, "optimizer_state": f.optimizer_state,
+            "step_counters": 8}
+    return ShardedRank.from_worker({"rank": rank, "world_size": n, "backend": "gloo", "n_params": n_params,
+                                    "shapes": [(n_params,)], "n_tensors": 1, "zero3": held, "zero1": held,
+                                    "losses": [5.0], "reference_losses": [5.0], "zero3_collectives": [],
+                                    "keep_collectives": []})
 
 
 def test_sharded_state_rows_compare_with_the_formula():
-    rows = R.sharded_state_rows({2: [_rank(0, 2, 1000), _rank(1, 2, 1000, scale=1.5)]})
+    from lessonlib.measure.distributed.fsdp import ShardingRun
+
+    run = ShardingRun({2: (_rank(0, 2, 1000), _rank(1, 2, 1000, scale=1.5))})
+    rows = R.sharded_state_rows(run)
     bad = [(r["rank"], r["part"]) for r in rows if r["measured"] != r["formula"]]
     assert bad == [(1, "weights")]
-    table = R.sharded_state_table({2: [_rank(0, 2, 1000), _rank(1, 2, 1000, scale=1.5)]})
+    with pytest.raises(TypeError, match="run must be a ShardingRun"):
+        R.sharded_state_rows({2: [run.ranks[2][0]]})  # the string-keyed dict of old: refused, named
+    table = R.sharded_state_table(run)
     assert "**no**" in table and table.count("yes") == 1
 
 
@@ -41,18 +54,23 @@ def test_pipeline_memory_rows_expect_m_for_gpipe_and_p_minus_s_for_1f1b():
 
 def test_comm_rows_use_the_fastest_round_and_the_model():
     link = Link("test", alpha_s=1e-4, beta_bytes_per_s=1e9)
-    res = {"world_size": 2,
-           "all_reduce": [(4096, [0.003, 0.001, 0.002])], "all_gather": [], "reduce_scatter": [],
-           "ddp": {"grad_bytes": 4096, "bucket_bytes": [4096], "bucket_times": [[0.002, 0.001]],
-                   "backward": [0.010, 0.012], "backward_no_sync": [0.008, 0.009]},
-           "fsdp": {"collectives": [("all_gather", 4096), ("reduce_scatter", 4096)], "replay_each": [[0.002, 0.001], [0.003, 0.002]],
-                    "step": [0.05]}}
+    from lessonlib.measure.distributed.comm_timing import CommTiming
+
+    res = CommTiming.from_worker({
+        "world_size": 2, "backend": "gloo",
+        "all_reduce": [(4096, [0.003, 0.001, 0.002])], "all_gather": [], "reduce_scatter": [],
+        "ddp": {"grad_bytes": 4096, "bucket_bytes": [4096], "bucket_times": [[0.002, 0.001]],
+                "backward": [0.010, 0.012], "backward_no_sync": [0.008, 0.009]},
+        "fsdp": {"collectives": [("all_gather", 4096), ("reduce_scatter", 4096)], "n_params": 1024,
+                 "replay_each": [[0.002, 0.001], [0.003, 0.002]], "step": [0.05]}})
     rows = {r["what"]: r for r in R.comm_rows(res, link)}
     assert rows["all-reduce"]["measured_s"] == 0.001
     assert rows["all-reduce"]["predicted_s"] == collective_seconds("all_reduce", 4096, 2, 1e-4, 1e9)
     step = next(r for k, r in rows.items() if k.startswith("DDP step"))
     assert step["measured_s"] == pytest.approx(0.010 - 0.008)
     assert "predicted / measured" in R.comm_table(list(rows.values()))
+    with pytest.raises(TypeError, match="result must be a CommTiming"):
+        R.comm_rows(dataclasses.asdict(res), link)  # the string-keyed dict of old: refused, named
 
 
 def test_layernorm_stat_bytes_counts_the_per_row_tensors():

@@ -33,15 +33,15 @@ def _trim(x: float, digits: int = 2) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def _speedup_text(speedup: float, devices: int) -> str:
-    if devices == 1:
+def _speedup_text(speedup: float, world_size: int) -> str:
+    if world_size == 1:
         return "1× (one device: nothing to divide)"
-    if abs(speedup - devices) < 0.005:
-        return f"{devices}× (all {devices} devices fully used)"
-    return f"{_trim(speedup)}× (not {devices}×)"
+    if abs(speedup - world_size) < 0.005:
+        return f"{world_size}× (all {world_size} devices fully used)"
+    return f"{_trim(speedup)}× (not {world_size}×)"
 
 
-def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
+def amdahl_report(world_size, serial_share, communication_share=0.0) -> str:
     """The Amdahl calculator's answer as a short HTML table (for :class:`lessonlib.book.interactive.Explorer`).
 
     Times are shares of the one-device step (one device = 100 %); the
@@ -50,21 +50,21 @@ def amdahl_report(devices, serial_share, communication_share=0.0) -> str:
     """
     serial_share = _check_share("serial_share", serial_share)
     communication_share = _check_amount("communication_share", communication_share)
-    devices = _check_count("devices", devices)
+    world_size = _check_count("world_size", world_size)
     parallel = 1.0 - serial_share
-    comm = communication_share if devices > 1 else 0.0
-    total = amdahl_time(serial_share, parallel, devices, communication_share)
-    s = speedup_from_share(serial_share, devices, communication_share)
+    comm = communication_share if world_size > 1 else 0.0
+    total = amdahl_time(serial_share, parallel, world_size, communication_share)
+    s = speedup_from_share(serial_share, world_size, communication_share)
     ceiling = (1.0 / (serial_share + communication_share)) if serial_share + communication_share > 0 else math.inf
     ceiling_txt = "no limit (nothing serial, no communication)" if math.isinf(ceiling) else f"{_trim(ceiling)}×"
     return table(None, [
         ("serial part", f"{100 * serial_share:.0f} % of the one-device time"),
-        (f"parallel part on {devices} device{'s' if devices > 1 else ''}",
-         f"{100 * parallel:.0f} % / {devices} = {100 * parallel / devices:.1f} %"),
+        (f"parallel part on {world_size} device{'s' if world_size > 1 else ''}",
+         f"{100 * parallel:.0f} % / {world_size} = {100 * parallel / world_size:.1f} %"),
         ("communication", f"{100 * comm:.0f} %"),
         ("new time", f"{100 * total:.1f} % of the one-device time"),
-        ("speedup", _speedup_text(s, devices)),
-        ("efficiency (speedup / devices)", f"{_trim(100 * s / devices, 1)} %"),
+        ("speedup", _speedup_text(s, world_size)),
+        ("efficiency (speedup / devices)", f"{_trim(100 * s / world_size, 1)} %"),
         ("ceiling with unlimited devices", ceiling_txt),
     ], strong={3, 4})
 
@@ -163,7 +163,7 @@ INTERVALS = {"exact optimum": None, "Young's sqrt(2CM)": "young", "Daly (2006)":
 WORSE_THAN_OPTIMUM = 0.01
 
 
-def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds, interval, restart_seconds) -> str:
+def goodput_report(world_size, serial_share, device_mtbf_hours, checkpoint_seconds, interval, restart_seconds) -> str:
     """The goodput calculator's answer as a short HTML table (for an Explorer).
 
     ``serial_share`` (0 to 1) gives the speedup by Amdahl's law;
@@ -173,23 +173,23 @@ def goodput_report(devices, serial_share, device_mtbf_hours, checkpoint_seconds,
     when the chosen interval loses more than :data:`WORSE_THAN_OPTIMUM` of
     wall time above the optimum, naming what the optimum would lose.
     """
-    speed = speedup_from_share(serial_share, devices)
+    speed = speedup_from_share(serial_share, world_size)
     if isinstance(interval, str):
         interval = INTERVALS[check_choice("interval", interval, INTERVALS)]
         if interval in ("young", "daly"):
             rule = young_interval if interval == "young" else daly_interval
-            interval = rule(checkpoint_seconds, job_mtbf_seconds(device_mtbf_hours, devices))
+            interval = rule(checkpoint_seconds, job_mtbf_seconds(device_mtbf_hours, world_size))
     elif interval is not None:
         interval = _check_positive("interval", interval)
-    g = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds, interval)
-    best = goodput(devices, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds)
+    g = goodput(world_size, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds, interval)
+    best = goodput(world_size, speed, device_mtbf_hours, checkpoint_seconds, restart_seconds)
     warn = ""
     if best.useful_fraction - g.useful_fraction > WORSE_THAN_OPTIMUM:
         warn = (f"<p><em>This interval loses {100 * (best.useful_fraction - g.useful_fraction):.1f} "
                 f"percentage points more than the optimum ({_duration(best.interval_s)}), which loses "
                 f"{100 * (1 - best.useful_fraction):.1f} %.</em></p>")
     return table(None, [
-        (f"speedup on {g.devices:,} device{'s' if g.devices > 1 else ''}", f"{g.speedup:.1f}×"),
+        (f"speedup on {g.world_size:,} device{'s' if g.world_size > 1 else ''}", f"{g.speedup:.1f}×"),
         ("job's mean time between failures", _duration(g.job_mtbf_s)),
         ("checkpoint interval", _duration(g.interval_s)),
         ("time lost to saves, redone work, restarts (exact, exponential failures)",
@@ -285,7 +285,7 @@ def proposal_html(layouts) -> str:
         what = "as planned" if i == 0 else lay.change
         days = "" if lay.days is None else (f"{lay.days:,.1f} days" if lay.days < 1000 else f"{lay.days / 365:,.0f} years")
         ok = "fits" if lay.fits else ("fits in memory, too slow" if lay.fits_memory else "does not fit")
-        rows.append((what, f"{lay.devices:,}", gb(lay.state_bytes), gb(lay.activation_bytes), days, ok))
+        rows.append((what, f"{lay.world_size:,}", gb(lay.state_bytes), gb(lay.activation_bytes), days, ok))
     return ("<p><b>The smallest change that fits</b> (fewest devices, then fewest settings changed, then the "
             "cheapest; time if every device computes all the time):</p>"
             + table(["change", "devices", "state per device", "activations per device", "time", ""], rows))

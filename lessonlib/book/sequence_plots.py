@@ -17,17 +17,17 @@ MAX_GRID_DEVICES = 16
 
 
 @_reads("measured")
-def plot_causal_work(devices: int, measured: dict):
+def plot_causal_work(world_size: int, measured: dict):
     """Which chunk pairs each device computes under a causal mask, contiguous and zig-zag, and the counts.
 
-    Left and middle: the ``2*devices x 2*devices`` grid of (query chunk, key
+    Left and middle: the ``2*world_size x 2*world_size`` grid of (query chunk, key
     chunk) pairs of :func:`lessonlib.calc.sequence.sequence_layout`, each
     computed pair coloured by the device that holds the query chunk, the
     skipped ones (keys after every query) blank. Right: ``measured``, the
     blocks each process computed in a run (``{"contiguous": [...],
     "zigzag": [...]}``, one count per process), as bars.
     """
-    devices = check_count("devices", devices, minimum=2, maximum=MAX_GRID_DEVICES)
+    world_size = check_count("world_size", world_size, minimum=2, maximum=MAX_GRID_DEVICES)
     measured = check_mapping("measured", measured)
     counts = {}
     for name in LAYOUTS:
@@ -39,20 +39,20 @@ def plot_causal_work(devices: int, measured: dict):
         raise ValueError("measured's two layouts must list the same processes")
     cmap = plt.get_cmap("tab10")
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.9), gridspec_kw={"width_ratios": [1, 1, 1.15]})
-    n = 2 * devices
+    n = 2 * world_size
     for ax, name in zip(axes[:2], LAYOUTS):
-        owner = {c: r for r, chunks in enumerate(sequence_layout(devices, name)) for c in chunks}
+        owner = {c: r for r, chunks in enumerate(sequence_layout(world_size, name)) for c in chunks}
         grid = [[owner[q] if k <= q else float("nan") for k in range(n)] for q in range(n)]
-        ax.imshow(grid, cmap=ListedColormap([cmap(r % 10) for r in range(devices)]), vmin=-0.5,
-                  vmax=devices - 0.5, origin="upper")
-        per = causal_block_counts(devices, name)
-        ax.set(title=f"{name}: blocks per device {per}" if devices <= 4 else f"{name}: {min(per)} to {max(per)} "
+        ax.imshow(grid, cmap=ListedColormap([cmap(r % 10) for r in range(world_size)]), vmin=-0.5,
+                  vmax=world_size - 0.5, origin="upper")
+        per = causal_block_counts(world_size, name)
+        ax.set(title=f"{name}: blocks per device {per}" if world_size <= 4 else f"{name}: {min(per)} to {max(per)} "
                      "blocks a device", xlabel="key chunk (position in the sequence)",
                ylabel="query chunk (colour: device holding it)")
         ax.title.set_fontsize(9)
         ax.set_xticks(range(n))
         ax.set_yticks(range(n))
-    axes[0].legend(handles=[Patch(color=cmap(r % 10), label=f"device {r}") for r in range(min(devices, 8))],
+    axes[0].legend(handles=[Patch(color=cmap(r % 10), label=f"device {r}") for r in range(min(world_size, 8))],
                    loc="upper right", fontsize=8, title="holds the queries", title_fontsize=8)
     ax = axes[2]
     ranks = range(len(counts["zigzag"]))
@@ -64,6 +64,6 @@ def plot_causal_work(devices: int, measured: dict):
     ax.title.set_fontsize(9)
     ax.set_xticks(list(ranks))
     ax.legend(fontsize=8)
-    fig.suptitle(f"Causal attention's work per device: contiguous split against zig-zag ({devices} devices in the grids)")
+    fig.suptitle(f"Causal attention's work per device: contiguous split against zig-zag ({world_size} devices in the grids)")
     fig.tight_layout()
     return fig

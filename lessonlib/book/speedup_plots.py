@@ -271,10 +271,10 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
 
 
 @_reads("rows", "no_failure")
-def plot_goodput_failures(devices: list, rows: dict, no_failure: list, title: str = ""):
+def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title: str = ""):
     """Two panels on what failures cost a synchronous job as it grows.
 
-    ``devices`` is the device counts; ``rows`` maps a curve label (e.g. a
+    ``world_sizes`` is the device counts (each a ``world_size``); ``rows`` maps a curve label (e.g. a
     device MTBF) to a list of :class:`lessonlib.calc.goodput.Goodput`, one
     per device count; ``no_failure`` is speedup / devices alone (Amdahl).
     Left: share of wall-clock time lost to saves, redone work and restarts
@@ -282,23 +282,23 @@ def plot_goodput_failures(devices: list, rows: dict, no_failure: list, title: st
     with the no-failure line drawn on top, so the gap that failures open is
     visible beside Amdahl's fall. Returns the figure.
     """
-    devices = counts("devices", devices)
+    world_sizes = counts("world_sizes", world_sizes)
     for label, gs in mapping("rows", rows).items():
-        if len(sequence(f"rows[{label!r}]", gs)) != len(devices):
-            raise ValueError(f"rows[{label!r}] must hold one result per device count ({len(devices)})")
+        if len(sequence(f"rows[{label!r}]", gs)) != len(world_sizes):
+            raise ValueError(f"rows[{label!r}] must hold one result per device count ({len(world_sizes)})")
     no_failure = [positive(f"no_failure[{i}]", v) for i, v in enumerate(sequence("no_failure", no_failure))]
-    if len(no_failure) != len(devices):
-        raise ValueError(f"no_failure must hold one value per device count ({len(devices)})")
+    if len(no_failure) != len(world_sizes):
+        raise ValueError(f"no_failure must hold one value per device count ({len(world_sizes)})")
     text("title", title, allow_empty=True)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
     styles = ["-", "--", "-."]
     for i, (label, gs) in enumerate(rows.items()):
-        left.plot(devices, [100 * (1 - g.useful_fraction) for g in gs], styles[i % 3], marker="o", label=label)
-        right.plot(devices, [g.per_device_hour for g in gs], styles[i % 3], marker="o", label=label)
-    right.plot(devices, no_failure, ":", color="black", lw=2, zorder=5, label="no failures (Amdahl alone)")
+        left.plot(world_sizes, [100 * (1 - g.useful_fraction) for g in gs], styles[i % 3], marker="o", label=label)
+        right.plot(world_sizes, [g.per_device_hour for g in gs], styles[i % 3], marker="o", label=label)
+    right.plot(world_sizes, no_failure, ":", color="black", lw=2, zorder=5, label="no failures (Amdahl alone)")
     for ax in (left, right):
         ax.set_xscale("log")
-        ax.set_xticks(devices, [f"{n:,}" for n in devices], rotation=30)
+        ax.set_xticks(world_sizes, [f"{n:,}" for n in world_sizes], rotation=30)
         ax.minorticks_off()
         ax.set_xlabel("devices (count, log scale)")
         ax.grid(alpha=0.3)

@@ -19,19 +19,19 @@ from ..checks import (amount as check_amount, choice as check_choice, count as c
 from ..calc.memory import activation_bytes_per_layer
 from ..calc.sharding import ZERO_STAGES, zero_state_bytes
 from .plots import COLORS, stacked_bars
-from .split_reports import _record
+from ..checks import record as check_record
 
 
-def plot_zero_stages(n_params: int, devices: int, label: str = ""):
+def plot_zero_stages(n_params: int, world_size: int, label: str = ""):
     """Bytes per device at ZeRO stages 0-3 (Adam, mixed precision), stacked by part, in GB."""
-    zero_state_bytes(n_params, devices, 0)  # checks n_params and devices before drawing anything
+    zero_state_bytes(n_params, world_size, 0)  # checks n_params and world_size before drawing anything
     label = check_text("label", label, allow_empty=True)
     data = {}
     for stage in ZERO_STAGES:
         name = "no sharding\n(stage 0)" if stage == 0 else f"stage {stage}"
-        data[name] = {k: v for k, v in zero_state_bytes(n_params, devices, stage).as_dict().items() if k != "total"}
+        data[name] = {k: v for k, v in zero_state_bytes(n_params, world_size, stage).as_dict().items() if k != "total"}
     fig = stacked_bars(data, f"Training state per device, {label or f'{n_params:,} parameters'}, "
-                             f"{devices} devices (Adam, mixed precision)", "bytes per device (GB)", scale=1e9)
+                             f"{world_size} devices (Adam, mixed precision)", "bytes per device (GB)", scale=1e9)
     fig.axes[0].set_xlabel("ZeRO stage (what is sharded)")
     return fig
 
@@ -60,32 +60,52 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
     return fig
 
 
+def _pipeline_steps(run, microbatches, step, schedules=None) -> tuple:
+    """``(p, [(run of the schedule, its step ``step``)])`` for the runs of ``run`` (run_pipelines' result)
+    with ``microbatches`` micro-batches (and a schedule in ``schedules``, if given); errors name the argument."""
+    check_record("run", run, ("world_size", "runs"), "a result of run_pipelines")
+    microbatches = check_count("microbatches", microbatches)
+    step = check_count("step", step, minimum=0)
+    runs = [r for r in run["runs"] if r["microbatches"] == microbatches
+            and (schedules is None or r["schedule"] in check_sequence("schedules", schedules))]
+    if not runs:
+        raise ValueError(f"no run with microbatches={microbatches}" + ("" if schedules is None else
+                                                                       f" and a schedule in {list(schedules)}"))
+    for r in runs:
+        if step >= len(r["steps"]):
+            raise ValueError(f"step must be below the {len(r['steps'])} steps measured, got {step}")
+    return run["world_size"], [(r, r["steps"][step]) for r in runs]
+
+
+def _draw_step(ax, st, p, row: str, *, fade: float, share: float, fontsize: int, stages: bool) -> tuple:
+    """One step's busy spans on ``ax``, a row per process (``row`` 0..p-1), in ms from its first computation:
+    bars coloured by micro-batch, forward opaque and backward ``fade``, labelled where a bar is over ``share``
+    of the step; with ``stages``, a process's later stage hatched and each label naming its stage.
+    Returns the step's first and last times (s)."""
+    cmap = plt.get_cmap("tab10")
+    every = [s for spans in st["spans"] for s in spans]
+    t0, t1 = min(s[2] for s in every), max(s[3] for s in every)
+    for proc, spans in enumerate(st["spans"]):
+        for kind, mb, a, b, *rest in spans:
+            later = stages and bool(rest) and rest[0] >= p  # this process's second stage (loop or V)
+            ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (proc - 0.4, 0.8), facecolors=cmap(mb % 10),
+                           edgecolor="white", hatch="///" if later else None, alpha=1.0 if kind == "F" else fade)
+            if b - a > share * (t1 - t0):
+                label = f"{kind}{mb}" + (f"\n s{rest[0]}" if stages and rest else "")
+                ax.text(1e3 * (a + b) / 2 - 1e3 * t0, proc, label, ha="center", va="center", fontsize=fontsize)
+    ax.set_yticks(range(p), [f"{row} {s}" for s in range(p)])
+    ax.set_ylim(p - 0.4, -0.6)
+    ax.set_ylabel("process")
+    return t0, t1
+
+
 @_reads("run")
 def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
     """Busy spans of each stage as recorded in one real step, GPipe above 1F1B (ms from the step's start)."""
-    _record("run", run, ("world_size", "runs"), "a result of run_pipelines")
-    microbatches = check_count("microbatches", microbatches)
-    step = check_count("step", step, minimum=0)
-    runs = [r for r in run["runs"] if r["microbatches"] == microbatches]
-    if not runs:
-        raise ValueError(f"no run with microbatches={microbatches}")
-    p = run["world_size"]
-    fig, axes = plt.subplots(len(runs), 1, figsize=(7.5, 1.3 + 1.0 * p * len(runs)), squeeze=False)
-    cmap = plt.get_cmap("tab10")
-    for ax, r in zip(axes[:, 0], runs):
-        if step >= len(r["steps"]):
-            raise ValueError(f"step must be below the {len(r['steps'])} steps measured, got {step}")
-        st = r["steps"][step]
-        t0 = min(s[2] for spans in st["spans"] for s in spans)
-        for stage, spans in enumerate(st["spans"]):
-            for kind, mb, a, b, *_ in spans:
-                ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (stage - 0.4, 0.8), facecolors=cmap(mb % 10),
-                               edgecolor="white", alpha=1.0 if kind == "F" else 0.55)
-                if b - a > 0.02 * (max(s[3] for sp in st["spans"] for s in sp) - t0):
-                    ax.text(1e3 * (a + b) / 2 - 1e3 * t0, stage, f"{kind}{mb}", ha="center", va="center", fontsize=7)
-        ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
-        ax.set_ylim(p - 0.4, -0.6)
-        ax.set_ylabel("process")
+    p, steps = _pipeline_steps(run, microbatches, step)
+    fig, axes = plt.subplots(len(steps), 1, figsize=(7.5, 1.3 + 1.0 * p * len(steps)), squeeze=False)
+    for ax, (r, st) in zip(axes[:, 0], steps):
+        _draw_step(ax, st, p, "stage", fade=0.55, share=0.02, fontsize=7, stages=False)
         ax.set_xlabel("time since the step's first computation (ms)")
         ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}: idle share "
                      f"{st['idle_share']:.0%} (formula {(p - 1) / (microbatches + p - 1):.0%})", fontsize=10)
@@ -98,7 +118,7 @@ def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
 @_reads("run")
 def plot_idle_shares(run: dict):
     """Median measured idle share against m for each schedule, with (p-1)/(m+p-1)."""
-    p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
+    p = check_record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     ms_all = sorted({r["microbatches"] for r in run["runs"]})
     ax.plot(ms_all, [100 * (p - 1) / (m + p - 1) for m in ms_all], "k--", label="(p − 1)/(m + p − 1)")
@@ -117,24 +137,24 @@ def plot_idle_shares(run: dict):
 
 
 @_reads("sizes", "seconds")
-def plot_alpha_beta(sizes, seconds, link: Link, devices: int = 2, collective: str = "all_reduce"):
+def plot_alpha_beta(sizes, seconds, link: Link, world_size: int = 2, collective: str = "all_reduce"):
     """Measured collective times (one per size, seconds) against message size, and the fitted alpha-beta line (log-log)."""
     sizes = [check_positive("sizes", x) for x in check_sequence("sizes", sizes)]
     seconds = [check_positive("seconds", t) for t in check_sequence("seconds", seconds)]
     if len(sizes) != len(seconds):
         raise ValueError(f"sizes and seconds must have the same length, got {len(sizes)} and {len(seconds)}")
     check_instance("link", link, Link, "a Link (alpha_s, beta_bytes_per_s)")
-    devices = check_count("devices", devices, minimum=2)
+    world_size = check_count("world_size", world_size, minimum=2)
     check_choice("collective", collective, COLLECTIVES)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.plot(sizes, [1e6 * t for t in seconds], "o", label="measured (fastest of the rounds)", color=COLORS["weights"])
     lo, hi = min(sizes), max(sizes)
     xs = [lo * (hi / lo) ** (i / 60) for i in range(61)]
-    ax.plot(xs, [1e6 * link.seconds(collective, x, devices) for x in xs], "-", color=COLORS["gradients"],
+    ax.plot(xs, [1e6 * link.seconds(collective, x, world_size) for x in xs], "-", color=COLORS["gradients"],
             label=f"fit: α = {link.alpha_us:.0f} µs per step, β = {link.beta_GBps:.2f} GB/s")
     ax.set(xscale="log", yscale="log", xlabel="tensor size (bytes, log scale)",
            ylabel="time (µs, log scale)",
-           title=f"{collective.replace('_', '-')} on {devices} processes: measured and the α–β model")
+           title=f"{collective.replace('_', '-')} on {world_size} processes: measured and the α–β model")
     ax.legend(fontsize=8)
     return fig
 
@@ -150,15 +170,8 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
     micro-batch where they are wide enough; under each timeline the same
     actions in their order, one equal cell each, every one labelled.
     """
-    _record("run", run, ("world_size", "runs"), "a result of run_pipelines")
-    microbatches = check_count("microbatches", microbatches)
-    step = check_count("step", step, minimum=0)
-    runs = [r for r in run["runs"] if r["microbatches"] == microbatches
-            and (schedules is None or r["schedule"] in check_sequence("schedules", schedules))]
-    if not runs:
-        raise ValueError(f"no run with microbatches={microbatches}" + ("" if schedules is None else
-                                                                       f" and a schedule in {list(schedules)}"))
-    p = run["world_size"]
+    p, steps = _pipeline_steps(run, microbatches, step, schedules)
+    runs = [r for r, _ in steps]
     # each schedule gets two panels: the timeline (bars as long as they took), and the same actions in their
     # order, one equal cell each, so that the short ones, too short to label on the timeline, can be read
     fig, axes = plt.subplots(2 * len(runs), 1, figsize=(8, 1.6 + 1.9 * p * len(runs)), squeeze=False,
@@ -166,8 +179,6 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
     cmap = plt.get_cmap("tab10")
     for i, r in enumerate(runs):
         ax, order_ax = axes[2 * i, 0], axes[2 * i + 1, 0]
-        if step >= len(r["steps"]):
-            raise ValueError(f"step must be below the {len(r['steps'])} steps measured, got {step}")
         st = r["steps"][step]
         every = [s for spans in st["spans"] for s in spans]
         t0, t1 = min(s[2] for s in every), max(s[3] for s in every)

@@ -16,24 +16,9 @@ from ..calc.memory import format_bytes, training_state_bytes
 from ..calc.sharding import zero_state_bytes, zero_step_traffic
 from ..checks import (choice as check_choice, count as check_count, function as check_function,
                       instance as check_instance, mapping as check_mapping, amount as check_amount,
-                      sequence as check_sequence)
+                      record as check_record, records as check_records, sequence as check_sequence)
 from ..calc.planner import PRESETS
 from .tables import table
-
-
-def _record(name: str, value, keys, what: str = "a measurement's result") -> dict:
-    """``value`` if it is a dict holding every one of ``keys``; else an error naming ``name``."""
-    check_mapping(name, value)
-    missing = [k for k in keys if k not in value]
-    if missing:
-        raise ValueError(f"{name} must be {what}, with the keys {', '.join(map(repr, keys))}; "
-                         f"missing {', '.join(map(repr, missing))}")
-    return value
-
-
-def _records(name: str, value, keys, what: str = "a list of per-rank results") -> list:
-    """A non-empty list of :func:`_record` dicts."""
-    return [_record(name, v, keys, what) for v in check_sequence(name, value)]
 
 
 def _b(n) -> str:
@@ -42,68 +27,107 @@ def _b(n) -> str:
 
 # --------------------------------------------------------------------------- ZeRO / FSDP
 
-def _sharding_results(value) -> dict:
-    """``{N: [per-rank dicts]}`` as :func:`~lessonlib.measure.distributed.fsdp.run_sharding` returns it."""
-    out = {}
-    for n, per_rank in check_mapping("results", value).items():
-        out[check_count("results (a process count)", n)] = _records("results", per_rank, ("rank", "n_params", "zero3"))
-    return out
+_PARTS = ("weights", "gradients", "optimizer_state", "step_counters")
 
 
-@_reads("results")
-def sharded_state_rows(results: dict) -> list:
+def _sharding_run(name: str, value):
+    """``value`` if it is a :class:`~lessonlib.measure.distributed.fsdp.ShardingRun` whose every field has
+    its type (a result a page kept, or changed, is read whole); else an error naming ``name``."""
+    from ..measure.distributed.fsdp import HeldBytes, ShardedRank, ShardingRun
+
+    check_instance(name, value, ShardingRun, "a ShardingRun (what run_sharding returns)")
+    for n, ranks in check_mapping(f"{name}.ranks", value.ranks).items():
+        n = check_count(f"{name}.ranks (a process count)", n)
+        for i, r in enumerate(check_sequence(f"{name}.ranks[{n}]", ranks)):
+            at = f"{name}.ranks[{n}][{i}]"
+            check_instance(at, r, ShardedRank, "a ShardedRank")
+            check_count(f"{at}.rank", r.rank, minimum=0)
+            if check_count(f"{at}.world_size", r.world_size) != n:
+                raise ValueError(f"{at}.world_size must be {n}, the count it is filed under, got {r.world_size}")
+            check_count(f"{at}.n_params", r.n_params)
+            check_count(f"{at}.n_tensors", r.n_tensors)
+            for part in ("zero3", "zero1"):
+                held = check_instance(f"{at}.{part}", getattr(r, part), HeldBytes, "a HeldBytes")
+                for f in _PARTS:
+                    check_count(f"{at}.{part}.{f}", getattr(held, f), minimum=0)
+            for key in ("zero3_collectives", "keep_collectives"):
+                for j, c in enumerate(check_sequence(f"{at}.{key}", getattr(r, key), allow_empty=True)):
+                    c = check_sequence(f"{at}.{key}[{j}]", c)
+                    if len(c) != 3 or not all(isinstance(x, str) for x in c[:2]):
+                        raise ValueError(f"{at}.{key}[{j}] must be (kind, phase, bytes), got {c!r:.80}")
+                    check_count(f"{at}.{key}[{j}] (bytes)", c[2], minimum=0)
+            losses = check_sequence(f"{at}.losses", r.losses)
+            if len(check_sequence(f"{at}.reference_losses", r.reference_losses)) != len(losses):
+                raise ValueError(f"{at}.losses and reference_losses must have one value per step each")
+    return value
+
+
+def _ranks(name: str, run, world_size) -> tuple:
+    """The ranks of ``run`` (checked whole) on ``world_size`` processes."""
+    run = _sharding_run(name, run)
+    world_size = check_count("world_size", world_size)
+    if world_size not in run.ranks:
+        raise ValueError(f"world_size={world_size} is not in {name} (it measured {sorted(run.ranks)})")
+    return tuple(run.ranks[world_size])
+
+
+@_reads("run")
+def sharded_state_rows(run) -> list:
     """Per rank and part: measured bytes against the formula over N.
 
-    ``results`` maps a process count N to :func:`~lessonlib.measure.distributed.fsdp.run_sharding`'s
-    list. The formula is :func:`~lessonlib.calc.sharding.zero_state_bytes` in
-    fp32 (what the ranks train in) at stage 3. Returns dicts with ``devices``,
-    ``rank``, ``part``, ``measured``, ``formula``.
+    ``run`` is :func:`~lessonlib.measure.distributed.fsdp.run_sharding`'s
+    :class:`~lessonlib.measure.distributed.fsdp.ShardingRun`. The formula is
+    :func:`~lessonlib.calc.sharding.zero_state_bytes` in fp32 (what the ranks train in) at
+    stage 3. Returns dicts with ``world_size``, ``rank``, ``part``, ``measured``, ``formula``.
     """
     rows = []
-    for n, per_rank in _sharding_results(results).items():
-        f = zero_state_bytes(per_rank[0]["n_params"], n, 3, "adam", "fp32")
+    for n, per_rank in _sharding_run("run", run).ranks.items():
+        f = zero_state_bytes(per_rank[0].n_params, n, 3, "adam", "fp32")
         for r in per_rank:
             for part in ("weights", "gradients", "optimizer_state"):
-                rows.append({"devices": n, "rank": r["rank"], "part": part,
-                             "measured": r["zero3"][part], "formula": getattr(f, part)})
+                rows.append({"world_size": n, "rank": r.rank, "part": part,
+                             "measured": getattr(r.zero3, part), "formula": getattr(f, part)})
     return rows
 
 
-@_reads("results")
-def sharded_state_table(results: dict) -> str:
-    """Markdown: what each rank holds under fully_shard, against 16 Ψ / N split by part."""
+@_reads("run")
+def sharded_state_table(run) -> str:
+    """Markdown: what each rank of ``run`` (a ShardingRun) holds under fully_shard, against 16 Ψ / N split by part."""
     parts = ("weights", "gradients", "optimizer_state")
     rows = []
-    for n, per_rank in _sharding_results(results).items():
-        f = zero_state_bytes(per_rank[0]["n_params"], n, 3, "adam", "fp32")
+    for n, per_rank in _sharding_run("run", run).ranks.items():
+        f = zero_state_bytes(per_rank[0].n_params, n, 3, "adam", "fp32")
         for r in per_rank:
-            ok = all(r["zero3"][p] == getattr(f, p) for p in parts)
-            rows.append([n, f"rank {r['rank']}", *(_b(r["zero3"][p]) for p in parts), "yes" if ok else "**no**"])
+            ok = all(getattr(r.zero3, p) == getattr(f, p) for p in parts)
+            rows.append([n, f"rank {r.rank}", *(_b(getattr(r.zero3, p)) for p in parts), "yes" if ok else "**no**"])
         rows.append([n, "*formula / N*", *(f"*{_b(getattr(f, p))}*" for p in parts), ""])
     return table(["N", "held by", "weights", "gradients", "Adam state", "equal to formula / N"], rows, markdown=True)
 
 
-@_reads("per_rank")
-def zero1_table(per_rank: list) -> str:
-    """Markdown: ZeroRedundancyOptimizer's optimizer state per rank against 8 Ψ / N."""
-    per_rank = _records("per_rank", per_rank, ("rank", "n_params", "zero1"))
+@_reads("run")
+def zero1_table(run, world_size: int = 2) -> str:
+    """Markdown: ZeroRedundancyOptimizer's optimizer state per rank of ``run`` (a ShardingRun) on
+    ``world_size`` processes, against 8 Ψ / N."""
+    per_rank = _ranks("run", run, world_size)
     n = len(per_rank)
-    full = training_state_bytes(per_rank[0]["n_params"], "adam", "fp32")
+    full = training_state_bytes(per_rank[0].n_params, "adam", "fp32")
     rows = []
     for r in per_rank:
-        z = r["zero1"]
-        rows.append([r["rank"], _b(z["weights"]), _b(z["gradients"]), _b(z["optimizer_state"]),
-                     _b(full.optimizer_state / n), f"{z['optimizer_state'] / (full.optimizer_state / n) - 1:+.2%}"])
+        z = r.zero1
+        rows.append([r.rank, _b(z.weights), _b(z.gradients), _b(z.optimizer_state),
+                     _b(full.optimizer_state / n), f"{z.optimizer_state / (full.optimizer_state / n) - 1:+.2%}"])
     return table(["rank", "weights (whole)", "gradients (whole)", "Adam state held", "8 Ψ / N",
                   "difference"], rows, markdown=True)
 
 
-@_reads("per_rank")
-def loss_table(per_rank: list) -> tuple:
-    """Markdown of the loss per step, sharded against unsharded, and the largest relative difference."""
-    r0 = _records("per_rank", per_rank, ("losses", "reference_losses"))[0]
+@_reads("run")
+def loss_table(run, world_size: int = 2) -> tuple:
+    """Markdown of the loss per step of ``run`` (a ShardingRun) on ``world_size`` processes, sharded against
+    unsharded, and the largest relative difference."""
+    per_rank = _ranks("run", run, world_size)
+    r0 = per_rank[0]
     rows, worst = [], 0.0
-    for i, (a, b) in enumerate(zip(r0["losses"], r0["reference_losses"])):
+    for i, (a, b) in enumerate(zip(r0.losses, r0.reference_losses)):
         rel = abs(a - b) / abs(b)
         worst = max(worst, rel)
         rows.append([i + 1, f"{b:.7f}", f"{a:.7f}", f"{rel:.1e}"])
@@ -124,22 +148,23 @@ def traffic_summary(records) -> dict:
     return out
 
 
-@_reads("per_rank")
-def traffic_table(per_rank: list, value_bytes: int = 4) -> tuple:
-    """Markdown: collectives of one fully_shard forward+backward, logged, against :func:`zero_step_traffic`.
+@_reads("run")
+def traffic_table(run, world_size: int = 2, value_bytes: int = 4) -> tuple:
+    """Markdown: collectives of one fully_shard forward+backward of ``run`` (a ShardingRun) on ``world_size``
+    processes, logged, against :func:`zero_step_traffic`.
 
     Returns ``(markdown, checks)``; ``checks`` maps ``"freed"`` / ``"kept"`` to
     ``{kind: (logged bytes, formula bytes)}``.
     """
-    r0 = _records("per_rank", per_rank, ("world_size", "n_params", "zero3_collectives", "keep_collectives"))[0]
+    r0 = _ranks("run", run, world_size)[0]
     value_bytes = check_count("value_bytes", value_bytes)
-    n, psi = r0["world_size"], r0["n_params"]
+    n, psi = r0.world_size, r0.n_params
     formula = zero_step_traffic(psi, n, 3, value_bytes)
     kept_formula = {"all_gather": formula["all_gather"] // 2, "reduce_scatter": formula["reduce_scatter"]}
     rows, checks = [], {}
     for label, key, f in (("freed after forward (ZeRO-3)", "zero3_collectives", formula),
                           ("kept until backward", "keep_collectives", kept_formula)):
-        logged = traffic_summary(r0[key])
+        logged = traffic_summary(getattr(r0, key))
         checks[label.split()[0]] = {}
         for kind in ("all_gather", "reduce_scatter"):
             got = logged.get(kind, {"count": 0, "bytes": 0})
@@ -150,13 +175,13 @@ def traffic_table(per_rank: list, value_bytes: int = 4) -> tuple:
     return shown, checks
 
 
-def zero_report(model: str, devices: int, stage: int) -> str:
+def zero_report(model: str, world_size: int, stage: int) -> str:
     """The ZeRO calculator's answer as HTML (for :class:`lessonlib.book.interactive.Explorer`)."""
     check_choice("model", model, PRESETS)
-    devices = check_count("devices", devices)
+    world_size = check_count("world_size", world_size)
     n = PRESETS[model]["n_params"]
-    s = zero_state_bytes(n, devices, stage)
-    base = zero_state_bytes(n, devices, 0)
+    s = zero_state_bytes(n, world_size, stage)
+    base = zero_state_bytes(n, world_size, 0)
     rows = [(k.replace("_", " "), f"{v / 1e9:,.2f} GB") for k, v in s.as_dict().items() if k != "total"]
     rows.append(("per device", f"{s.total / 1e9:,.2f} GB"))
     return (table(None, rows, strong={len(rows) - 1})
@@ -220,7 +245,7 @@ def median(xs) -> float:
 @_reads("run")
 def idle_rows(run: dict) -> list:
     """``(schedule, m, median idle share, formula)`` for each pipeline result of :func:`run_pipelines`."""
-    p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
+    p = check_record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
     return [(r["schedule"], r["microbatches"], median([s["idle_share"] for s in r["steps"]]),
              (p - 1) / (r["microbatches"] + p - 1)) for r in run["runs"]]
 
@@ -230,7 +255,7 @@ def pipeline_memory_rows(run: dict) -> list:
     """Per schedule, m and stage: measured peak activation bytes, the bytes of one micro-batch
     on that stage (GPipe's peak at the smallest m, divided by m) and the count the schedule
     should hold: m for GPipe, min(m, p - stage) for 1F1B."""
-    p = _record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
+    p = check_record("run", run, ("world_size", "runs"), "a result of run_pipelines")["world_size"]
     gpipe = [r for r in run["runs"] if r["schedule"] == "GPipe"]
     if not gpipe:
         raise ValueError("run holds no GPipe runs to read one micro-batch's bytes from")
@@ -268,39 +293,84 @@ def fastest(times) -> float:
     return min(check_amount("times", t) for t in check_sequence("times", times))
 
 
+def _comm_timing(name: str, value):
+    """``value`` if it is a :class:`~lessonlib.measure.distributed.comm_timing.CommTiming` whose every field
+    has its type and every collective a known kind; else an error naming ``name``."""
+    from ..measure.distributed.comm_timing import CommTiming, DDPTiming, FSDPTiming
+
+    kinds = ("all_reduce", "all_gather", "reduce_scatter")
+
+    def rounds(where, ts):
+        return [check_amount(f"{where}[{i}]", t) for i, t in enumerate(check_sequence(where, ts))]
+
+    check_instance(name, value, CommTiming, "a CommTiming (what run_comm_timing returns)")
+    check_count(f"{name}.world_size", value.world_size, minimum=2)
+    for kind in kinds:
+        for i, pair in enumerate(check_sequence(f"{name}.{kind}", getattr(value, kind), allow_empty=True)):
+            pair = check_sequence(f"{name}.{kind}[{i}]", pair)
+            if len(pair) != 2:
+                raise ValueError(f"{name}.{kind}[{i}] must be (bytes, seconds per round), got {pair!r:.80}")
+            check_count(f"{name}.{kind}[{i}] (bytes)", pair[0])
+            rounds(f"{name}.{kind}[{i}] (seconds)", pair[1])
+    d = check_instance(f"{name}.ddp", value.ddp, DDPTiming, "a DDPTiming")
+    check_count(f"{name}.ddp.grad_bytes", d.grad_bytes)
+    buckets = [check_count(f"{name}.ddp.bucket_bytes[{i}]", b)
+               for i, b in enumerate(check_sequence(f"{name}.ddp.bucket_bytes", d.bucket_bytes))]
+    if len(check_sequence(f"{name}.ddp.bucket_times", d.bucket_times)) != len(buckets):
+        raise ValueError(f"{name}.ddp.bucket_times must hold one list of rounds per bucket ({len(buckets)})")
+    for i, ts in enumerate(d.bucket_times):
+        rounds(f"{name}.ddp.bucket_times[{i}]", ts)
+    rounds(f"{name}.ddp.backward", d.backward)
+    rounds(f"{name}.ddp.backward_no_sync", d.backward_no_sync)
+    f = check_instance(f"{name}.fsdp", value.fsdp, FSDPTiming, "an FSDPTiming")
+    collectives = check_sequence(f"{name}.fsdp.collectives", f.collectives)
+    for i, c in enumerate(collectives):
+        c = check_sequence(f"{name}.fsdp.collectives[{i}]", c)
+        if len(c) != 2 or c[0] not in kinds:
+            raise ValueError(f"{name}.fsdp.collectives[{i}] must be (kind, bytes) with a kind of {kinds}, got {c!r:.80}")
+        check_count(f"{name}.fsdp.collectives[{i}] (bytes)", c[1])
+    check_count(f"{name}.fsdp.n_params", f.n_params)
+    if len(check_sequence(f"{name}.fsdp.replay_each", f.replay_each)) != len(collectives):
+        raise ValueError(f"{name}.fsdp.replay_each must hold one list of rounds per collective ({len(collectives)})")
+    for i, ts in enumerate(f.replay_each):
+        rounds(f"{name}.fsdp.replay_each[{i}]", ts)
+    rounds(f"{name}.fsdp.step", f.step)
+    return value
+
+
 @_reads("result")
-def comm_rows(result: dict, link: Link, stat=fastest) -> list:
-    """Predicted against measured for every timed collective of :func:`run_comm_timing`.
+def comm_rows(result, link: Link, stat=fastest) -> list:
+    """Predicted against measured for every timed collective of ``result``, :func:`run_comm_timing`'s
+    :class:`~lessonlib.measure.distributed.comm_timing.CommTiming`, taken whole.
 
     ``stat`` reduces the rounds of one measurement to one number (default: :func:`fastest`).
     Returns dicts ``{"what", "bytes", "measured_s", "predicted_s"}``.
     """
-    n = _record("result", result, ("world_size", "all_reduce", "all_gather", "reduce_scatter", "ddp", "fsdp"),
-                "a result of run_comm_timing")["world_size"]
+    n = _comm_timing("result", result).world_size
     check_instance("link", link, Link, "a Link (alpha_s, beta_bytes_per_s)")
     check_function("stat", stat)
     rows = []
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
-        for b, ts in result[kind]:
+        for b, ts in getattr(result, kind):
             rows.append({"what": kind.replace("_", "-"), "bytes": b, "measured_s": stat(ts),
                          "predicted_s": link.seconds(kind, b, n)})
-    d = result["ddp"]
-    pred = sum(link.seconds("all_reduce", b, n) for b in d["bucket_bytes"])
-    rows.append({"what": f"DDP buckets, all-reduced alone ({len(d['bucket_bytes'])})", "bytes": d["grad_bytes"],
-                 "measured_s": sum(stat(t) for t in d["bucket_times"]), "predicted_s": pred})
-    rows.append({"what": "DDP step: backward minus no_sync backward", "bytes": d["grad_bytes"],
-                 "measured_s": stat(d["backward"]) - stat(d["backward_no_sync"]), "predicted_s": pred})
-    f = result["fsdp"]
-    rows.append({"what": f"fully_shard step's {len(f['collectives'])} collectives, each replayed",
-                 "bytes": sum(b for _, b in f["collectives"]), "measured_s": sum(stat(t) for t in f["replay_each"]),
-                 "predicted_s": sum(link.seconds(k, b, n) for k, b in f["collectives"])})
+    d = result.ddp
+    pred = sum(link.seconds("all_reduce", b, n) for b in d.bucket_bytes)
+    rows.append({"what": f"DDP buckets, all-reduced alone ({len(d.bucket_bytes)})", "bytes": d.grad_bytes,
+                 "measured_s": sum(stat(t) for t in d.bucket_times), "predicted_s": pred})
+    rows.append({"what": "DDP step: backward minus no_sync backward", "bytes": d.grad_bytes,
+                 "measured_s": stat(d.backward) - stat(d.backward_no_sync), "predicted_s": pred})
+    f = result.fsdp
+    rows.append({"what": f"fully_shard step's {len(f.collectives)} collectives, each replayed",
+                 "bytes": sum(b for _, b in f.collectives), "measured_s": sum(stat(t) for t in f.replay_each),
+                 "predicted_s": sum(link.seconds(k, b, n) for k, b in f.collectives)})
     return rows
 
 
 @_reads("rows", signed=("rows",))
 def comm_table(rows: list) -> str:
     """Markdown of :func:`comm_rows` (times in microseconds)."""
-    rows = _records("rows", rows, ("what", "bytes", "measured_s", "predicted_s"), "a list of comm_rows dicts")
+    rows = check_records("rows", rows, ("what", "bytes", "measured_s", "predicted_s"), "a list of comm_rows dicts")
     out = [[r["what"], format_bytes(r["bytes"]), f"{1e6 * r['measured_s']:,.0f}", f"{1e6 * r['predicted_s']:,.0f}",
             f"{r['predicted_s'] / r['measured_s']:.2f}"] for r in rows]
     return table(["what", "tensor", "measured (µs, fastest round)", "predicted (µs)", "predicted / measured"], out,
@@ -315,7 +385,7 @@ def cluster_rows(n_params: int, gpus_per_node: int = 8, nodes=(1, 8, 64), links=
     priced as one flat ring whose slowest link is one port, the pessimistic contrast."""
     from ..calc.comm import LINKS, multi_node_seconds
 
-    links = LINKS if links is None else _record("links", links, ("nvlink", "infiniband"), "a dict of Link figures")
+    links = LINKS if links is None else check_record("links", links, ("nvlink", "infiniband"), "a dict of Link figures")
     for name in ("nvlink", "infiniband"):
         check_instance("links", links[name], Link, "a dict of Link figures")
     grad = 2 * check_count("n_params", n_params)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from ..checks import amount as _check_amount, count as _check_count, share as _check_share
 
 
-def amdahl_time(serial, parallel, devices, communication=0.0) -> float:
-    """Time of one job on ``devices`` equal devices, in the units of the inputs.
+def amdahl_time(serial, parallel, world_size, communication=0.0) -> float:
+    """Time of one job on ``world_size`` equal devices, in the units of the inputs.
 
     ``serial`` work runs in sequence whatever the device count; ``parallel``
     work divides perfectly among the devices; ``communication`` is the time
@@ -32,15 +32,30 @@ def amdahl_time(serial, parallel, devices, communication=0.0) -> float:
     Raises ``ValueError`` naming the argument for negative or non-finite
     amounts and for a device count that is not a whole number >= 1.
     """
-    serial = _check_amount("serial", serial)
-    parallel = _check_amount("parallel", parallel)
-    devices = _check_count("devices", devices)
-    communication = _check_amount("communication", communication)
-    return serial + parallel / devices + (communication if devices > 1 else 0.0)
+    return _time(*_checked(serial, parallel, world_size, communication))
 
 
-def amdahl_speedup(serial, parallel, devices, communication=0.0) -> float:
-    """Speedup on ``devices`` devices: one-device time / ``devices``-device time.
+def _checked(serial, parallel, world_size, communication) -> tuple:
+    """The arguments of :func:`amdahl_time`, each checked once under the name the caller used."""
+    return (_check_amount("serial", serial), _check_amount("parallel", parallel),
+            _check_count("world_size", world_size), _check_amount("communication", communication))
+
+
+def _time(serial, parallel, world_size, communication) -> float:
+    """:func:`amdahl_time` on checked arguments (internal calls trust their caller)."""
+    return serial + parallel / world_size + (communication if world_size > 1 else 0.0)
+
+
+def _speedup(serial, parallel, world_size, communication) -> float:
+    """:func:`amdahl_speedup` on checked arguments."""
+    t_many = _time(serial, parallel, world_size, communication)
+    if t_many == 0:
+        raise ValueError("serial, parallel and communication are all zero: there is no work to speed up")
+    return _time(serial, parallel, 1, 0.0) / t_many
+
+
+def amdahl_speedup(serial, parallel, world_size, communication=0.0) -> float:
+    """Speedup on ``world_size`` devices: one-device time / ``world_size``-device time.
 
     Dimensionless (×). Same arguments as :func:`amdahl_time`; one device pays
     no communication, so its time is ``serial + parallel``.
@@ -48,14 +63,10 @@ def amdahl_speedup(serial, parallel, devices, communication=0.0) -> float:
     >>> amdahl_speedup(20, 80, 4)
     2.5
     """
-    t_many = amdahl_time(serial, parallel, devices, communication)
-    t_one = amdahl_time(serial, parallel, 1)
-    if t_many == 0:
-        raise ValueError("serial, parallel and communication are all zero: there is no work to speed up")
-    return t_one / t_many
+    return _speedup(*_checked(serial, parallel, world_size, communication))
 
 
-def speedup_from_share(serial_share, devices, communication_share=0.0) -> float:
+def speedup_from_share(serial_share, world_size, communication_share=0.0) -> float:
     """Amdahl speedup from fractions of the one-device time (dimensionless, ×).
 
     ``serial_share`` is the fraction of the one-device time that cannot be
@@ -68,16 +79,16 @@ def speedup_from_share(serial_share, devices, communication_share=0.0) -> float:
     """
     serial_share = _check_share("serial_share", serial_share)
     communication_share = _check_amount("communication_share", communication_share)
-    return amdahl_speedup(serial_share, 1.0 - serial_share, devices, communication_share)
+    return _speedup(serial_share, 1.0 - serial_share, _check_count("world_size", world_size), communication_share)
 
 
-def gustafson_speedup(serial_share, devices) -> float:
+def gustafson_speedup(serial_share, world_size) -> float:
     """Gustafson's scaled speedup (dimensionless, ×): the job grows with the devices.
 
-    Weak scaling: each of ``devices`` devices keeps a fixed amount of parallel
+    Weak scaling: each of ``world_size`` devices keeps a fixed amount of parallel
     work, so the job grows with the device count. ``serial_share`` is the
-    fraction of the *``devices``-device* run's time that is serial (0 to 1).
-    One device would need ``serial_share + devices × (1 - serial_share)`` of
+    fraction of the *``world_size``-device* run's time that is serial (0 to 1).
+    One device would need ``serial_share + world_size × (1 - serial_share)`` of
     that time for the same, larger job, so::
 
         scaled speedup = devices - serial_share × (devices - 1)
@@ -91,5 +102,5 @@ def gustafson_speedup(serial_share, devices) -> float:
     3.4
     """
     serial_share = _check_share("serial_share", serial_share)
-    devices = _check_count("devices", devices)
-    return devices - serial_share * (devices - 1)
+    world_size = _check_count("world_size", world_size)
+    return world_size - serial_share * (world_size - 1)

@@ -8,12 +8,12 @@ from __future__ import annotations
 from ..checks import amount as _check_amount, count as _check_count
 
 
-def ring_allreduce_bytes(n_bytes, devices) -> float:
+def ring_allreduce_bytes(n_bytes, world_size) -> float:
     """Bytes each device sends in a ring all-reduce of an ``n_bytes`` tensor.
 
     A ring all-reduce is a reduce-scatter followed by an all-gather; each
-    phase passes ``devices - 1`` chunks of ``n_bytes / devices`` around the
-    ring, so each device sends ``2 (devices - 1) / devices × n_bytes`` bytes
+    phase passes ``world_size - 1`` chunks of ``n_bytes / world_size`` around the
+    ring, so each device sends ``2 (world_size - 1) / world_size × n_bytes`` bytes
     (and receives as many). One device sends nothing. The volume per device
     approaches twice the tensor as devices grow: it does not shrink.
 
@@ -21,20 +21,20 @@ def ring_allreduce_bytes(n_bytes, devices) -> float:
     1500.0
     """
     n_bytes = _check_amount("n_bytes", n_bytes)
-    devices = _check_count("devices", devices)
-    return 2.0 * (devices - 1) / devices * n_bytes
+    world_size = _check_count("world_size", world_size)
+    return 2.0 * (world_size - 1) / world_size * n_bytes
 
 
-def all_gather_bytes(n_bytes, devices) -> float:
+def all_gather_bytes(n_bytes, world_size) -> float:
     """Bytes each device sends in a ring all-gather that builds an ``n_bytes`` tensor.
 
-    Each device starts with ``n_bytes / devices`` and must end with all of it:
-    ``(devices - 1) / devices × n_bytes`` bytes sent per device (half of a ring
+    Each device starts with ``n_bytes / world_size`` and must end with all of it:
+    ``(world_size - 1) / world_size × n_bytes`` bytes sent per device (half of a ring
     all-reduce, which is a reduce-scatter plus this all-gather).
 
     >>> all_gather_bytes(1000, 4)
     750.0
     """
     n_bytes = _check_amount("n_bytes", n_bytes)
-    devices = _check_count("devices", devices)
-    return (devices - 1) / devices * n_bytes
+    world_size = _check_count("world_size", world_size)
+    return (world_size - 1) / world_size * n_bytes

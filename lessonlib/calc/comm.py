@@ -64,9 +64,9 @@ class Link:
         """beta in GB/s (10^9 bytes per second)."""
         return self.beta_bytes_per_s / 1e9
 
-    def seconds(self, collective: str, n_bytes, devices) -> float:
+    def seconds(self, collective: str, n_bytes, world_size) -> float:
         """:func:`collective_seconds` on this link."""
-        return collective_seconds(collective, n_bytes, devices, self.alpha_s, self.beta_bytes_per_s)
+        return collective_seconds(collective, n_bytes, world_size, self.alpha_s, self.beta_bytes_per_s)
 
 
 #: The NCCL release whose tuning table the latencies of :data:`LINKS` are read from. NCCL retunes
@@ -102,17 +102,17 @@ LINKS = {
 }
 
 
-def ring_steps(collective: str, devices) -> int:
-    """Message steps of a ring ``collective`` over ``devices`` devices: 2(N-1) for all-reduce, N-1 otherwise."""
+def ring_steps(collective: str, world_size) -> int:
+    """Message steps of a ring ``collective`` over ``world_size`` devices: 2(N-1) for all-reduce, N-1 otherwise."""
     check_choice("collective", collective, COLLECTIVES)
-    n = check_count("devices", devices)
+    n = check_count("world_size", world_size)
     return 2 * (n - 1) if collective == "all_reduce" else n - 1
 
 
-def collective_seconds(collective: str, n_bytes, devices, alpha_s, beta_bytes_per_s) -> float:
-    """Seconds for a ring ``collective`` over a tensor of ``n_bytes`` bytes on ``devices`` devices.
+def collective_seconds(collective: str, n_bytes, world_size, alpha_s, beta_bytes_per_s) -> float:
+    """Seconds for a ring ``collective`` over a tensor of ``n_bytes`` bytes on ``world_size`` devices.
 
-    ``steps × (alpha_s + n_bytes / (devices × beta_bytes_per_s))`` with
+    ``steps × (alpha_s + n_bytes / (world_size × beta_bytes_per_s))`` with
     :func:`ring_steps`. ``n_bytes`` is the full tensor: the all-reduced
     tensor, the all-gathered output, the reduce-scattered input. One device
     needs no communication: 0 seconds.
@@ -120,26 +120,26 @@ def collective_seconds(collective: str, n_bytes, devices, alpha_s, beta_bytes_pe
     >>> collective_seconds("all_reduce", 1e9, 8, 0.0, 100e9)  # 2 x 7/8 x 1 GB at 100 GB/s
     0.0175
     """
-    steps = ring_steps(collective, devices)
+    steps = ring_steps(collective, world_size)
     n_bytes = check_amount("n_bytes", n_bytes)
     alpha = check_amount("alpha_s", alpha_s)
     beta = check_positive("beta_bytes_per_s", beta_bytes_per_s)
-    return check_result(steps * (alpha + n_bytes / (devices * beta)),
+    return check_result(steps * (alpha + n_bytes / (world_size * beta)),
                         "n_bytes, devices, alpha_s and beta_bytes_per_s", "a time in seconds")
 
 
-def multi_node_seconds(collective: str, n_bytes, devices, per_node, intra: Link, inter: Link,
+def multi_node_seconds(collective: str, n_bytes, world_size, per_node, intra: Link, inter: Link,
                        algorithm: str = "rings") -> float:
-    """Seconds for ``collective`` over ``n_bytes`` bytes on ``devices`` devices, ``per_node`` of them in each node.
+    """Seconds for ``collective`` over ``n_bytes`` bytes on ``world_size`` world_size, ``per_node`` of them in each node.
 
     Rail-optimised GPU nodes (a DGX H100: eight GPUs, eight 400 Gb/s ports, one per GPU) give a group that
     holds ``per_node`` GPUs of a node ``per_node`` network ports of that node. ``intra`` is the link inside
     a node (NVLink), ``inter`` one port between nodes (each :class:`Link`: alpha in seconds a step, beta in
-    bytes per second one way). ``K = devices / per_node`` nodes. ``algorithm``:
+    bytes per second one way). ``K = world_size / per_node`` nodes. ``algorithm``:
 
     * ``"rings"`` (NCCL's ring algorithm, the one it picks for large messages): ``per_node`` rings run at
       once, each carrying ``1/per_node`` of the bytes and leaving the node through its own port. Every step
-      of :func:`ring_steps` moves ``n_bytes / devices`` per device, limited by the slower of NVLink
+      of :func:`ring_steps` moves ``n_bytes / world_size`` per device, limited by the slower of NVLink
       (``beta_intra``) and the node's ports together (``per_node x beta_inter``). Latency as recent NCCL
       releases' cost model splits it (src/graph/tuning.cc, its nInterSteps; the alpha values stay those of
       :data:`NCCL_TUNING_VERSION`): the steps that cross nodes (``2(K - 1)`` for an all-reduce, ``K - 1``
@@ -147,18 +147,18 @@ def multi_node_seconds(collective: str, n_bytes, devices, per_node, intra: Link,
       ``alpha_inter``, the others ``alpha_intra``::
 
           (steps - inter_steps) alpha_intra + inter_steps alpha_inter
-              + steps x n_bytes / (devices x min(beta_intra, per_node x beta_inter))
+              + steps x n_bytes / (world_size x min(beta_intra, per_node x beta_inter))
 
-    * ``"hierarchical"``: inside each node a reduce-scatter over NVLink (``per_node`` devices), then
+    * ``"hierarchical"``: inside each node a reduce-scatter over NVLink (``per_node`` world_size), then
       ``per_node`` all-reduces across the ``K`` nodes in parallel, one per port ("rail"), each of
       ``n_bytes / per_node``, then an all-gather inside the node; all-gather and reduce-scatter do the
       matching half. Each phase is :func:`collective_seconds`; the phases are added (none overlaps).
-    * ``"single_port"``: one flat ring over all ``devices`` whose slowest link is one port:
+    * ``"single_port"``: one flat ring over all ``world_size`` whose slowest link is one port:
       :func:`collective_seconds` with ``inter`` alone. What the model gives when each ring step is
       charged a GPU's own port, whatever the node's other ports do: the contrast.
 
     With ``per_node = 1`` (a group of one GPU a node, as a data-parallel group under 8-way tensor
-    parallelism) every algorithm is the flat ring on ``inter``. With ``devices <= per_node`` the group is
+    parallelism) every algorithm is the flat ring on ``inter``. With ``world_size <= per_node`` the group is
     inside one node: the ring on ``intra``.
 
     >>> nv, ib = Link("nv", 0.0, 450e9), Link("ib", 0.0, 50e9)
@@ -167,33 +167,33 @@ def multi_node_seconds(collective: str, n_bytes, devices, per_node, intra: Link,
     >>> round(multi_node_seconds("all_reduce", 64e9, 64, 8, nv, ib, "single_port"), 4)  # ... / 50 GB/s
     2.52
     """
-    steps = ring_steps(collective, devices)
+    steps = ring_steps(collective, world_size)
     n_bytes = check_amount("n_bytes", n_bytes)
     g = check_count("per_node", per_node)
     check_instance("intra", intra, Link, "a Link (alpha_s, beta_bytes_per_s)")
     check_instance("inter", inter, Link, "a Link (alpha_s, beta_bytes_per_s)")
     check_choice("algorithm", algorithm, MULTI_NODE_ALGORITHMS)
-    if devices % g:
-        raise ValueError(f"per_node ({g}) must divide devices ({devices}): every node holds as many of the group")
-    if devices <= g:
-        return intra.seconds(collective, n_bytes, devices)
-    nodes = devices // g
+    if world_size % g:
+        raise ValueError(f"per_node ({g}) must divide world_size ({world_size}): every node holds as many of the group")
+    if world_size <= g:
+        return intra.seconds(collective, n_bytes, world_size)
+    nodes = world_size // g
     if algorithm == "single_port" or g == 1:
-        return inter.seconds(collective, n_bytes, devices)
+        return inter.seconds(collective, n_bytes, world_size)
     if algorithm == "rings":
         inter_steps = 2 * (nodes - 1) if collective == "all_reduce" else nodes - 1
         beta = min(intra.beta_bytes_per_s, g * inter.beta_bytes_per_s)
         seconds = ((steps - inter_steps) * intra.alpha_s + inter_steps * inter.alpha_s
-                   + steps * n_bytes / (devices * beta))
+                   + steps * n_bytes / (world_size * beta))
     else:
         seconds = inter.seconds(collective, n_bytes / g, nodes)  # the rails, in parallel
         inside = {"all_reduce": ("reduce_scatter", "all_gather"), "all_gather": ("all_gather",),
                   "reduce_scatter": ("reduce_scatter",)}[collective]
         seconds += sum(intra.seconds(kind, n_bytes, g) for kind in inside)
-    return check_result(seconds, "n_bytes, devices, per_node and the links", "a time in seconds")
+    return check_result(seconds, "n_bytes, world_size, per_node and the links", "a time in seconds")
 
 
-def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, name: str = "fitted") -> Link:
+def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", world_size=2, name: str = "fitted") -> Link:
     """Fit alpha (s) and beta (bytes/s) to measured times of one collective.
 
     ``n_bytes`` and ``seconds`` are equal-length sequences: the full tensor
@@ -213,8 +213,8 @@ def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, 
         raise ValueError(f"n_bytes and seconds must have the same length, got {len(xs)} and {len(ts)}")
     if len(set(xs)) < 2:
         raise ValueError("n_bytes needs at least two different message sizes to separate alpha from beta")
-    steps = ring_steps(collective, devices)
-    d = check_count("devices", devices)
+    steps = ring_steps(collective, world_size)
+    d = check_count("world_size", world_size)
     # t = steps*alpha + (steps*n/d) * (1/beta): regress t on u = steps*n/d with weights 1/t^2.
     us = [steps * x / d for x in xs]
     try:
@@ -241,11 +241,11 @@ def fit_alpha_beta(n_bytes, seconds, collective: str = "all_reduce", devices=2, 
                 source=f"fitted to {len(xs)} measured {collective} times on {d} devices")
 
 
-def relative_errors(link: Link, collective: str, n_bytes, seconds, devices) -> list:
+def relative_errors(link: Link, collective: str, n_bytes, seconds, world_size) -> list:
     """(predicted - measured) / measured for each sample, dimensionless."""
     check_instance("link", link, Link, "a Link (alpha_s, beta_bytes_per_s)")
     xs = [check_amount("n_bytes", x) for x in check_sequence("n_bytes", n_bytes)]
     ts = [check_positive("seconds", t) for t in check_sequence("seconds", seconds)]
     if len(xs) != len(ts):
         raise ValueError(f"n_bytes and seconds must have the same length, got {len(xs)} and {len(ts)}")
-    return [(link.seconds(collective, x, devices) - t) / t for x, t in zip(xs, ts)]
+    return [(link.seconds(collective, x, world_size) - t) / t for x, t in zip(xs, ts)]

@@ -12,7 +12,7 @@ device-hour; everything else makes less.
 
 The combination (pure Python, no torch needed):
 
-* speedup on ``devices`` devices (measured, or from
+* speedup on ``world_size`` devices (measured, or from
   :func:`lessonlib.calc.amdahl.speedup_from_share`);
 * failures: a synchronous job stops when any one device fails, so the job's
   mean time between failures is the device's divided by the device count;
@@ -33,23 +33,27 @@ from .reliability import expected_overhead, optimal_interval
 SECONDS_PER_HOUR = 3600.0
 
 
-def job_mtbf_seconds(device_mtbf_hours, devices) -> float:
-    """Mean time between failures of a job on ``devices`` devices, in seconds.
+def job_mtbf_seconds(device_mtbf_hours, world_size) -> float:
+    """Mean time between failures of a job on ``world_size`` devices, in seconds.
 
     Failures of independent devices add up: if each fails on average once in
     ``device_mtbf_hours`` hours and any one failure stops the job, the job
-    fails ``devices`` times as often.
+    fails ``world_size`` times as often.
     """
     mtbf_h = _check_amount("device_mtbf_hours", device_mtbf_hours, allow_zero=False)
-    devices = _check_count("devices", devices)
-    return mtbf_h * SECONDS_PER_HOUR / devices
+    return _job_mtbf(mtbf_h, _check_count("world_size", world_size))
+
+
+def _job_mtbf(mtbf_h: float, world_size: int) -> float:
+    """:func:`job_mtbf_seconds` on checked arguments (internal calls trust their caller)."""
+    return mtbf_h * SECONDS_PER_HOUR / world_size
 
 
 @dataclass(frozen=True)
 class Goodput:
     """The result of :func:`goodput`.
 
-    devices:             devices paid for
+    world_size:          devices paid for
     speedup:             one-device time / many-device time of a step (×)
     job_mtbf_s:          the job's mean time between failures (seconds)
     interval_s:          seconds of work between recovery checkpoints
@@ -59,7 +63,7 @@ class Goodput:
     per_device_hour:     one-device hours of work per paid device-hour (1.0 = one perfect device)
     """
 
-    devices: int
+    world_size: int
     speedup: float
     job_mtbf_s: float
     interval_s: float
@@ -74,11 +78,11 @@ class Goodput:
         return 1.0 / self.per_device_hour
 
 
-def goodput(devices, speedup, device_mtbf_hours, checkpoint_seconds, restart_seconds=0.0,
+def goodput(world_size, speedup, device_mtbf_hours, checkpoint_seconds, restart_seconds=0.0,
             interval_seconds=None) -> Goodput:
     """Useful progress per paid device-hour of a synchronous training job.
 
-    ``speedup`` (×, > 0) is the step speedup on ``devices`` devices;
+    ``speedup`` (×, > 0) is the step speedup on ``world_size`` devices;
     ``device_mtbf_hours`` the mean hours between failures of one device;
     ``checkpoint_seconds`` how long one recovery save stalls training;
     ``restart_seconds`` how long a restart after a failure takes (re-queue,
@@ -88,11 +92,11 @@ def goodput(devices, speedup, device_mtbf_hours, checkpoint_seconds, restart_sec
     Raises ``ValueError`` naming the argument for non-positive speedup, MTBF
     or save time, negative restart time, or a device count below 1.
     """
-    devices = _check_count("devices", devices)
+    world_size = _check_count("world_size", world_size)
     speedup = _check_amount("speedup", speedup, allow_zero=False)
     checkpoint_seconds = _check_amount("checkpoint_seconds", checkpoint_seconds, allow_zero=False)
     restart_seconds = _check_amount("restart_seconds", restart_seconds)
-    mtbf = job_mtbf_seconds(device_mtbf_hours, devices)
+    mtbf = _job_mtbf(_check_amount("device_mtbf_hours", device_mtbf_hours, allow_zero=False), world_size)
     if interval_seconds is None:
         interval = optimal_interval(checkpoint_seconds, mtbf)
     else:
@@ -101,9 +105,9 @@ def goodput(devices, speedup, device_mtbf_hours, checkpoint_seconds, restart_sec
     useful = 1.0 / (1.0 + overhead)
     per_hour = _check_result(speedup * useful, "speedup, device_mtbf_hours and checkpoint_seconds",
                              "progress per hour")
-    return Goodput(devices=devices, speedup=speedup, job_mtbf_s=mtbf, interval_s=interval,
+    return Goodput(world_size=world_size, speedup=speedup, job_mtbf_s=mtbf, interval_s=interval,
                    overhead=overhead, useful_fraction=useful, progress_per_hour=per_hour,
-                   per_device_hour=per_hour / devices)
+                   per_device_hour=per_hour / world_size)
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class Cluster:
-    """``devices`` accelerators of type ``device`` (a key of :data:`lessonlib.calc.hardware.DEVICES`, or a
+    """``world_size`` accelerators of type ``device`` (a key of :data:`lessonlib.calc.hardware.DEVICES`, or a
     :class:`~lessonlib.calc.hardware.Device`), ``node_size`` to a node joined by ``intra`` links, nodes
     joined by ``inter`` links (keys of :data:`lessonlib.calc.comm.LINKS`, or a fitted
     :class:`~lessonlib.calc.comm.Link`: the reader's own processes). Every GPU has its own network port
@@ -87,7 +87,7 @@ class Cluster:
     through each port of the group in a node), ``"hierarchical"``, or ``"single_port"`` (one flat ring
     whose slowest link is one port: the pessimistic contrast)."""
 
-    devices: int
+    world_size: int
     device: object = "H100 SXM 80GB"
     node_size: int = 8
     intra: object = "nvlink"
@@ -203,7 +203,7 @@ def check_cluster(cluster) -> Cluster:
     """``cluster`` as a :class:`Cluster` with a known device and links; errors name the field."""
     if not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
-    count("cluster.devices", cluster.devices)
+    count("cluster.world_size", cluster.world_size)
     count("cluster.node_size", cluster.node_size)
     if not isinstance(cluster.device, Device):
         choice("cluster.device", cluster.device, DEVICES)
@@ -274,9 +274,9 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     choice("layout.recompute", layout.recompute, RECOMPUTE)
     dualpipe = choice("layout.schedule", layout.schedule, SCHEDULES) == "dualpipe"
     choice("context_method", context_method, CONTEXT_METHODS)
-    if t * c * p * d != cluster.devices:
-        raise ValueError(f"layout: tensor x context x pipeline x data = {t * c * p * d}, but cluster.devices "
-                         f"is {cluster.devices}")
+    if t * c * p * d != cluster.world_size:
+        raise ValueError(f"layout: tensor x context x pipeline x data = {t * c * p * d}, but cluster.world_size "
+                         f"is {cluster.world_size}")
     kv = model.kv_heads or model.heads
     if model.heads % t or kv % t and t % kv:
         raise ValueError(f"layout.tensor ({t}) must divide model.heads ({model.heads}) and fit model.kv_heads ({kv})")
@@ -325,7 +325,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
         slow = max(1.0, ridge_flops_per_byte(_device(cluster)) / per_expert)
     extra = 4 / 3 if layout.recompute == "full" else 1.0
     rerun = 2 * layers * h * s * tokens if layout.recompute == "selective" else 0.0  # causal attention, again
-    compute = ((useful - expert_flops + expert_flops * slow) * extra + rerun) / (cluster.devices * peak * eff)
+    compute = ((useful - expert_flops + expert_flops * slow) * extra + rerun) / (cluster.world_size * peak * eff)
     bubble = compute * ((p / 2 - 1) / micro if dualpipe else (p - 1) / (v * micro))
     act_bytes = model.bytes_per_value * (s // c) * h  # one micro-batch's activations at a layer boundary
     tensor_comm = 0.0
@@ -377,5 +377,5 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
         expert_comm = micro * (max(0.0, one - per_micro) if dualpipe else one)
     cost = LayoutCost(layout, state, activations, _device(cluster).memory_bytes, compute, bubble, traffic,
                       tensor_comm, context_comm, pipeline_comm, data_comm, expert_comm, data_total)
-    mfu = useful / (cluster.devices * peak * cost.step_s)
+    mfu = useful / (cluster.world_size * peak * cost.step_s)
     return LayoutCost(**{**cost.__dict__, "mfu": mfu})

@@ -36,7 +36,7 @@ def candidate_layouts(model, cluster, zero_stages=(1, 2, 3), recompute=RECOMPUTE
         count(f"zero_stages[{i}]", z, minimum=0, maximum=3)
     for i, r in enumerate(sequence("recompute", recompute)):
         choice(f"recompute[{i}]", r, RECOMPUTE)
-    n = cluster.devices
+    n = cluster.world_size
     max_t = count("max_tensor", max_tensor) if max_tensor is not None else cluster.node_size
     kv = model.kv_heads or model.heads
     out = []

@@ -69,16 +69,16 @@ def model_hardware_flops(n_params, tokens, layers, seq_len, hidden, causal=True,
     return StepFlops(dense=dense, attention=attention, recomputed=recomputed)
 
 
-def flops_utilisation(flops, seconds, peak_flops_per_s, devices=1) -> float:
-    """FLOPs per second over the peak of ``devices`` devices: MFU when ``flops`` are model FLOPs, HFU when hardware FLOPs.
+def flops_utilisation(flops, seconds, peak_flops_per_s, world_size=1) -> float:
+    """FLOPs per second over the peak of ``world_size`` devices: MFU when ``flops`` are model FLOPs, HFU when hardware FLOPs.
 
     Refused above 1 (no device exceeds its peak): the usual causes are the peak
     of the wrong device, or a mixture-of-experts model's total parameters
     counted instead of its active ones.
     """
     u = positive("flops", flops) / (positive("seconds", seconds) * positive("peak_flops_per_s", peak_flops_per_s)
-                                    * count("devices", devices))
-    return result(u, "flops, seconds, peak_flops_per_s and devices", "a utilisation", high=1.0,
+                                    * count("world_size", world_size))
+    return result(u, "flops, seconds, peak_flops_per_s and world_size", "a utilisation", high=1.0,
                   hint="a device cannot exceed its peak: check the device's peak, and for a mixture-of-experts "
                        "model count the active parameters per token, not the total")
 

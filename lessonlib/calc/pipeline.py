@@ -94,7 +94,7 @@ def schedule_idle_fraction(tasks) -> float:
     return 1.0 - busy / (len(stages) * makespan)
 
 
-def interleaved_bubble_fraction(devices, microbatches, stages_per_device, of: str = "step") -> float:
+def interleaved_bubble_fraction(world_size, microbatches, stages_per_device, of: str = "step") -> float:
     """Idle share of interleaved 1F1B: ``v`` stages per device, ``p`` devices, ``m`` micro-batches.
 
     Each device holds ``v`` stages of ``1/v`` of its layers, so filling and
@@ -113,7 +113,7 @@ def interleaved_bubble_fraction(devices, microbatches, stages_per_device, of: st
     >>> round(interleaved_bubble_fraction(2, 4, 2), 4)
     0.1111
     """
-    p = _check_count("devices", devices)
+    p = _check_count("world_size", world_size)
     m = _check_count("microbatches", microbatches)
     v = _check_count("stages_per_device", stages_per_device, maximum=10**6)
     of = _check_choice("of", of, ("step", "work"))

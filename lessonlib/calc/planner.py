@@ -101,14 +101,19 @@ def training_flops(n_params, tokens, recompute: str = "none", seq_len=None, hidd
     # is a mistake even where this formula does not read it.
     seq_len, hidden, layers = (None if v is None else check_count(k, v)
                                for k, v in (("seq_len", seq_len), ("hidden", hidden), ("layers", layers)))
+    if recompute == "selective" and (seq_len is None or hidden is None or layers is None):
+        raise ValueError("recompute='selective' needs seq_len, hidden and layers")
+    return _training_flops(n, t, recompute, seq_len, hidden, layers)
+
+
+def _training_flops(n, t, recompute, seq_len, hidden, layers) -> float:
+    """:func:`training_flops` on arguments already checked (by it, or by :func:`plan`)."""
     if n >= 2**1000 or t >= 2**1000:
         raise ValueError(f"n_params × tokens is too large to count in FLOPs (n_params={n:.3g}, tokens={t:.3g})")
     flops = 6.0 * float(n) * float(t)
     if recompute == "full":
         flops += 2.0 * n * t
     elif recompute == "selective":
-        if seq_len is None or hidden is None or layers is None:
-            raise ValueError("recompute='selective' needs seq_len, hidden and layers")
         flops += 4.0 * seq_len * hidden * layers * t
     return check_result(flops, "n_params, tokens, seq_len, hidden and layers", "a FLOP count")
 
@@ -165,7 +170,14 @@ def plan(n_params, optimizer: str = "adam", precision: str = "bf16_master", batc
     ``sequence_parallel`` and ``vocab`` (adds the loss's logits; None: the layers
     only) go to :func:`lessonlib.calc.memory.activation_bytes`.
     """
-    # Every argument checked here, under the name the caller used.
+    return _plan(*_checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads,
+                           recompute, device_bytes, train_tokens, device_flops_per_s, max_days, attention,
+                           sequence_parallel, vocab))
+
+
+def _checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
+             device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab) -> tuple:
+    """:func:`plan`'s arguments, each checked once under the name the caller used: what :func:`_plan` takes."""
     n_params = check_count("n_params", n_params)
     check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
     precision = precision_name(precision)
@@ -184,17 +196,23 @@ def plan(n_params, optimizer: str = "adam", precision: str = "bf16_master", batc
     if device_flops_per_s is not None:
         device_flops_per_s = check_positive("device_flops_per_s", device_flops_per_s)
     max_days = check_positive("max_days", max_days)
+    conv = dict(attention=attention, sequence_parallel=sequence_parallel, vocab=vocab)
+    return (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute, dev,
+            train_tokens, device_flops_per_s, max_days, conv)
+
+
+def _plan(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute, dev,
+          train_tokens, device_flops_per_s, max_days, conv) -> Plan:
+    """:func:`plan` on arguments :func:`_checked` has checked (internal calls trust their caller)."""
     state = training_state_bytes(n_params, optimizer, precision).total
     e = activation_bytes_per_value(precision)
-    conv = dict(attention=attention, sequence_parallel=sequence_parallel, vocab=vocab)
     act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute, e, **conv)
-    dev = check_count("device_bytes", device_bytes)
-    max_days = check_positive("max_days", max_days)
     days = flops = None
     if train_tokens is not None:
-        flops = training_flops(n_params, train_tokens, recompute, seq_len, hidden, layers)
+        flops = _training_flops(n_params, train_tokens, recompute, seq_len, hidden, layers)
     if flops is not None and device_flops_per_s is not None:
-        days = single_device_seconds(flops, device_flops_per_s) / SECONDS_PER_DAY
+        days = check_result(flops / device_flops_per_s, "train_tokens and device_flops_per_s",
+                            "a time in seconds") / SECONDS_PER_DAY
     per_sample = activation_bytes(seq_len, 1, hidden, heads, layers, recompute, e, **conv)
     max_batch = max(0, (dev - state) // per_sample) if dev > state else 0
     if state > dev:
@@ -222,8 +240,8 @@ DEVICE_COUNTS = tuple(2 ** k for k in range(1, 17))
 class Layout:
     """A way to lay the run out on devices, and what it costs per device.
 
-    ``devices`` in all, ``tensor_parallel`` of them splitting each layer
-    (so ``devices // tensor_parallel`` data-parallel replicas), ZeRO
+    ``world_size`` in all, ``tensor_parallel`` of them splitting each layer
+    (so ``world_size // tensor_parallel`` data-parallel replicas), ZeRO
     ``zero_stage`` over those replicas, and ``recompute``. Bytes are per
     device; ``days`` is the run's time if every device computes all the time
     (the one-device time / devices: a lower bound, communication left out),
@@ -231,7 +249,7 @@ class Layout:
     it was proposed for ("" for the plan itself).
     """
 
-    devices: int
+    world_size: int
     tensor_parallel: int
     zero_stage: int
     recompute: str
@@ -257,44 +275,41 @@ class Layout:
 
 def layout(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
            layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
-           device_flops_per_s=None, max_days: float = 30.0, *, devices=1, zero_stage=0, tensor_parallel=1,
+           device_flops_per_s=None, max_days: float = 30.0, *, world_size=1, zero_stage=0, tensor_parallel=1,
            change: str = "", attention: str = "fused", sequence_parallel: bool = False, vocab=None) -> Layout:
-    """The two numbers per device for a run split over ``devices`` devices (arguments as :func:`plan`).
+    """The two numbers per device for a run split over ``world_size`` devices (arguments as :func:`plan`).
 
     Tensor parallelism of degree t splits every weight matrix, and so
     (nearly) every parameter, t ways: the state per device is ZeRO's for
-    ceil(n_params / t) parameters over ``devices // t`` replicas
+    ceil(n_params / t) parameters over ``world_size // t`` replicas
     (:func:`lessonlib.calc.sharding.zero_state_bytes`), and the activations
     follow Korthikanti's formula with ``tensor_parallel=t`` (and ``attention``,
     ``sequence_parallel``, ``vocab`` as :func:`plan`). Raises ``ValueError`` when
-    ``tensor_parallel`` does not divide ``devices``, or does not divide ``heads`` and ``hidden``.
+    ``tensor_parallel`` does not divide ``world_size``, or does not divide ``heads`` and ``hidden``.
     """
     from .sharding import check_stage
 
-    conv = dict(attention=attention, sequence_parallel=sequence_parallel, vocab=vocab)
-    one = plan(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
-               device_bytes, train_tokens, device_flops_per_s, max_days, **conv)  # checks the inputs; one-device time
-    args = (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, conv)
-    return _layout(one, args, recompute, max_days, check_count("devices", devices),
-                   check_stage("zero_stage", zero_stage), check_count("tensor_parallel", tensor_parallel),
+    checked = _checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
+                       device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab)
+    world_size, tensor_parallel = check_count("world_size", world_size), check_count("tensor_parallel", tensor_parallel)
+    if world_size % tensor_parallel:
+        raise ValueError(f"tensor_parallel ({tensor_parallel}) must divide world_size ({world_size})")
+    return _layout(_plan(*checked), checked, world_size, check_stage("zero_stage", zero_stage), tensor_parallel,
                    check_text("change", change, allow_empty=True))
 
 
-def _layout(one: Plan, args, recompute, max_days, devices, zero_stage, tensor_parallel, change="") -> Layout:
-    """:func:`layout` from the one-device plan ``one`` (already checked)."""
+def _layout(one: Plan, checked: tuple, world_size, zero_stage, tensor_parallel, change="") -> Layout:
+    """:func:`layout` from the one-device plan ``one`` of the arguments ``checked`` (:func:`_checked`'s tuple),
+    on ``world_size`` devices that ``tensor_parallel`` divides: every argument already checked."""
     from .sharding import zero_state_bytes
 
-    n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, conv = args
-    d = check_count("devices", devices)
-    t = check_count("tensor_parallel", tensor_parallel)
-    if d % t:
-        raise ValueError(f"tensor_parallel ({t}) must divide devices ({d})")
-    state = zero_state_bytes(-(-check_count("n_params", n_params) // t), d // t, zero_stage, optimizer,
-                             precision).total
+    n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute, *_, conv = checked
+    d, t = world_size, tensor_parallel
+    state = zero_state_bytes(-(-n_params // t), d // t, zero_stage, optimizer, precision).total
     act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute,
                            activation_bytes_per_value(precision), tensor_parallel=t, **conv)
     days = None if one.days is None else one.days / d
-    return Layout(d, t, zero_stage, recompute, state, act, one.device_bytes, days, max_days, change)
+    return Layout(d, t, zero_stage, recompute, state, act, one.device_bytes, days, checked[12], change)
 
 
 #: What each setting costs, for choosing between layouts on the same devices: ZeRO stages 1 and 2
@@ -306,7 +321,7 @@ _COST = {"zero": {0: 0, 1: 0, 2: 0, 3: 2}, "recompute": {"none": 0, "selective":
 
 def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
             layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
-            device_flops_per_s=None, max_days: float = 30.0, *, devices=1, zero_stage=0,
+            device_flops_per_s=None, max_days: float = 30.0, *, world_size=1, zero_stage=0,
             tensor_parallel=1, attention: str = "fused", sequence_parallel: bool = False, vocab=None) -> list:
     """The smallest change that makes a run fit, with its numbers: a list of :class:`Layout`.
 
@@ -327,26 +342,28 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
     """
     from .sharding import check_stage
 
-    devices = check_count("devices", devices)
+    checked = _checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
+                       device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab)
+    world_size = check_count("world_size", world_size)
     zero_stage = check_stage("zero_stage", zero_stage)
     tensor_parallel = check_count("tensor_parallel", tensor_parallel)
-    recompute = check_choice("recompute", recompute, RECOMPUTE_CHOICES)  # a dict key below: checked first
-    conv = dict(attention=attention, sequence_parallel=sequence_parallel, vocab=vocab)
-    common = (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads)
-    rest = (device_bytes, train_tokens, device_flops_per_s, max_days)
+    if world_size % tensor_parallel:
+        raise ValueError(f"tensor_parallel ({tensor_parallel}) must divide world_size ({world_size})")
+    hidden, heads, recompute = checked[6], checked[7], checked[8]
     ones = {}  # the one-device plan for each recompute setting (its time depends on it)
 
     def at(rc, d, z, t):
+        args = checked[:8] + (rc,) + checked[9:]
         if rc not in ones:
-            ones[rc] = plan(*common, rc, *rest, **conv)
-        return _layout(ones[rc], common + (conv,), rc, max_days, d, z, t)
+            ones[rc] = _plan(*args)
+        return _layout(ones[rc], args, d, z, t)
 
-    current = at(recompute, devices, zero_stage, tensor_parallel)
+    current = at(recompute, world_size, zero_stage, tensor_parallel)
     out = [current]
     if not current.fits_memory:
         rcs = RECOMPUTE_CHOICES[RECOMPUTE_CHOICES.index(recompute):]
         tps = [tensor_parallel] + [t for t in TP_DEGREES if t > tensor_parallel and heads % t == 0 and hidden % t == 0]
-        counts = [devices] + [d for d in DEVICE_COUNTS if d > devices]
+        counts = [world_size] + [d for d in DEVICE_COUNTS if d > world_size]
         best = None
         for d in counts:  # fewest devices first: stop at the first count where something fits
             options = []
@@ -376,7 +393,7 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
     last = out[-1]
     if not last.fits_time:
         for d in DEVICE_COUNTS:
-            if d > last.devices and d % last.tensor_parallel == 0:
+            if d > last.world_size and d % last.tensor_parallel == 0:
                 more = at(last.recompute, d, last.zero_stage, last.tensor_parallel)
                 if more.fits:
                     out.append(_described(more, last))
@@ -387,8 +404,8 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
 def _described(new: Layout, old: Layout) -> Layout:
     """``new`` with ``change`` saying, in words, what differs from ``old``."""
     words = []
-    if new.devices != old.devices:
-        words.append(f"{new.devices:,} devices")
+    if new.world_size != old.world_size:
+        words.append(f"{new.world_size:,} devices")
     if new.zero_stage != old.zero_stage:
         words.append(f"ZeRO stage {new.zero_stage}")
     if new.tensor_parallel != old.tensor_parallel:

@@ -2,7 +2,7 @@
 
 Progress is counted in **one-device hours**: the work one device does in an hour
 at the per-device throughput linear scaling would keep, never failing. A paid
-device-hour of a job on ``devices`` devices buys
+device-hour of a job on ``world_size`` devices buys
 
     step efficiency x useful fraction,
 
@@ -44,14 +44,14 @@ CONTRAST_SERIAL_SHARE = 0.001
 class AmdahlFit:
     """Amdahl's serial share fitted to two throughputs per device of one job at one global batch.
 
-    devices_low, devices_high:       the two device counts
+    world_size_low, world_size_high: the two device counts
     throughput_low, throughput_high: what each device sustained there (any one unit, e.g. TFLOP/s)
     serial_share:                    s, the fraction of the one-device step that does not divide
     efficiency_low, efficiency_high: E(N) = 1 / (s N + 1 - s), the share of linear scaling kept (a fraction)
     """
 
-    devices_low: int
-    devices_high: int
+    world_size_low: int
+    world_size_high: int
     throughput_low: float
     throughput_high: float
     serial_share: float
@@ -59,18 +59,18 @@ class AmdahlFit:
     efficiency_high: float
 
 
-def efficiency_from_share(serial_share, devices) -> float:
+def efficiency_from_share(serial_share, world_size) -> float:
     """Amdahl's per-device efficiency, speedup / devices = 1 / (s N + 1 - s), a fraction of linear scaling.
 
     >>> round(efficiency_from_share(0.001, 16384), 4)
     0.0575
     """
     s = share("serial_share", serial_share)
-    n = count("devices", devices)
+    n = count("world_size", world_size)
     return 1.0 / (s * n + 1.0 - s)
 
 
-def fit_serial_share(devices_low, throughput_low, devices_high, throughput_high) -> AmdahlFit:
+def fit_serial_share(world_size_low, throughput_low, world_size_high, throughput_high) -> AmdahlFit:
     """The serial share s for which Amdahl's form E(N) = 1 / (s N + 1 - s) drops by the measured ratio.
 
     Assumption: the per-device throughput is proportional to E(N), the global batch (the work of a step) is
@@ -86,9 +86,9 @@ def fit_serial_share(devices_low, throughput_low, devices_high, throughput_high)
     >>> f"{f.serial_share:.2e}", round(f.efficiency_high, 3)
     ('9.90e-06', 0.86)
     """
-    n1, n2 = count("devices_low", devices_low), count("devices_high", devices_high)
+    n1, n2 = count("world_size_low", world_size_low), count("world_size_high", world_size_high)
     if n2 <= n1:
-        raise ValueError(f"devices_high ({n2}) must exceed devices_low ({n1})")
+        raise ValueError(f"world_size_high ({n2}) must exceed world_size_low ({n1})")
     t1, t2 = positive("throughput_low", throughput_low), positive("throughput_high", throughput_high)
     if t2 > t1:
         raise ValueError(f"throughput_high ({t2:g}) is above throughput_low ({t1:g}): the throughput per device "
@@ -104,12 +104,12 @@ def fit_serial_share(devices_low, throughput_low, devices_high, throughput_high)
 
 @dataclass(frozen=True)
 class ScaleAccount:
-    """What a paid device-hour buys on ``devices`` devices; every share is a fraction, every time in seconds.
+    """What a paid device-hour buys on ``world_size`` devices; every share is a fraction, every time in seconds.
 
     fit:                    the Amdahl fit the step efficiency comes from (:class:`AmdahlFit`)
     serial_share:           its fitted serial share s
-    step_efficiency:        E(devices) = 1 / (s devices + 1 - s): the share of linear scaling kept
-    speedup:                devices x step_efficiency
+    step_efficiency:        E(world_size) = 1 / (s world_size + 1 - s): the share of linear scaling kept
+    speedup:                world_size x step_efficiency
     mfu:                    the MFU the job's devices sustained per step (published)
     one_device_utilisation: mfu / step_efficiency: the utilisation per device linear scaling would keep (the
                             unit of a one-device hour; derived from the fit, not assumed)
@@ -124,7 +124,7 @@ class ScaleAccount:
     contrast_speedup, contrast_per_device_hour: if the serial share were ``CONTRAST_SERIAL_SHARE``, same failures
     """
 
-    devices: int
+    world_size: int
     fit: AmdahlFit
     serial_share: float
     step_efficiency: float
@@ -150,7 +150,7 @@ class ScaleAccount:
 def scale_account(fit, mfu, n_params, tokens_per_step, peak_flops_per_s, memory_bandwidth, device_mtbf_hours,
                   checkpoint_seconds, restart_seconds, bill_utilisation, model_parallel=1,
                   update_bytes_per_param=UPDATE_BYTES_PER_PARAM) -> ScaleAccount:
-    """The :class:`ScaleAccount` of a synchronous job on ``fit.devices_high`` devices.
+    """The :class:`ScaleAccount` of a synchronous job on ``fit.world_size_high`` devices.
 
     ``fit`` (:func:`fit_serial_share`) gives the step efficiency; ``mfu`` is what each device sustained per
     step there (a fraction of ``peak_flops_per_s``, FLOP/s); ``n_params`` and ``tokens_per_step`` (the global
@@ -161,7 +161,7 @@ def scale_account(fit, mfu, n_params, tokens_per_step, peak_flops_per_s, memory_
     """
     if not isinstance(fit, AmdahlFit):
         raise TypeError(f"fit must be an AmdahlFit (from fit_serial_share), got {type(fit).__name__}")
-    n, e = fit.devices_high, fit.efficiency_high
+    n, e = fit.world_size_high, fit.efficiency_high
     m = positive("mfu", share("mfu", mfu))
     u1 = result(m / e, "mfu and fit", "utilisation linear scaling would keep")
     if u1 > 1:
@@ -182,7 +182,7 @@ def scale_account(fit, mfu, n_params, tokens_per_step, peak_flops_per_s, memory_
     c = goodput(n, c_speed, device_mtbf_hours, checkpoint_seconds, restart_seconds)
     bill_u = positive("bill_utilisation", share("bill_utilisation", bill_utilisation))
     return ScaleAccount(
-        devices=n, fit=fit, serial_share=fit.serial_share, step_efficiency=e, speedup=n * e, mfu=m,
+        world_size=n, fit=fit, serial_share=fit.serial_share, step_efficiency=e, speedup=n * e, mfu=m,
         one_device_utilisation=u1, update_share=t_update / one, update_efficiency_dp=eff_dp,
         update_efficiency_layout=eff_layout, model_parallel=mp, device_mtbf_hours=g.job_mtbf_s * n / 3600,
         checkpoint_seconds=float(checkpoint_seconds), restart_seconds=float(restart_seconds), goodput=g,
@@ -244,13 +244,13 @@ def scale_ladder(account: ScaleAccount) -> list:
     return [
         Rung(f"if the serial share were {100 * a.contrast_serial_share:g} % (a contrast: "
              f"{a.contrast_serial_share / a.update_share:.0f}x the update's share)",
-             a.contrast_speedup / a.devices, a.contrast_per_device_hour),
+             a.contrast_speedup / a.world_size, a.contrast_per_device_hour),
         Rung("every device repeats the whole optimizer update (data parallelism alone)",
              a.update_efficiency_dp, a.update_efficiency_dp * useful),
         Rung(f"the tensor x pipeline layout splits the update {a.model_parallel} ways, no ZeRO",
              a.update_efficiency_layout, a.update_efficiency_layout * useful),
         Rung(f"the run: Amdahl fitted to Table 4's {a.fit.throughput_low:g} -> {a.fit.throughput_high:g} TFLOP/s per "
-             f"GPU from {a.fit.devices_low:,} to {a.fit.devices_high:,} GPUs (s = {a.serial_share:.1e})",
+             f"GPU from {a.fit.world_size_low:,} to {a.fit.world_size_high:,} GPUs (s = {a.serial_share:.1e})",
              a.step_efficiency, a.per_device_hour),
         Rung("the published bill: every paid hour, every stage", None, a.bill_per_device_hour),
     ]

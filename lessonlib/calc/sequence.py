@@ -93,15 +93,15 @@ def gathered_input_bytes(seq_len, batch, hidden, tensor_parallel, bytes_per_valu
     return 2 * e * b * h * (s - s // t)
 
 
-def ring_attention_saved_bytes(seq_len, batch, hidden, heads, devices, bytes_per_value: int = 4) -> int:
-    """Bytes a ring attention (or FlashAttention) keeps for backward, per device, over ``devices``.
+def ring_attention_saved_bytes(seq_len, batch, hidden, heads, world_size, bytes_per_value: int = 4) -> int:
+    """Bytes a ring attention (or FlashAttention) keeps for backward, per device, over ``world_size``.
 
     Attention that never materialises the ``s x s`` scores keeps its inputs
     Q, K, V, its output O (``e`` bytes per value each, ``s*b*h`` values) and
     one float32 log-sum-exp per query and head (``4*b*a*s`` bytes), and
     recomputes the scores in backward. Under context parallelism each device
-    holds ``s/devices`` tokens of every one of them:
-    ``(4*e*s*b*h + 4*b*a*s) / devices``.
+    holds ``s/world_size`` tokens of every one of them:
+    ``(4*e*s*b*h + 4*b*a*s) / world_size``.
 
     >>> ring_attention_saved_bytes(1024, 1, 128, 4, 1)
     2113536
@@ -109,17 +109,17 @@ def ring_attention_saved_bytes(seq_len, batch, hidden, heads, devices, bytes_per
     1056768
     """
     s, b, h, a, e = _sizes(seq_len, batch, hidden, heads, bytes_per_value)
-    d = _check_count("devices", devices)
+    d = _check_count("world_size", world_size)
     if s % d:
-        raise ValueError(f"devices ({d}) must divide seq_len ({s}): each device takes an equal slice")
+        raise ValueError(f"world_size ({d}) must divide seq_len ({s}): each device takes an equal slice")
     return (4 * e * s * b * h + 4 * b * a * s) // d
 
 
-def sequence_layout(devices, layout: str = "zigzag") -> list:
-    """Which chunks of the sequence each device holds, the sequence being cut into ``2 * devices`` chunks.
+def sequence_layout(world_size, layout: str = "zigzag") -> list:
+    """Which chunks of the sequence each device holds, the sequence being cut into ``2 * world_size`` chunks.
 
     ``"contiguous"``: device r holds chunks 2r and 2r + 1 (its tokens are one
-    run). ``"zigzag"``: device r holds chunk r and chunk ``2*devices - 1 - r``,
+    run). ``"zigzag"``: device r holds chunk r and chunk ``2*world_size - 1 - r``,
     one from the start and its mirror from the end, so that under a causal mask
     every device has the same work (:func:`causal_block_counts`).
 
@@ -128,23 +128,23 @@ def sequence_layout(devices, layout: str = "zigzag") -> list:
     >>> sequence_layout(2, "zigzag")
     [[0, 3], [1, 2]]
     """
-    d = _check_count("devices", devices, maximum=MAX_DEVICES)
+    d = _check_count("world_size", world_size, maximum=MAX_DEVICES)
     _check_choice("layout", layout, LAYOUTS)
     if layout == "contiguous":
         return [[2 * r, 2 * r + 1] for r in range(d)]
     return [[r, 2 * d - 1 - r] for r in range(d)]
 
 
-def causal_block_counts(devices, layout: str = "zigzag") -> list:
+def causal_block_counts(world_size, layout: str = "zigzag") -> list:
     """Blocks of causal attention each device computes: one entry per device.
 
     A block is one (query chunk, key chunk) pair of :func:`sequence_layout`'s
-    ``2 * devices`` chunks. Under a causal mask a query sees only keys at or
+    ``2 * world_size`` chunks. Under a causal mask a query sees only keys at or
     before it, so a key chunk after the query chunk is skipped whole; the
     others are computed (the diagonal ones half masked). A contiguous split
     gives device r ``4r + 3`` blocks, from 3 on the first device to
-    ``4*devices - 1`` on the last; the zig-zag split gives every device
-    ``2*devices + 1``. Same total, ``devices * (2*devices + 1)``.
+    ``4*world_size - 1`` on the last; the zig-zag split gives every device
+    ``2*world_size + 1``. Same total, ``world_size * (2*world_size + 1)``.
 
     >>> causal_block_counts(4, "contiguous")
     [3, 7, 11, 15]
@@ -152,10 +152,10 @@ def causal_block_counts(devices, layout: str = "zigzag") -> list:
     [9, 9, 9, 9]
     """
     # every chunk 0 .. 2*devices - 1 is held by some device, so query chunk q sees q + 1 key chunks
-    return [sum(q + 1 for q in mine) for mine in sequence_layout(devices, layout)]
+    return [sum(q + 1 for q in mine) for mine in sequence_layout(world_size, layout)]
 
 
-def causal_imbalance(devices, layout: str = "zigzag") -> float:
+def causal_imbalance(world_size, layout: str = "zigzag") -> float:
     """Busiest device's causal-attention blocks / mean blocks per device (dimensionless, >= 1).
 
     The attention step ends when the busiest device does, so this is how much
@@ -166,5 +166,5 @@ def causal_imbalance(devices, layout: str = "zigzag") -> float:
     >>> causal_imbalance(4, "zigzag")
     1.0
     """
-    counts = causal_block_counts(devices, layout)
+    counts = causal_block_counts(world_size, layout)
     return max(counts) * len(counts) / sum(counts)

@@ -42,15 +42,15 @@ def check_stage(name: str, value) -> int:
     return check_count(check_text("name", name), value, minimum=min(ZERO_STAGES), maximum=max(ZERO_STAGES))
 
 
-def zero_state_bytes(n_params, devices, stage, optimizer: str = "adam", precision: str = "bf16_master") -> StateBytes:
-    """Bytes of training state that each of ``devices`` devices keeps under ZeRO ``stage``.
+def zero_state_bytes(n_params, world_size, stage, optimizer: str = "adam", precision: str = "bf16_master") -> StateBytes:
+    """Bytes of training state that each of ``world_size`` devices keeps under ZeRO ``stage``.
 
-    ``n_params`` parameters; ``devices`` data-parallel devices (N); ``stage``
+    ``n_params`` parameters; ``world_size`` data-parallel devices (N); ``stage``
     0 (plain data parallelism, a full copy everywhere), 1 (optimizer state and
     master copy sharded), 2 (gradients too) or 3 (weights too); ``optimizer``
     and ``precision`` as in :func:`lessonlib.memory.training_state_bytes`.
 
-    A sharded part keeps ``ceil(n_params / devices)`` parameters' worth of
+    A sharded part keeps ``ceil(n_params / world_size)`` parameters' worth of
     bytes per device: when N does not divide the parameter count, the
     flattened state is padded to a multiple of N, as ZeRO and FSDP1 do (FSDP2
     shards each tensor on its own; see :func:`fsdp_local_numel`). Unsharded
@@ -63,7 +63,7 @@ def zero_state_bytes(n_params, devices, stage, optimizer: str = "adam", precisio
     [120, 41, 28, 15]
     """
     n = check_count("n_params", n_params)
-    d = check_count("devices", devices)
+    d = check_count("world_size", world_size)
     stage = check_stage("stage", stage)
     check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
     per = training_state_bytes(1, optimizer, precision_name(precision))  # bytes per parameter of each part
@@ -75,13 +75,13 @@ def zero_state_bytes(n_params, devices, stage, optimizer: str = "adam", precisio
     return StateBytes(**part, total=sum(part.values()))
 
 
-def fsdp_shard_rows(rows, devices, rank) -> int:
-    """Rows of a tensor's first dimension that FSDP2 gives ``rank`` out of ``devices``.
+def fsdp_shard_rows(rows, world_size, rank) -> int:
+    """Rows of a tensor's first dimension that FSDP2 gives ``rank`` out of ``world_size``.
 
     FSDP2 splits every parameter along dim 0 like ``torch.chunk``: chunks of
-    ``ceil(rows / devices)`` rows, the last ones shorter or empty. For its
+    ``ceil(rows / world_size)`` rows, the last ones shorter or empty. For its
     collectives it pads each chunk to the full chunk size, so the all-gather
-    and reduce-scatter buffers hold ``devices * ceil(rows / devices)`` rows.
+    and reduce-scatter buffers hold ``world_size * ceil(rows / world_size)`` rows.
 
     >>> [fsdp_shard_rows(10, 4, r) for r in range(4)]
     [3, 3, 3, 1]
@@ -89,10 +89,10 @@ def fsdp_shard_rows(rows, devices, rank) -> int:
     [1, 0]
     """
     rows = check_count("rows", rows, minimum=0)
-    d = check_count("devices", devices)
+    d = check_count("world_size", world_size)
     r = check_count("rank", rank, minimum=0)
     if r >= d:
-        raise ValueError(f"rank must be below devices={d}, got {r}")
+        raise ValueError(f"rank must be below world_size={d}, got {r}")
     chunk = -(-rows // d)
     return max(0, min(chunk, rows - r * chunk))
 
@@ -107,21 +107,21 @@ def _shape(name, shape) -> tuple:
     return tuple(check_count(name, x, minimum=0) for x in dims)
 
 
-def fsdp_local_numel(shapes, devices, rank) -> int:
+def fsdp_local_numel(shapes, world_size, rank) -> int:
     """Elements of the parameters in ``shapes`` that FSDP2 keeps on ``rank`` (its local shards).
 
     ``shapes`` is a list of parameter shapes (tuples of ints; ``()`` for a
     scalar, which stays whole on rank 0). Multiply by the bytes per element
     of weights, gradients or optimizer state to get bytes. With every first
-    dimension divisible by ``devices`` this is exactly ``total / devices``.
+    dimension divisible by ``world_size`` this is exactly ``total / world_size``.
 
     >>> fsdp_local_numel([(256, 64), (256,)], 2, 0), fsdp_local_numel([(1, 256)], 2, 1)
     (8320, 0)
     """
-    d = check_count("devices", devices)
+    d = check_count("world_size", world_size)
     r = check_count("rank", rank, minimum=0)
     if r >= d:
-        raise ValueError(f"rank must be below devices={d}, got {r}")
+        raise ValueError(f"rank must be below world_size={d}, got {r}")
     total = 0
     for shape in check_sequence("shapes", shapes, allow_empty=True):
         dims = _shape("shapes", shape)
@@ -133,9 +133,9 @@ def fsdp_local_numel(shapes, devices, rank) -> int:
     return total
 
 
-def fsdp_padded_numel(shapes, devices) -> int:
-    """Elements FSDP2 all-gathers for the parameters in ``shapes``: each dim 0 padded to a multiple of ``devices``."""
-    d = check_count("devices", devices)
+def fsdp_padded_numel(shapes, world_size) -> int:
+    """Elements FSDP2 all-gathers for the parameters in ``shapes``: each dim 0 padded to a multiple of ``world_size``."""
+    d = check_count("world_size", world_size)
     total = 0
     for shape in check_sequence("shapes", shapes, allow_empty=True):
         dims = _shape("shapes", shape)
@@ -144,14 +144,14 @@ def fsdp_padded_numel(shapes, devices) -> int:
     return total
 
 
-def zero_step_traffic(n_params, devices, stage, bytes_per_value=2) -> dict:
+def zero_step_traffic(n_params, world_size, stage, bytes_per_value=2) -> dict:
     """The collectives of one data-parallel training step under ZeRO ``stage``, in bytes.
 
     Returns ``{"all_reduce": B, "reduce_scatter": B, "all_gather": B}``: the
     full size of the tensors each collective handles in one step (a
     collective over a tensor of B bytes is listed as B, whatever its shards),
     with ``bytes_per_value`` bytes per gradient or weight value (2 for
-    16-bit, 4 for fp32), ``n_params`` padded to a multiple of ``devices``
+    16-bit, 4 for fp32), ``n_params`` padded to a multiple of ``world_size``
     as in :func:`zero_state_bytes`. Also ``"sent_per_device"``: the bytes each device sends with
     ring algorithms, all-reduce ``2(N-1)/N × B``, reduce-scatter and
     all-gather ``(N-1)/N × B`` each.
@@ -169,7 +169,7 @@ def zero_step_traffic(n_params, devices, stage, bytes_per_value=2) -> dict:
     (8000, 4000, 9000.0)
     """
     n = check_count("n_params", n_params)
-    d = check_count("devices", devices)
+    d = check_count("world_size", world_size)
     stage = check_stage("stage", stage)
     v = check_count("bytes_per_value", bytes_per_value)
     full = d * -(-n // d) * v

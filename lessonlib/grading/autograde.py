@@ -42,7 +42,7 @@ from typing import Mapping
 
 from . import provenance
 from .graders import OTHER
-from .handout import META_KEY, _meta, _source, check_cells, exercise_notebooks, student_notebook, visible_part
+from .handout import META_KEY, cell_meta, cell_source, check_cells, exercise_notebooks, student_notebook, visible_part
 from .reference import Reference, ReferenceFailed
 from .manifest import default_key_path, load_key, manifest_path, verify, write_results
 from .results import STATUSES, NotebookResult, QuestionResult, details_rows, format_table, score_table
@@ -85,11 +85,11 @@ class Exercise:
         ex = cls(path.stem, path, nb)
         ex.points = {gid: pts for gid, pts, _ in check_cells(nb)}
         copy = student_notebook(nb)
-        ex.copy_cells = [Cell(c.cell_type, _source(c), None) for c in copy.cells]
+        ex.copy_cells = [Cell(c.cell_type, cell_source(c), None) for c in copy.cells]
         for i, c in enumerate(copy.cells):
-            gid = _meta(c).get("grade_id")
-            if gid in ex.points and _meta(c).get("grade"):
-                ex.checks[i] = (gid, visible_part(_source(c)))
+            gid = cell_meta(c).get("grade_id")
+            if gid in ex.points and cell_meta(c).get("grade"):
+                ex.checks[i] = (gid, visible_part(cell_source(c)))
         ex.measured = provenance.declared(copy.cells)
         return ex
 

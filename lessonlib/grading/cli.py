@@ -137,7 +137,7 @@ def main(argv: Iterable[str] | None = None, default_source: Path | str | None = 
             nb = handout.mark(nbformat.read(path, as_version=4))
             nbformat.write(nb, path)
             print(f"{path}: {len(handout.check_cells(nb))} checks, "
-                  f"{sum(1 for c in nb.cells if handout._meta(c).get('solution'))} solution cells")
+                  f"{sum(1 for c in nb.cells if handout.cell_meta(c).get('solution'))} solution cells")
         return 0
     if a.command == "check":
         import nbformat

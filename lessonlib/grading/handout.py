@@ -40,7 +40,7 @@ INSTRUCTOR_ONLY = "instructor-only"
 META_KEY = "exercise"  # notebook-level metadata: {"id", "title", "objective", "minutes"}
 
 
-def _meta(cell) -> dict:
+def cell_meta(cell) -> dict:
     """A cell's nbgrader metadata, or ``{}`` when it is missing or damaged."""
     meta = cell.get("metadata") if isinstance(cell, dict) else None
     nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
@@ -48,14 +48,15 @@ def _meta(cell) -> dict:
 
 
 def is_check_cell(cell) -> bool:
-    return cell.get("cell_type") == "code" and bool(_meta(cell).get("grade"))
+    return cell.get("cell_type") == "code" and bool(cell_meta(cell).get("grade"))
 
 
 def is_solution_cell(cell) -> bool:
-    return bool(_meta(cell).get("solution")) or BEGIN_SOLUTION in _source(cell)
+    return bool(cell_meta(cell).get("solution")) or BEGIN_SOLUTION in cell_source(cell)
 
 
-def _source(cell) -> str:
+def cell_source(cell) -> str:
+    """A cell's source as one string, or ``""`` when it is missing or damaged."""
     src = cell.get("source", "") if isinstance(cell, dict) else ""
     if isinstance(src, list):
         return "".join(s for s in src if isinstance(s, str))
@@ -82,7 +83,7 @@ def visible_part(source: str) -> str:
 
 def check_cells(nb) -> list[tuple[str, float, int]]:
     """``(grade_id, points, cell index)`` of every check cell, in order."""
-    return [(_meta(c)["grade_id"], float(_meta(c).get("points", 0)), i)
+    return [(cell_meta(c)["grade_id"], float(cell_meta(c).get("points", 0)), i)
             for i, c in enumerate(nb.cells) if is_check_cell(c)]
 
 
@@ -118,7 +119,7 @@ def student_notebook(nb):
     nb = copy.deepcopy(nb)
     nb.cells = [c for c in nb.cells if INSTRUCTOR_ONLY not in c.get("metadata", {}).get("tags", [])]
     for cell in nb.cells:
-        src = _source(cell)
+        src = cell_source(cell)
         if BEGIN_SOLUTION in src:
             stub = CODE_STUB if cell.cell_type == "code" else MARKDOWN_STUB
             src = _replace_regions(src, BEGIN_SOLUTION, END_SOLUTION, stub)
@@ -146,7 +147,7 @@ def answer_leaks(nb) -> list[str]:
     """Places where a notebook still holds solutions or hidden tests (for a student copy: none)."""
     leaks = []
     for i, cell in enumerate(nb.cells):
-        text = _source(cell) + json.dumps(cell.get("outputs", []))
+        text = cell_source(cell) + json.dumps(cell.get("outputs", []))
         for marker in (BEGIN_SOLUTION, END_SOLUTION, BEGIN_HIDDEN, END_HIDDEN):
             if marker in text:
                 leaks.append(f"cell {i}: {marker}")
@@ -163,7 +164,7 @@ def lint(nb, name: str = "notebook") -> list[str]:
         problems.append(f"{name}: notebook metadata {META_KEY!r} needs 'id' and 'objective'")
     n_checks = 0
     for i, cell in enumerate(nb.cells):
-        m, src = _meta(cell), _source(cell)
+        m, src = cell_meta(cell), cell_source(cell)
         gid = m.get("grade_id")
         if m:
             if m.get("schema_version") != 3:
@@ -228,7 +229,7 @@ def mark(nb):
 
     checks = []
     for i, cell in enumerate(nb.cells):
-        m = CHECK_HEADER.match(_source(cell)) if cell.get("cell_type") == "code" else None
+        m = CHECK_HEADER.match(cell_source(cell)) if cell.get("cell_type") == "code" else None
         if m:
             pts = float(m.group(2))
             cell.metadata["nbgrader"] = {"grade": True, "grade_id": m.group(1), "locked": True,
@@ -237,7 +238,7 @@ def mark(nb):
             add_tag(cell, "hide-input")
             checks.append((i, m.group(1)))
     for i, cell in enumerate(nb.cells):
-        if BEGIN_SOLUTION not in _source(cell) or _meta(cell).get("grade"):
+        if BEGIN_SOLUTION not in cell_source(cell) or cell_meta(cell).get("grade"):
             continue
         following = [gid for j, gid in checks if j > i]
         base = following[0] if following else f"answer-{i}"

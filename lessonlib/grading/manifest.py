@@ -19,7 +19,7 @@ import secrets
 from pathlib import Path
 from typing import Sequence
 
-from .results import NotebookResult, _csv_bytes, details_rows, safe_text, score_table
+from .results import NotebookResult, csv_bytes, details_rows, safe_text, score_table
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -106,8 +106,8 @@ def write_results(results: Sequence[NotebookResult], csv_path: Path | str, *, ke
         raise ValueError("key must be at least 16 bytes")
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     details = csv_path.with_name(csv_path.stem + "-details.csv")
-    table = _csv_bytes(*score_table(results))
-    detail = _csv_bytes(*details_rows(results))
+    table = csv_bytes(*score_table(results))
+    detail = csv_bytes(*details_rows(results))
     manifest = {
         "files": {csv_path.name: hashlib.sha256(table).hexdigest(),
                   details.name: hashlib.sha256(detail).hexdigest()},

@@ -47,7 +47,7 @@ from pathlib import Path
 from . import graders
 from .answers import check_one_of, require_number
 from .graders import Answers, Flag, check_choice, check_close, check_key_points, decode_answers, grader
-from .handout import INSTRUCTOR_ONLY, _meta, _source, hidden_part, is_check_cell, is_solution_cell
+from .handout import INSTRUCTOR_ONLY, cell_meta, cell_source, hidden_part, is_check_cell, is_solution_cell
 
 MAX_REQUEST_BYTES = 1024 * 1024
 #: Largest tensor a check may load from a student's file (the exercises' checkpoints are kilobytes).
@@ -82,8 +82,8 @@ def load(path: Path | str, questions=None, given: bool = True) -> dict:
                 continue
             if INSTRUCTOR_ONLY in (cell.get("metadata", {}).get("tags") or []) or is_solution_cell(cell):
                 continue
-            source = _source(cell)
-            if is_check_cell(cell) and questions is not None and _meta(cell).get("grade_id") not in questions:
+            source = cell_source(cell)
+            if is_check_cell(cell) and questions is not None and cell_meta(cell).get("grade_id") not in questions:
                 continue
             if not is_check_cell(cell) and not given:
                 continue
@@ -100,9 +100,9 @@ def load(path: Path | str, questions=None, given: bool = True) -> dict:
         graders.MODE = saved[0]
         graders.REGISTRY.clear()
         graders.REGISTRY.update(saved[1])
-    missing = [_meta(c).get("grade_id") for c in nb.get("cells", [])
-               if is_check_cell(c) and _meta(c).get("grade_id") not in registry
-               and (questions is None or _meta(c).get("grade_id") in questions)]
+    missing = [cell_meta(c).get("grade_id") for c in nb.get("cells", [])
+               if is_check_cell(c) and cell_meta(c).get("grade_id") not in registry
+               and (questions is None or cell_meta(c).get("grade_id") in questions)]
     if missing:
         raise ValueError(f"check cells without @grader(...) in their hidden part: {missing}")
     return registry

@@ -165,7 +165,8 @@ def _fmt(v) -> str:
     return safe_text(v)
 
 
-def _csv_bytes(header, rows) -> bytes:
+def csv_bytes(header, rows) -> bytes:
+    """The CSV file's bytes: ``header`` then ``rows``, every cell made safe with :func:`csv_cell`."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([csv_cell(h) for h in header])

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .handout import BEGIN_HIDDEN, _meta, visible_part
+from .handout import BEGIN_HIDDEN, cell_meta, visible_part
 
 MAX_NOTEBOOK_BYTES = 20 * 1024 ** 2
 #: Most cells a submission may have (the exercises have a few dozen).
@@ -96,7 +96,7 @@ def read_cells(path: Path | str) -> tuple[list[Cell], list[str]]:
         elif not isinstance(src, str):
             notes.append(f"cell {i + 1} has a damaged source: treated as empty")
             src = ""
-        gid = _meta(c).get("grade_id")
+        gid = cell_meta(c).get("grade_id")
         cells.append(Cell(ctype, src, gid if isinstance(gid, str) else None))
     return cells, notes
 

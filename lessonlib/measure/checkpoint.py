@@ -44,12 +44,12 @@ import time
 from pathlib import Path
 
 from ..checks import amount, count, flag, instance, path as check_path
-from .checkpoint_format import (CHECKPOINT_PATTERN, CHECKPOINT_RE, MAGIC, _deserialise, _named,  # noqa: F401
-                                _serialise, _whose, check_checkpoint_paths, checkpoint_files,
+from .checkpoint_format import (CHECKPOINT_PATTERN, CHECKPOINT_RE, MAGIC, decode_checkpoint, named_like_checkpoints,  # noqa: F401
+                                encode_checkpoint, describe_header, check_checkpoint_paths, checkpoint_files,
                                 newest_checkpoint, read_header)
 from .rng_state import capture_rng_state, check_rng_state, restore_rng_state  # noqa: F401 (re-exported)
 from .run_folder import (RUN_FILE, CheckpointError, CheckpointPathError, CheckpointWriteError,  # noqa: F401
-                         FolderInUseError, RunIdentity, RunMismatchError, _IN_PROGRESS, acquire_folder,
+                         FolderInUseError, RunIdentity, RunMismatchError, IN_PROGRESS, acquire_folder,
                          holds_folder, read_run, release_folder, run_folder, temporary_is_stray,
                          temporary_prefix, write_run)
 
@@ -102,12 +102,12 @@ def atomic_save(obj: dict, path, slow_write_seconds: float = 0.0, on_progress=No
     if path.is_dir():
         raise CheckpointPathError(f"path {str(path)!r} is a folder, but atomic_save writes a file there: "
                                   f"pass a file's path (a run folder takes save_checkpoint)")
-    data = _serialise(obj, run, step)
+    data = encode_checkpoint(obj, run, step)
     what = "the checkpoint" if step is None else f"the checkpoint of step {step}"
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path.name), suffix=".tmp")
-        _IN_PROGRESS.add(tmp)
+        IN_PROGRESS.add(tmp)
         with os.fdopen(fd, "wb") as f:
             chunks = 20 if slow_write_seconds > 0 else 1
             size = max(1, math.ceil(len(data) / chunks))
@@ -132,7 +132,7 @@ def atomic_save(obj: dict, path, slow_write_seconds: float = 0.0, on_progress=No
         _remove_file(tmp)
         raise
     finally:
-        _IN_PROGRESS.discard(tmp)
+        IN_PROGRESS.discard(tmp)
     return path
 
 
@@ -157,7 +157,7 @@ def _load_file(path: Path, map_location, run: RunIdentity | None) -> dict:
         raise CheckpointPathError(f"{path.name}: is a folder, not a checkpoint file ({str(path)!r})") from None
     except OSError as err:
         raise CheckpointError(f"{path.name}: cannot be read ({err.strerror}): {str(path)!r}") from None
-    return _deserialise(data, path, map_location, run)
+    return decode_checkpoint(data, path, map_location, run)
 
 
 def load_checkpoint(path, map_location="cpu", run: RunIdentity | None = None) -> dict:
@@ -239,7 +239,7 @@ def claim_folder(run_dir, run: RunIdentity | None, replace: bool = False, report
     recorded = read_run(folder)
     if recorded == run:
         return
-    others = [p for _, p in _named(folder) if p.is_file()] + sorted(folder.glob("*" + SET_ASIDE))
+    others = [p for _, p in named_like_checkpoints(folder) if p.is_file()] + sorted(folder.glob("*" + SET_ASIDE))
     if recorded is None and not others:
         write_run(folder, run)
         return
@@ -313,9 +313,9 @@ def _retain(folder: Path, written: Path, step: int, keep: int, run, report) -> N
             info = read_header(p)
             why = None
             if info["run"] != run:
-                why = f"it holds {_whose(info)}, not {run.describe() if run else 'an unnamed run'}'s"
+                why = f"it holds {describe_header(info)}, not {run.describe() if run else 'an unnamed run'}'s"
             elif info["step"] is not None and info["step"] != s:
-                why = f"it holds {_whose(info)} but its name says step {s}"
+                why = f"it holds {describe_header(info)} but its name says step {s}"
             elif s > step:
                 why = f"step {s} is later than the step just saved ({step}): the run went back to an earlier checkpoint"
         except (CheckpointError, ValueError) as err:
@@ -372,7 +372,7 @@ def load_latest(run_dir, validate=None, map_location="cpu", report=None, run: Ru
                                f"not {run.describe()}")
     expect = run or recorded
     skipped = []
-    for _, path in reversed(_named(folder)):
+    for _, path in reversed(named_like_checkpoints(folder)):
         try:
             if not path.is_file():
                 raise CheckpointPathError(f"a folder (or not a regular file), not a checkpoint file")

@@ -22,7 +22,8 @@ import os
 import re
 from pathlib import Path
 
-from ..checks import path as check_path
+from ..checks import count as check_count, instance as check_instance, mapping as check_mapping, \
+    path as check_path, record as check_record
 from .run_folder import CheckpointError, CheckpointPathError, RunIdentity, RunMismatchError, run_folder
 
 MAGIC = b"LESSONLIB-CHECKPOINT/1"
@@ -43,9 +44,16 @@ def _digest(blob: bytes, name: str, run_id, step) -> str:
     return h.hexdigest()
 
 
-def _serialise(obj: dict, run: RunIdentity | None, step: int | None) -> bytes:
-    """The file's bytes: the checked header, then each entry as ``torch.save`` writes it."""
+def encode_checkpoint(obj: dict, run: RunIdentity | None, step: int | None) -> bytes:
+    """The bytes of a checkpoint of ``obj`` (entries by name) at ``step`` of ``run``: the checked header, then
+    each entry as ``torch.save`` writes it."""
     import torch
+
+    check_mapping("obj", obj, allow_empty=True)
+    if run is not None:
+        check_instance("run", run, RunIdentity, "a RunIdentity or None")
+    if step is not None:
+        step = check_count("step", step, minimum=0)
 
     run_id = None if run is None else run.run_id
     parts, blobs = [], []
@@ -90,7 +98,13 @@ def _parse_header(first: bytes, header: bytes, name: str, size: int) -> dict:
     return {"parts": parts, "step": step, "run": run}
 
 
-def _whose(info: dict) -> str:
+def describe_header(info: dict) -> str:
+    """Whose state a checkpoint's parsed header ``info`` (``{"step", "run"}``) says it holds, in words."""
+    check_record("info", info, ("step", "run"), "a checkpoint's parsed header")
+    if info["run"] is not None:
+        check_instance("info['run']", info["run"], RunIdentity, "a RunIdentity or None")
+    if info["step"] is not None:
+        check_count("info['step']", info["step"], minimum=0)
     step = "an unknown step" if info["step"] is None else f"step {info['step']}"
     return f"{step} of {'an unnamed run' if info['run'] is None else info['run'].describe()}"
 
@@ -99,10 +113,10 @@ def _check_place(info: dict, path: Path, expect: RunIdentity | None) -> None:
     """Refuse a file whose header disagrees with its name, or that is not ``expect``'s."""
     m = CHECKPOINT_RE.match(path.name)
     if m and info["step"] is not None and info["step"] != int(m.group(1)):
-        raise CheckpointError(f"{path.name}: holds {_whose(info)}, but its name says step {int(m.group(1))} "
+        raise CheckpointError(f"{path.name}: holds {describe_header(info)}, but its name says step {int(m.group(1))} "
                               f"(renamed or copied in: {str(path)!r}); refusing it")
     if expect is not None and info["run"] != expect:
-        raise RunMismatchError(f"{path.name}: holds {_whose(info)} ({str(path)!r}), not a checkpoint of this "
+        raise RunMismatchError(f"{path.name}: holds {describe_header(info)} ({str(path)!r}), not a checkpoint of this "
                                f"{expect.describe()}; refusing it")
 
 
@@ -128,10 +142,16 @@ def read_header(path) -> dict:
     return _parse_header(first, header, path.name, size)
 
 
-def _deserialise(data: bytes, path: Path, map_location, expect: RunIdentity | None) -> dict:
+def decode_checkpoint(data: bytes, path: Path, map_location, expect: RunIdentity | None) -> dict:
     """Verify the header, the file's place (name, run) and every checksum; then load each entry
-    with ``weights_only=True`` and compare a ``step`` entry with the header's and the name's."""
+    with ``weights_only=True`` and compare a ``step`` entry with the header's and the name's. ``data`` is the
+    file's bytes, read from ``path``; ``expect`` the run it must belong to (None: any)."""
     import torch
+
+    check_instance("data", data, bytes, "the file's bytes")
+    path = check_path("path", path)
+    if expect is not None:
+        check_instance("expect", expect, RunIdentity, "a RunIdentity or None")
 
     name = path.name
     first, _, rest = data.partition(b"\n")
@@ -164,8 +184,9 @@ def _deserialise(data: bytes, path: Path, map_location, expect: RunIdentity | No
     return state
 
 
-def _named(folder: Path) -> list[tuple[int, Path]]:
-    """Everything in ``folder`` named like a checkpoint (files or not), oldest step first."""
+def named_like_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """Everything in ``folder`` named like a checkpoint (files or not), oldest step first: ``[(step, path)]``."""
+    folder = check_path("folder", folder)
     if not folder.is_dir():
         return []
     return sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := CHECKPOINT_RE.match(p.name)))
@@ -173,13 +194,13 @@ def _named(folder: Path) -> list[tuple[int, Path]]:
 
 def checkpoint_files(run_dir) -> list[tuple[int, Path]]:
     """The checkpoint files of a run folder as ``(step in the name, path)``, oldest first (regular files only)."""
-    return [(s, p) for s, p in _named(run_folder(run_dir)) if p.is_file()]
+    return [(s, p) for s, p in named_like_checkpoints(run_folder(run_dir)) if p.is_file()]
 
 
 def check_checkpoint_paths(run_dir) -> None:
     """Raise :class:`CheckpointPathError` if something named like a checkpoint in ``run_dir`` is not a file
     (a folder called ``checkpoint-00000010.pt`` would stop the save of step 10)."""
-    wrong = [p for _, p in _named(run_folder(run_dir)) if not p.is_file()]
+    wrong = [p for _, p in named_like_checkpoints(run_folder(run_dir)) if not p.is_file()]
     if wrong:
         raise CheckpointPathError(f"run_dir holds {', '.join(repr(str(p)) for p in wrong[:5])}: named like "
                                   f"checkpoint files, but not files; a checkpoint file belongs at that path. "

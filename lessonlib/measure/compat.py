@@ -98,7 +98,7 @@ def _shards_on_a_cpu(fully_shard) -> bool:
 class Capability:
     """One API a measurement needs: where it lives, the torch that brought it, what it measures.
 
-    ``devices``: the device types on which a page needs it (the CPU peak tracker
+    ``device_types``: the device types on which a page needs it (the CPU peak tracker
     is not needed on a GPU, which reads ``torch.cuda``'s statistics). ``usable``:
     an extra test of the found object (None: being there is enough).
     """
@@ -107,7 +107,7 @@ class Capability:
     attr: str
     since: str
     what: str
-    devices: tuple = ("cpu", "cuda")
+    device_types: tuple = ("cpu", "cuda")
     usable: object = None
 
     def __post_init__(self):
@@ -115,8 +115,8 @@ class Capability:
 
         for field in ("module", "attr", "since", "what"):
             text(field, getattr(self, field))
-        if not all(d in ("cpu", "cuda") for d in sequence("devices", self.devices)):
-            raise ValueError(f"devices must name 'cpu' and/or 'cuda', got {self.devices!r:.80}")
+        if not all(d in ("cpu", "cuda") for d in sequence("device_types", self.device_types)):
+            raise ValueError(f"device_types must name 'cpu' and/or 'cuda', got {self.device_types!r:.80}")
         if self.usable is not None:
             function("usable", self.usable)
 
@@ -128,7 +128,7 @@ class Capability:
 #: name -> the capability. The words of ``what`` complete "skipped on this torch: ...".
 FEATURES: dict[str, Capability] = {
     "mem_tracker": Capability("torch.distributed._tools.mem_tracker", "MemTracker", "2.5",
-                              "the CPU peak memory of a step", devices=("cpu",)),
+                              "the CPU peak memory of a step", device_types=("cpu",)),
     "comm_debug_mode": Capability("torch.distributed.tensor.debug", "CommDebugMode", "2.5",
                                   "collectives logged with their bytes"),
     "fully_shard": Capability("torch.distributed.fsdp", "fully_shard", "2.7",
@@ -200,7 +200,7 @@ def requires(*names: str, device=None) -> bool:
     kind = as_device("device", device).type
     for n in names:  # none named: nothing is required, True
         _check_name(n, "names")
-    lacking = [n for n in dict.fromkeys(names) if kind in FEATURES[n].devices and feature(n) is None]
+    lacking = [n for n in dict.fromkeys(names) if kind in FEATURES[n].device_types and feature(n) is None]
     for n in lacking:
         print(f"skipped on this torch: {_why(n)}")
     return not lacking

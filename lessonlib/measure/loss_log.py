@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..checks import path as check_path
+from ..checks import count, path as check_path
 from .run_folder import CheckpointError, CheckpointPathError, CheckpointWriteError
 
 LOSS_LOG = "losses.txt"
@@ -54,9 +54,15 @@ def repair_loss_log(run_dir) -> str | None:
         raise CheckpointWriteError(err.errno, f"cannot repair the loss log {str(path)!r}: {err.strerror}") from None
 
 
-def _append_loss(log, step: int, loss: float) -> None:
+def append_loss(log, step: int, loss: float) -> None:
     """Write one complete record (a NaN loss too) to the open log file ``log`` and flush it; errors name the file.
-    (Private: :func:`~lessonlib.measure.recovery.train` is its one caller, with values it made itself.)"""
+
+    :func:`~lessonlib.measure.recovery.train` writes each step's loss with it."""
+    if not (callable(getattr(log, "write", None)) and callable(getattr(log, "flush", None))):
+        raise TypeError(f"log must be an open text file, got {type(log).__name__}")
+    step = count("step", step, minimum=0)
+    if isinstance(loss, bool) or not isinstance(loss, float):
+        raise TypeError(f"loss must be a float (NaN allowed: it is recorded), got {type(loss).__name__}")
     try:
         log.write(f"{step} {loss.hex()}\n")
         log.flush()

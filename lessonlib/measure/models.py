@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import choice as check_choice, count as check_count, fraction_below_one, function as check_function, \
-    instance as check_instance
+from ..checks import choice as check_choice, count as check_count, flag as check_flag, fraction_below_one, \
+    function as check_function, instance as check_instance, text as check_text
 
 #: The course's models are teaching-sized: at most this many parameters (80 MB in
 #: fp32), so a slip of a few zeros is refused at once instead of exhausting memory.
@@ -26,25 +26,33 @@ MAX_LAYERS = 1000
 MAX_SEQ_LEN = 4096
 
 
-def _check_size(what: str, n_params: int) -> int:
-    """Refuse a model of more than :data:`MAX_PARAMS` parameters; ``what`` names the arguments."""
+def check_size(what: str, n_params: int) -> int:
+    """Refuse a model of more than :data:`MAX_PARAMS` parameters; ``what`` names the arguments that give ``n_params``."""
+    check_text("what", what)
+    n_params = check_count("n_params", n_params, minimum=0)
     if n_params > MAX_PARAMS:
-        raise ValueError(f"{what} give about {n_params:,} parameters, more than the {MAX_PARAMS:,} "
+        raise ValueError(f"{what} give about {n_params:,} parameters (n_params), more than the {MAX_PARAMS:,} "
                          f"that the course's teaching-sized models allow")
     return n_params
 
 
-def _check_module(name: str, value, kind=None):
-    """``value`` if it is a ``torch.nn.Module`` (of ``kind``, e.g. ``nn.Sequential``) with parameters."""
+def check_module(name: str, value, kind=None):
+    """``value`` if it is a ``torch.nn.Module`` (of ``kind``, e.g. ``nn.Sequential``) with parameters;
+    else an error naming ``name``."""
+    check_text("name", name)
     kind = kind or nn.Module
+    if not (isinstance(kind, type) and issubclass(kind, nn.Module)):
+        raise TypeError(f"kind must be a torch.nn.Module class, got {kind!r:.80}")
     check_instance(name, value, kind, f"a torch.nn.{kind.__name__}")
     if next(value.parameters(), None) is None:
         raise ValueError(f"{name} has no parameters")
     return value
 
 
-def _check_tensor(name: str, value, floating: bool = False):
-    """``value`` if it is a ``torch.Tensor`` (a floating-point one if ``floating``)."""
+def check_tensor(name: str, value, floating: bool = False):
+    """``value`` if it is a ``torch.Tensor`` (a floating-point one if ``floating``); else an error naming ``name``."""
+    check_text("name", name)
+    check_flag("floating", floating)
     check_instance(name, value, torch.Tensor, "a torch.Tensor")
     if floating and not value.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
@@ -68,7 +76,7 @@ class ForecastMLP(nn.Module):
         super().__init__()
         window, hidden = check_count("window", window), check_count("hidden", hidden)
         layers = check_count("layers", layers, maximum=MAX_LAYERS)
-        _check_size("window, hidden and layers", window * hidden + (layers - 1) * hidden * hidden + hidden)
+        check_size("window, hidden and layers", window * hidden + (layers - 1) * hidden * hidden + hidden)
         mods, inputs = [], window
         for _ in range(layers):
             mods += [nn.Linear(inputs, hidden), nn.ReLU()]
@@ -118,7 +126,7 @@ class Attention(nn.Module):
         check_choice("impl", impl, ("math", "sdpa"))
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
-        _check_size("hidden", 4 * hidden * hidden)
+        check_size("hidden", 4 * hidden * hidden)
         self.heads, self.impl, self.p = heads, impl, dropout
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
@@ -150,7 +158,7 @@ class Block(nn.Module):
         dropout = fraction_below_one("dropout", dropout)
         check_choice("attention", attention, ("math", "sdpa"))
         check_function("dropout_cls", dropout_cls)
-        _check_size("hidden", 12 * hidden * hidden)
+        check_size("hidden", 12 * hidden * hidden)
         self.ln1 = nn.LayerNorm(hidden)
         self.attn = Attention(hidden, heads, seq_len, dropout, dropout_cls, attention)
         self.drop1 = dropout_cls(dropout)
@@ -186,7 +194,7 @@ class TinyGPT(nn.Module):
         check_choice("attention", attention, ("math", "sdpa"))
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
-        _check_size("vocab, seq_len, hidden and layers", (2 * vocab + seq_len) * hidden + layers * 12 * hidden * hidden)
+        check_size("vocab, seq_len, hidden and layers", (2 * vocab + seq_len) * hidden + layers * 12 * hidden * hidden)
         dropout_cls = Dropout if dropout_impl == "native" else nn.Dropout
         self.seq_len = seq_len
         self.tok = nn.Embedding(vocab, hidden)
@@ -207,8 +215,8 @@ class TinyGPT(nn.Module):
 
 def lm_loss(logits, targets):
     """Next-token cross-entropy for ``(batch, seq, vocab)`` logits and ``(batch, seq)`` targets."""
-    _check_tensor("logits", logits, floating=True)
-    _check_tensor("targets", targets)
+    check_tensor("logits", logits, floating=True)
+    check_tensor("targets", targets)
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(f"logits must be (batch, seq, vocab) and targets (batch, seq); got logits "
                          f"{tuple(logits.shape)} and targets {tuple(targets.shape)}")

@@ -18,7 +18,7 @@ import torch
 
 from ..calc.precision import RECIPES, precision_name
 from ..checks import choice, count, number, positive, sequence
-from .models import _check_tensor
+from .models import check_tensor
 
 #: The most gradient-descent steps :func:`train_linear` runs (the page uses 600).
 MAX_STEPS = 10_000
@@ -27,14 +27,14 @@ MAX_LR = 10.0
 
 
 def _check_regression(X, y, W=None, b=None):
-    _check_tensor("X", X, floating=True)
-    _check_tensor("y", y, floating=True)
+    check_tensor("X", X, floating=True)
+    check_tensor("y", y, floating=True)
     if X.dim() != 2 or y.shape != (X.shape[0], 1) or X.numel() > 10**7:
         raise ValueError(f"X must be (n, features) and y (n, 1), at most 10 million numbers; got X "
                          f"{tuple(X.shape)} and y {tuple(y.shape)}")
     if W is not None:
-        _check_tensor("W", W, floating=True)
-        _check_tensor("b", b, floating=True)
+        check_tensor("W", W, floating=True)
+        check_tensor("b", b, floating=True)
         if W.shape != (X.shape[1], 1) or b.shape != (1,):
             raise ValueError(f"W must be ({X.shape[1]}, 1) and b (1,); got {tuple(W.shape)} and {tuple(b.shape)}")
 
@@ -87,7 +87,7 @@ def largest_update_over_half_gap(X: torch.Tensor, y: torch.Tensor, W: torch.Tens
     the bf16 weights (``torch.bfloat16``), e.g. from :func:`train_linear` in "bf16".
     """
     for name, t in (("W", W), ("b", b)):
-        _check_tensor(name, t, floating=True)  # required here (optional to _check_regression)
+        check_tensor(name, t, floating=True)  # required here (optional to _check_regression)
     _check_regression(X, y, W, b)
     for name, t in (("W", W), ("b", b)):
         if t.dtype != torch.bfloat16:

@@ -34,15 +34,15 @@ from .timing import tally_flops
 from .memory import SavedTensorCounter, peak_memory
 from .rounds import time_rounds
 from ..checks import choice, count, flag, fraction_below_one, function, sequence
-from .models import MAX_LAYERS, _check_module, _check_size, _check_tensor
+from .models import MAX_LAYERS, check_module, check_size, check_tensor
 
 #: The most timing rounds :func:`time_ratios` runs.
 MAX_ROUNDS = 200
 
 
 def _check_model_and_input(model, x):
-    _check_module("model", model, nn.Sequential)
-    _check_tensor("x", x, floating=True)
+    check_module("model", model, nn.Sequential)
+    check_tensor("x", x, floating=True)
     hidden = next(model.parameters()).shape[-1]
     if x.dim() < 1 or x.shape[-1] != hidden:
         raise ValueError(f"x must end in the model's hidden size {hidden}, got shape {tuple(x.shape)}")
@@ -81,7 +81,7 @@ def saved_activations(fn: Callable[[], torch.Tensor], params: Sequence[torch.Ten
     params = sequence("params", params, allow_empty=True)
     exclude = sequence("exclude", exclude, allow_empty=True)
     for i, t in enumerate(params + exclude):
-        _check_tensor("params" if i < len(params) else "exclude", t)
+        check_tensor("params" if i < len(params) else "exclude", t)
     with SavedTensorCounter(exclude=list(params) + list(exclude)) as counter:
         loss = fn()
     return loss, SavedActivations(counter.storages, counter.bytes)
@@ -99,7 +99,7 @@ class MLPBlock(nn.Module):
         super().__init__()
         hidden = count("hidden", hidden)
         dropout = fraction_below_one("dropout", dropout)
-        _check_size("hidden", 8 * hidden * hidden)
+        check_size("hidden", 8 * hidden * hidden)
         self.norm = nn.LayerNorm(hidden)
         self.fc1 = nn.Linear(hidden, 4 * hidden)
         self.act = nn.GELU()
@@ -115,7 +115,7 @@ def block_stack(layers: int = 8, hidden: int = 64, dropout: float = 0.1, seed: i
     layers, hidden = count("layers", layers, maximum=MAX_LAYERS), count("hidden", hidden)
     dropout = fraction_below_one("dropout", dropout)
     seed = count("seed", seed, minimum=0)
-    _check_size("layers and hidden", layers * 8 * hidden * hidden)
+    check_size("layers and hidden", layers * 8 * hidden * hidden)
     torch.manual_seed(seed)
     return nn.Sequential(*[MLPBlock(hidden, dropout) for _ in range(layers)])
 
@@ -133,7 +133,7 @@ def layer_chain(layers: int = 16, hidden: int = 32, activation: str = "tanh",
     acts = {"tanh": nn.Tanh, "relu": nn.ReLU}
     choice("activation", activation, acts)
     seed = count("seed", seed, minimum=0)
-    _check_size("layers and hidden", layers * (hidden * hidden + hidden))
+    check_size("layers and hidden", layers * (hidden * hidden + hidden))
     torch.manual_seed(seed)
     return nn.Sequential(*[nn.Sequential(nn.Linear(hidden, hidden), acts[activation]())
                            for _ in range(layers)])
@@ -175,7 +175,7 @@ def train_step(model: nn.Sequential, x: torch.Tensor, strategy="none", early_sto
 
 def make_input(model: nn.Sequential, batch: int, seq_len: int, seed: int = 1) -> torch.Tensor:
     """A seeded input of shape (batch, seq_len, hidden) for ``model``, with ``requires_grad``."""
-    _check_module("model", model)
+    check_module("model", model)
     batch, seq_len = count("batch", batch), count("seq_len", seq_len)
     seed = count("seed", seed, minimum=0)
     hidden = next(model.parameters()).shape[-1]

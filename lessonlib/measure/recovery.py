@@ -29,11 +29,11 @@ from ..checks import amount, choice, count, flag, instance, path as check_path
 from .checkpoint import (KEEP, SET_ASIDE, CheckpointError, atomic_save, capture_rng_state,  # noqa: F401
                          check_checkpoint_paths, check_rng_state, checkpoint_files, load_checkpoint, load_latest,
                          newest_checkpoint, remove_stray_temporaries, restore_rng_state, save_checkpoint)
-from .loss_log import LOSS_LOG, _append_loss, read_losses, repair_loss_log  # noqa: F401 (read_losses re-exported)
+from .loss_log import LOSS_LOG, append_loss, read_losses, repair_loss_log  # noqa: F401 (read_losses re-exported)
 from .run_folder import (LOCK_FILE, RUN_FILE, CheckpointPathError, CheckpointWriteError, FolderInUseError,
                          RunIdentity, RunMismatchError, acquire_folder, read_run, release_folder, run_folder,
                          write_run)
-from .toy_job import BATCH_SIZE, JOB_CONFIG, MAX_STEPS, N_EXAMPLES, _batch, _build, check_state  # noqa: F401
+from .toy_job import BATCH_SIZE, JOB_CONFIG, MAX_STEPS, N_EXAMPLES, next_batch, build_job, check_state  # noqa: F401
 
 #: What a resume restores: everything, only the model weights, or everything but the RNGs.
 RESTORE_MODES = ("all", "weights", "no-rng")
@@ -139,7 +139,7 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
         torch.set_num_threads(1)  # one thread: the same arithmetic order in every process
         random.seed(seed)
         np.random.seed(seed)
-        model, optimizer, scheduler, features, targets = _build(seed, steps)
+        model, optimizer, scheduler, features, targets = build_job(seed, steps)
         start, data = 0, {"epoch": 0, "position": 0}
         for name in remove_stray_temporaries(run_dir):
             say(f"removed {name}")
@@ -163,7 +163,7 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
         with open(run_dir / LOSS_LOG, "a") as log:
             last = steps if a["stop_after"] is None else min(steps, a["stop_after"])
             for step in range(start + 1, last + 1):
-                x, y = _batch(features, targets, data, seed)
+                x, y = next_batch(features, targets, data, seed)
                 x = x + torch.from_numpy(np.random.normal(0.0, 0.05, size=tuple(x.shape)).astype(np.float32))
                 x = x * random.uniform(0.9, 1.1)
                 loss = torch.nn.functional.mse_loss(model(x), y)
@@ -173,7 +173,7 @@ def train(run_dir, steps: int = 60, save_every: int = 5, seed: int = 0, resume: 
                 scheduler.step()
                 value = loss.item()
                 losses.append(value)
-                _append_loss(log, step, value)
+                append_loss(log, step, value)
                 print(f"step {step}", file=out, flush=True)
                 if a["step_seconds"] > 0:
                     time.sleep(a["step_seconds"])

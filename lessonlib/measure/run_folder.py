@@ -179,7 +179,9 @@ def write_run(run_dir, run: RunIdentity) -> Path:
 
 _HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 _TEMP_RE = re.compile(r"\.w(?P<pid>\d+)-(?P<host>[0-9a-f]{8})\.[^.]*\.tmp$")
-_IN_PROGRESS: set[str] = set()  # this process's temporary files being written right now
+#: This process's temporary files being written right now (paths as text): :mod:`.checkpoint`'s writer
+#: adds each before it writes and removes it after, so a scan of the folder leaves them alone.
+IN_PROGRESS: set[str] = set()
 
 
 def temporary_prefix(target: str) -> str:
@@ -198,7 +200,7 @@ def temporary_is_stray(path, own_folder: bool = False) -> bool:
     """
     p = check_path("path", path)
     own_folder = flag("own_folder", own_folder)
-    if str(p) in _IN_PROGRESS:
+    if str(p) in IN_PROGRESS:
         return False
     m = _TEMP_RE.search(p.name)
     if m is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..checks import count, instance
+from ..checks import count, instance, record
 from .optim_state import check_adam_state, check_scheduler_state
 from .rng_state import check_rng_state
 from .run_folder import CheckpointError
@@ -107,10 +107,13 @@ def _check_model(model) -> dict:
     return shapes
 
 
-def _build(seed: int, steps: int):
+def build_job(seed: int, steps: int):
+    """The job's model, Adam optimizer, step-decay scheduler (over ``steps`` steps), features and targets,
+    all drawn from ``seed``: ``(model, optimizer, scheduler, features, targets)``."""
     import torch
     from torch import nn
 
+    seed, steps = count("seed", seed, minimum=0), count("steps", steps, maximum=MAX_STEPS)
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed + 1)
     features = torch.randn(N_EXAMPLES, 16, generator=g)
@@ -123,15 +126,24 @@ def _build(seed: int, steps: int):
     return model, optimizer, scheduler, features, targets
 
 
-def _batch(features, targets, data: dict, seed: int, batch_size: int = BATCH_SIZE):
-    """The next batch from a data cursor ``{"epoch", "position"}`` (advanced in place).
+def next_batch(features, targets, data: dict, seed: int, batch_size: int = BATCH_SIZE):
+    """The next ``batch_size`` rows of ``features`` and ``targets`` from a data cursor ``{"epoch", "position"}``
+    (advanced in place).
 
     The order inside an epoch is a permutation seeded by the epoch number, so
     the cursor alone says where the data stream is.
     """
     import torch
 
-    n = features.shape[0]
+    instance("features", features, torch.Tensor, "a torch.Tensor")
+    instance("targets", targets, torch.Tensor, "a torch.Tensor")
+    n = features.shape[0] if features.dim() else 0
+    if targets.dim() == 0 or targets.shape[0] != n:
+        raise ValueError(f"targets must have one row per row of features ({n}), got shape {tuple(targets.shape)}")
+    record("data", data, ("epoch", "position"), "a data cursor")
+    count("data['epoch']", data["epoch"], minimum=0)
+    count("data['position']", data["position"], minimum=0)
+    seed, batch_size = count("seed", seed, minimum=0), count("batch_size", batch_size, maximum=max(1, n))
     if data["position"] + batch_size > n:
         data["epoch"] += 1
         data["position"] = 0

@@ -24,6 +24,7 @@ them (the fastest round, on the pages). Times are seconds.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from ...checks import count as check_count, mapping as check_mapping, sequence as check_sequence
 from ..rounds import MAX_ROUNDS
@@ -32,7 +33,59 @@ from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
 
-__all__ = ["run_comm_timing", "SWEEP_BYTES"]
+__all__ = ["run_comm_timing", "SWEEP_BYTES", "CommTiming", "DDPTiming", "FSDPTiming"]
+
+
+@dataclass(frozen=True)
+class DDPTiming:
+    """DDP's gradient all-reduce, timed: ``grad_bytes`` of gradients in buckets of ``bucket_bytes``;
+    ``bucket_times`` (seconds per round, per bucket, each bucket all-reduced alone); ``backward`` and
+    ``backward_no_sync`` (seconds per round of a backward with and without the all-reduce)."""
+
+    grad_bytes: int
+    bucket_bytes: tuple
+    bucket_times: tuple
+    backward: tuple
+    backward_no_sync: tuple
+
+
+@dataclass(frozen=True)
+class FSDPTiming:
+    """A ``fully_shard`` step, timed: its ``collectives`` (``(kind, bytes)`` in order) for a model of
+    ``n_params`` parameters; ``replay_each`` (seconds per round, per collective replayed alone) and
+    ``step`` (seconds per round of the whole step)."""
+
+    collectives: tuple
+    n_params: int
+    replay_each: tuple
+    step: tuple
+
+
+@dataclass(frozen=True)
+class CommTiming:
+    """What :func:`run_comm_timing` measured on ``world_size`` processes (rank 0's view; each time the
+    slowest rank's): ``all_reduce``, ``all_gather``, ``reduce_scatter`` are ``(bytes, seconds per round)``
+    per message size; ``ddp`` a :class:`DDPTiming`; ``fsdp`` an :class:`FSDPTiming`."""
+
+    world_size: int
+    backend: str
+    all_reduce: tuple
+    all_gather: tuple
+    reduce_scatter: tuple
+    ddp: DDPTiming
+    fsdp: FSDPTiming
+
+    @classmethod
+    def from_worker(cls, d: dict) -> "CommTiming":
+        """The record rank 0 sent (plain types, as ``torch.load(weights_only=True)`` reads them)."""
+        sizes = lambda key: tuple((b, tuple(ts)) for b, ts in d[key])  # noqa: E731
+        rounds = lambda xs: tuple(tuple(t) for t in xs)  # noqa: E731
+        g, f = d["ddp"], d["fsdp"]
+        return cls(d["world_size"], d["backend"], sizes("all_reduce"), sizes("all_gather"), sizes("reduce_scatter"),
+                   DDPTiming(g["grad_bytes"], tuple(g["bucket_bytes"]), rounds(g["bucket_times"]),
+                             tuple(g["backward"]), tuple(g["backward_no_sync"])),
+                   FSDPTiming(tuple(tuple(c) for c in f["collectives"]), f["n_params"], rounds(f["replay_each"]),
+                              tuple(f["step"])))
 
 #: All-reduce sizes of the sweep, bytes (1 KiB to 16 MiB, float32 tensors).
 SWEEP_BYTES = tuple(2 ** k for k in range(10, 25, 2))
@@ -91,7 +144,7 @@ def _interleaved(probes, device, rounds, warmup=2):
     return time_rounds(one_round, rounds, warmup=warmup, device=device, num_threads=None).seconds
 
 
-def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_hidden, ddp_batch, fsdp_cfg):
+def _comm_worker(rank, world_size, device, progress, sweep, check_bytes, rounds, ddp_hidden, ddp_batch, fsdp_cfg):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -99,7 +152,7 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
 
     from ..models import TinyGPT, lm_loss
     from .data_parallel import forecast_model, synthetic_batch
-    from .fsdp import _shard
+    from .fsdp import shard_model
 
     def ones(n_bytes):
         return torch.ones(n_bytes // 4, device=device)
@@ -109,7 +162,7 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
         model = forecast_model(ddp_hidden).to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         x, y = (t.to(device) for t in synthetic_batch(ddp_batch))
-        share = ddp_batch // world
+        share = ddp_batch // world_size
         xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
         loss_fn = torch.nn.MSELoss()
 
@@ -130,13 +183,13 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
             bucket_bytes = [grad_bytes]
 
         # fully_shard: the collectives of one forward and backward, logged with their sizes
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = init_device_mesh(device.type, (world_size,))
         torch.manual_seed(0)
         base = TinyGPT(**fsdp_cfg)
-        sharded = _shard(copy.deepcopy(base).to(device), mesh, reshard=True)
+        sharded = shard_model(copy.deepcopy(base).to(device), mesh, reshard=True)
         opt = torch.optim.Adam(sharded.parameters(), lr=1e-3)
         g = torch.Generator().manual_seed(1)
-        tokens = torch.randint(0, fsdp_cfg["vocab"], (2 * world, fsdp_cfg["seq_len"]), generator=g).to(device)
+        tokens = torch.randint(0, fsdp_cfg["vocab"], (2 * world_size, fsdp_cfg["seq_len"]), generator=g).to(device)
         ts, tt = tokens[rank * 2:(rank + 1) * 2], tokens.roll(-1, dims=1)[rank * 2:(rank + 1) * 2]
         log = CollectiveLog()
         with log:
@@ -150,14 +203,14 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
             buf = ones(n)
             probes.append((("all_reduce", n), lambda b=buf: dist.all_reduce(b)))
         for n in check_bytes:
-            full, part = ones(n), ones(n // world)
+            full, part = ones(n), ones(n // world_size)
             probes.append((("all_gather", n), lambda f=full, p=part: _all_gather(f, p)))
             probes.append((("reduce_scatter", n), lambda f=full, p=part: _reduce_scatter(p, f)))
         for i, n in enumerate(bucket_bytes):
             buf = ones(n)
             probes.append((("bucket", i), lambda b=buf: dist.all_reduce(b)))
         for i, (kind, n) in enumerate(records):
-            full, part = ones(n), ones(n // world)
+            full, part = ones(n), ones(n // world_size)
             fn = (lambda f=full, p=part: _all_gather(f, p)) if kind == "all_gather" else \
                  (lambda f=full, p=part: _reduce_scatter(p, f))
             probes.append((("fsdp", i), fn))
@@ -176,7 +229,7 @@ def _comm_worker(rank, world, device, progress, sweep, check_bytes, rounds, ddp_
         progress.put(1)
 
     return {
-        "rank": rank, "world_size": world, "backend": dist.get_backend(),
+        "rank": rank, "world_size": world_size, "backend": dist.get_backend(),
         "all_reduce": [(n, times[("all_reduce", n)]) for n in sweep],
         "all_gather": [(n, times[("all_gather", n)]) for n in check_bytes],
         "reduce_scatter": [(n, times[("reduce_scatter", n)]) for n in check_bytes],
@@ -220,16 +273,10 @@ def _fsdp_config(fsdp) -> dict:
 def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16, 2 ** 20, 2 ** 22),
                     rounds: int = 9, ddp_hidden: int = 512, ddp_batch: int = 256,
                     fsdp=dict(vocab=256, seq_len=64, hidden=128, heads=4, layers=2, dropout=0.0),
-                    timeout: float = 240.0) -> dict:
+                    timeout: float = 240.0) -> CommTiming:
     """Measure the collectives above on ``world_size`` processes; rank 0's view (every time is the slowest rank's).
 
-    Returns ``{"world_size", "backend", "all_reduce": [(bytes, [s per round])...],
-    "all_gather": [...], "reduce_scatter": [...], "ddp": {...}, "fsdp": {...}}``.
-    ``ddp`` has ``grad_bytes``, ``bucket_bytes``, ``bucket_times`` (per
-    bucket, per round), ``backward`` and ``backward_no_sync`` (per round);
-    ``fsdp`` has ``collectives`` (``(kind, bytes)`` in order), ``n_params``,
-    ``replay_each`` (per collective, per round) and ``step`` (per round). Sizes must be multiples of
-    ``4 * world_size`` bytes.
+    Returns a :class:`CommTiming`. Sizes must be multiples of ``4 * world_size`` bytes.
     """
     from .data_parallel import MAX_SIZE
     from .launch import MAX_WORLD_SIZE
@@ -254,4 +301,4 @@ def run_comm_timing(world_size: int = 2, sweep=SWEEP_BYTES, check_bytes=(2 ** 16
     per_rank = launch(_comm_worker, world_size,
                       args=(sizes, checks, rounds, ddp_hidden, ddp_batch, fsdp),
                       timeout=timeout, progress_total=3 * world_size, desc=f"communication on {world_size} processes")
-    return per_rank[0]
+    return CommTiming.from_worker(per_rank[0])

@@ -21,19 +21,82 @@ The worker runs in spawned processes, so it lives here, not in a notebook.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
-from ...checks import (count as check_count, instance as check_instance, positive as check_positive,
+from ...checks import (count as check_count, flag as check_flag, instance as check_instance, positive as check_positive,
                        sequence as check_sequence)
 from ..compat import require_all
 from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
 
-__all__ = ["MODEL", "run_sharding", "local_state_bytes"]
+__all__ = ["MODEL", "HeldBytes", "ShardedRank", "ShardingRun", "run_sharding", "local_state_bytes", "build_model",
+           "shard_model", "token_batch"]
 
 #: The model sharded on the page: every parameter's first dimension is a
 #: multiple of 4, so 2 and 4 ranks split it without padding.
 MODEL = dict(vocab=256, seq_len=32, hidden=64, heads=4, layers=2, dropout=0.0)
+
+
+@dataclass(frozen=True)
+class HeldBytes:
+    """Bytes one rank holds, by part: ``weights``, ``gradients``, ``optimizer_state`` (Adam's two averages)
+    and ``step_counters`` (Adam's per-tensor step counts)."""
+
+    weights: int
+    gradients: int
+    optimizer_state: int
+    step_counters: int
+
+
+@dataclass(frozen=True)
+class ShardedRank:
+    """One rank of a sharding run on ``world_size`` processes (:func:`run_sharding`).
+
+    ``n_params`` and ``shapes`` (``n_tensors`` of them) describe the full model; ``zero3`` and ``zero1``
+    are the :class:`HeldBytes` of this rank under ``fully_shard`` and under ``ZeroRedundancyOptimizer``;
+    ``losses`` is the sharded run's global loss per step and ``reference_losses`` the unsharded copy's on
+    the whole batch; ``zero3_collectives`` / ``keep_collectives`` are ``(kind, phase, bytes)`` for each
+    collective of one forward and backward, weights freed after forward or kept until backward.
+    """
+
+    rank: int
+    world_size: int
+    backend: str
+    n_params: int
+    shapes: tuple
+    n_tensors: int
+    zero3: HeldBytes
+    zero1: HeldBytes
+    losses: tuple
+    reference_losses: tuple
+    zero3_collectives: tuple
+    keep_collectives: tuple
+
+    @classmethod
+    def from_worker(cls, d: dict) -> "ShardedRank":
+        """The record a worker sent (plain types, as ``torch.load(weights_only=True)`` reads them)."""
+        triples = lambda key: tuple(tuple(c) for c in d[key])  # noqa: E731
+        return cls(d["rank"], d["world_size"], d["backend"], d["n_params"], tuple(map(tuple, d["shapes"])),
+                   d["n_tensors"], HeldBytes(**d["zero3"]), HeldBytes(**d["zero1"]), tuple(d["losses"]),
+                   tuple(d["reference_losses"]), triples("zero3_collectives"), triples("keep_collectives"))
+
+
+@dataclass(frozen=True)
+class ShardingRun:
+    """What :func:`run_sharding` measured: ``ranks[N]`` is the tuple of :class:`ShardedRank` on N processes."""
+
+    ranks: dict
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the model every run sharded."""
+        return next(iter(self.ranks.values()))[0].n_params
+
+    @property
+    def n_tensors(self) -> int:
+        """Parameter tensors of that model."""
+        return next(iter(self.ranks.values()))[0].n_tensors
 
 
 def _bytes(t) -> int:
@@ -65,11 +128,14 @@ def local_state_bytes(model, optimizer) -> dict:
     return out
 
 
-def _build(seed: int = 0):
+def build_model(seed: int = 0):
+    """The :class:`~lessonlib.measure.models.TinyGPT` of :data:`MODEL`, its weights drawn from ``seed``
+    (the same on every process that passes the same seed)."""
     import torch
 
     from ..models import TinyGPT
 
+    seed = check_count("seed", seed, minimum=0)
     torch.manual_seed(seed)
     return TinyGPT(**MODEL)
 
@@ -89,8 +155,21 @@ def token_batch(global_batch: int, seed: int = 1):
     return x, y
 
 
-def _shard(model, mesh, reshard: bool):
+def shard_model(model, mesh, reshard: bool):
+    """``model`` (a TinyGPT: its ``blocks``) with ``fully_shard`` applied to each block and then to the
+    whole, over the device mesh ``mesh``; ``reshard`` frees the gathered weights after forward (ZeRO-3) or
+    keeps them until backward. Returns the model, sharded in place."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
+
+    from ..models import check_module
+
+    check_module("model", model)
+    if not isinstance(getattr(model, "blocks", None), torch.nn.Sequential):
+        raise TypeError(f"model must have blocks to shard one by one (a TinyGPT), got {type(model).__name__}")
+    check_instance("mesh", mesh, DeviceMesh, "a DeviceMesh")
+    check_flag("reshard", reshard)
 
     for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
@@ -115,7 +194,7 @@ def _shard_on(rank, n, mesh, device, base, steps, global_batch, lr):
     # --- ZeRO-3 with fully_shard, against an unsharded copy on the whole batch -------------
     ref = copy.deepcopy(base).to(device)
     ref_opt = torch.optim.Adam(ref.parameters(), lr=lr)
-    model = _shard(copy.deepcopy(base).to(device), mesh, reshard=True)
+    model = shard_model(copy.deepcopy(base).to(device), mesh, reshard=True)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     ref_losses, losses = [], []
     log = CollectiveLog()
@@ -143,7 +222,7 @@ def _shard_on(rank, n, mesh, device, base, steps, global_batch, lr):
     state["gradients"] = held["gradients"]
 
     # --- the same step with the weights kept from forward to backward ----------------------
-    keep = _shard(copy.deepcopy(base).to(device), mesh, reshard=False)
+    keep = shard_model(copy.deepcopy(base).to(device), mesh, reshard=False)
     log_keep = CollectiveLog()
     with log_keep:
         lm_loss(keep(xs), ys).backward()
@@ -173,13 +252,13 @@ def _shard_on(rank, n, mesh, device, base, steps, global_batch, lr):
     }
 
 
-def _sharding_worker(rank, world, device, progress, world_sizes, steps, global_batch, lr):
+def _sharding_worker(rank, world_size, device, progress, world_sizes, steps, global_batch, lr):
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
     out = {}
     with known_warnings_silenced():
-        base = _build()
+        base = build_model()
         for n in world_sizes:
             # Every process takes part in creating the mesh (it makes a process group); only
             # ranks 0..n-1 work on it, the others wait at the barrier without using the CPU.
@@ -197,21 +276,15 @@ MAX_GLOBAL_BATCH = 4096
 
 
 def run_sharding(world_sizes=(2, 4), steps: int = 4, global_batch: int = 8, lr: float = 1e-3,
-                 timeout: float = 180.0) -> dict:
-    """Run the sharding measurements on each process count in ``world_sizes``; ``{N: [one dict per rank]}``.
+                 timeout: float = 180.0) -> ShardingRun:
+    """Run the sharding measurements on each process count in ``world_sizes``: a :class:`ShardingRun`.
 
     One launch of ``max(world_sizes)`` processes serves every count: with N
     processes, ranks 0..N-1 shard over a device mesh of their own while the
     others wait (starting processes costs seconds each; they are started once).
 
-    Each dict: ``n_params`` and ``shapes`` (the full model), ``zero3`` and
-    ``zero1`` (bytes held by this rank under fully_shard and under
-    ZeroRedundancyOptimizer: ``weights``, ``gradients``, ``optimizer_state``,
-    ``step_counters``), ``losses`` (the sharded run's global loss per step)
-    and ``reference_losses`` (the unsharded copy on the whole batch),
-    ``zero3_collectives`` / ``keep_collectives`` (``(kind, phase, bytes)``
-    for each collective of one forward and backward, weights freed after
-    forward or kept). ``global_batch`` sequences are split evenly over the ranks.
+    ``run.ranks[N]`` holds one :class:`ShardedRank` per rank (what it holds, its
+    losses, the collectives it logged). ``global_batch`` sequences are split evenly over the ranks.
     """
     from ..precision import MAX_LR
     from .launch import MAX_WORLD_SIZE
@@ -227,4 +300,4 @@ def run_sharding(world_sizes=(2, 4), steps: int = 4, global_batch: int = 8, lr: 
     require_all('fully_shard', 'comm_debug_mode')  # before starting processes: one clear error on an older torch
     per_rank = launch(_sharding_worker, sizes[-1], args=(sizes, steps, global_batch, lr), timeout=timeout,
                       progress_total=sum(sizes), desc=f"sharding on {', '.join(map(str, sizes))} processes")
-    return {n: [r[n] for r in per_rank[:n]] for n in sizes}
+    return ShardingRun({n: tuple(ShardedRank.from_worker(r[n]) for r in per_rank[:n]) for n in sizes})

@@ -36,7 +36,7 @@ from ...checks import amount as _check_amount, count as _check_count, function a
     instance as _check_instance, text as _check_text
 from ...progress import progress as _progress
 from .fork_server import OWNER_VARIABLE
-from .worker import _Ending, _Progress, _failure_report, _read_record, _result_path, _run_rank, _take_ticks
+from .worker import Ending, Progress, failure_report, read_record, result_path, run_rank, take_ticks
 
 #: The most processes :func:`launch` starts (each is a full Python with torch).
 MAX_WORLD_SIZE = 64
@@ -230,7 +230,7 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
     if method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts, on first use
         env[OWNER_VARIABLE] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
-    ticks_in, ticks_out = ctx.Pipe(duplex=False)  # the workers' progress ticks (worker._Progress)
+    ticks_in, ticks_out = ctx.Pipe(duplex=False)  # the workers' progress ticks (worker.Progress)
     # The workers watch `follow` for its end of file; `keep`, its only writing end, stays here
     # and is closed only once every worker has ended (see worker._follow_owner).
     follow, keep = ctx.Pipe(duplex=False)
@@ -242,9 +242,9 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
             with _environment(env):  # inherited through the fork server, which starts with the first launch
                 port = free_port()
                 for rank in range(world_size):
-                    p = ctx.Process(target=_run_rank, name=f"lessonlib-rank{rank}",
+                    p = ctx.Process(target=run_rank, name=f"lessonlib-rank{rank}",
                                     args=(rank, world_size, port, backend, device_type, out_dir, target, args,
-                                          _Progress(ticks_out), follow))
+                                          Progress(ticks_out), follow))
                     p.start()
                     procs.append(p)
             ticks = _ticks(procs, ended, ticks_in, time.monotonic() + timeout, world_size, timeout)
@@ -258,10 +258,10 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
                 with _interrupts_held():
                     stopped = _stop(procs)
                 _raise_failure(procs, ended, stopped, out_dir)
-            missing = [r for r in range(world_size) if not _result_path(out_dir, r).exists()]
+            missing = [r for r in range(world_size) if not result_path(out_dir, r).exists()]
             if missing:  # e.g. a target that called sys.exit(0)
                 _raise_failure(procs, ended, set(), out_dir)
-            return [torch.load(_result_path(out_dir, r), weights_only=True) for r in range(world_size)]
+            return [torch.load(result_path(out_dir, r), weights_only=True) for r in range(world_size)]
         finally:
             with _interrupts_held():
                 # An interrupt while the workers were being started can leave one that
@@ -275,9 +275,9 @@ def _launch_once(target, world_size, args, timeout, progress_total, desc) -> lis
 def _raise_failure(procs, ended, stopped, out_dir):
     """Raise what the workers' endings say: ``KeyboardInterrupt`` or ``RuntimeError``, the root cause first."""
     now = time.monotonic()
-    endings = [_Ending(rank, p.exitcode, ended.get(rank, (None, now))[1], p in stopped, _read_record(out_dir, rank),
-                      _result_path(out_dir, rank).exists()) for rank, p in enumerate(procs)]
-    message, interrupted = _failure_report(endings)
+    endings = [Ending(rank, p.exitcode, ended.get(rank, (None, now))[1], p in stopped, read_record(out_dir, rank),
+                      result_path(out_dir, rank).exists()) for rank, p in enumerate(procs)]
+    message, interrupted = failure_report(endings)
     if interrupted:
         raise KeyboardInterrupt(message) from None
     raise RuntimeError(message) from None
@@ -298,12 +298,12 @@ def _ticks(procs, ended, ticks_in, deadline, world_size, timeout):
             rank = waiting.pop(sentinel)
             procs[rank].join()
             ended[rank] = (procs[rank].exitcode, time.monotonic())
-        yield from range(_take_ticks(ticks_in))
+        yield from range(take_ticks(ticks_in))
         if any(code != 0 for code, _ in ended.values()):
             raise _WorkerFailed
         if waiting and time.monotonic() > deadline:
             raise TimeoutError(f"the {world_size} worker processes did not finish within {timeout:.0f} s")
-    yield from range(_take_ticks(ticks_in))
+    yield from range(take_ticks(ticks_in))
 
 
 def _stop(processes, grace: float = STOP_GRACE) -> set:

@@ -223,7 +223,7 @@ def _run_schedules(rank, n, group, device, progress, configs, hidden, layers, ro
     return results
 
 
-def _pipeline_worker(rank, world, device, progress, specs):
+def _pipeline_worker(rank, world_size, device, progress, specs):
     import torch.distributed as dist
 
     out = []
@@ -231,7 +231,7 @@ def _pipeline_worker(rank, world, device, progress, specs):
         for spec in specs:
             n = spec["world_size"]
             # new_group is collective: every process creates it, only ranks 0..n-1 use it
-            group = dist.new_group(list(range(n))) if n < world else None
+            group = dist.new_group(list(range(n))) if n < world_size else None
             if rank < n:
                 out.append(_run_schedules(rank, n, group, device, progress, spec["configs"], spec["hidden"],
                                           spec["layers"], spec["rows"], spec["reps"], spec["stages_per_process"]))
@@ -337,11 +337,11 @@ def run_pipelines(specs, timeout: float = 240.0) -> list:
             checked.append(_spec(**{**defaults, **spec}))
         except (ValueError, TypeError) as err:
             raise type(err)(f"specs[{i}]: {err}") from None
-    world = max(s["world_size"] for s in checked)
+    world_size = max(s["world_size"] for s in checked)
     require_all('pipeline_stage')  # before starting processes: one clear error on an older torch
-    per_rank = launch(_pipeline_worker, world, args=(checked,), timeout=timeout,
+    per_rank = launch(_pipeline_worker, world_size, args=(checked,), timeout=timeout,
                       progress_total=sum(s["world_size"] * len(s["configs"]) for s in checked),
-                      desc=f"pipelines on {world} processes")
+                      desc=f"pipelines on {world_size} processes")
     results = []
     for j, spec in enumerate(checked):
         n = spec["world_size"]

@@ -63,20 +63,20 @@ def _checked(layout, **tensors):
     if not dist.is_initialized():
         raise RuntimeError("ring attention runs inside a process group: start it with run_ring_attention "
                            "(or launch), not in the notebook's own process")
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if len(chunks) != world:
-        raise ValueError(f"layout lists {len(chunks)} processes' chunks, but the group has {world}")
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    if len(chunks) != world_size:
+        raise ValueError(f"layout lists {len(chunks)} processes' chunks, but the group has {world_size}")
     if first[1][-2] % len(chunks[rank]):
         raise ValueError(f"{first[0]}'s {first[1][-2]} tokens must divide into this process's "
                          f"{len(chunks[rank])} chunks")
     return chunks
 
 
-def _ring_step(block, rank, world):
+def _ring_step(block, rank, world_size):
     """Send ``block`` to the next process and receive the previous one's: (requests, buffer it arrives in)."""
     incoming = torch.empty_like(block)
-    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, block, (rank + 1) % world),
-                                       dist.P2POp(dist.irecv, incoming, (rank - 1) % world)])
+    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, block, (rank + 1) % world_size),
+                                       dist.P2POp(dist.irecv, incoming, (rank - 1) % world_size)])
     return requests, incoming
 
 
@@ -88,19 +88,19 @@ def ring_forward(q, k, v, layout):
     denominator (kept for backward); ``blocks`` counts the chunk pairs computed.
     """
     layout = _checked(layout, q=q, k=k, v=v)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     c = q.shape[-2] // len(layout[rank])  # tokens per chunk
     qs = q.split(c, dim=-2)
     m = [torch.full_like(qi[..., :1], -math.inf) for qi in qs]  # running max of each query's scores
     l = [torch.zeros_like(mi) for mi in m]  # running sum of exp(score - max)
     acc = [torch.zeros_like(qi) for qi in qs]  # running sum of exp(score - max) * value
     kv, blocks = torch.stack([k, v]), 0
-    for step in range(world):
-        src = (rank - step) % world  # the process whose K/V block we hold now
-        if step < world - 1:  # pass it on to the next process while we compute with it
+    for step in range(world_size):
+        src = (rank - step) % world_size  # the process whose K/V block we hold now
+        if step < world_size - 1:  # pass it on to the next process while we compute with it
             incoming = torch.empty_like(kv)
-            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % world),
-                                               dist.P2POp(dist.irecv, incoming, (rank - 1) % world)])
+            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % world_size),
+                                               dist.P2POp(dist.irecv, incoming, (rank - 1) % world_size)])
         ks, vs = kv[0].split(c, dim=-2), kv[1].split(c, dim=-2)
         for i, qc in enumerate(layout[rank]):
             for j, kc in enumerate(layout[src]):
@@ -116,7 +116,7 @@ def ring_forward(q, k, v, layout):
                 acc[i] = acc[i] * rescale + p @ vs[j]
                 m[i] = m_new
                 blocks += 1
-        if step < world - 1:
+        if step < world_size - 1:
             for r in requests:
                 r.wait()
             kv = incoming
@@ -128,15 +128,15 @@ def ring_forward(q, k, v, layout):
 def ring_backward(dout, q, k, v, out, lse, layout):
     """Gradients (dq, dk, dv) of :func:`ring_forward`, recomputing each block's probabilities from ``lse``."""
     layout = _checked(layout, dout=dout, q=q, k=k, v=v, out=out, lse=lse)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     c = q.shape[-2] // len(layout[rank])
     qs, dos = q.split(c, dim=-2), dout.split(c, dim=-2)
     lses = lse.split(c, dim=-2)
     deltas = (dout * out).sum(-1, keepdim=True).split(c, dim=-2)  # softmax backward's row term
     dq = [torch.zeros_like(qi) for qi in qs]
     kvg = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])  # K, V and their gradients travel together
-    for step in range(world):
-        src = (rank - step) % world
+    for step in range(world_size):
+        src = (rank - step) % world_size
         ks, vs = kvg[0].split(c, dim=-2), kvg[1].split(c, dim=-2)
         dks, dvs = kvg[2].split(c, dim=-2), kvg[3].split(c, dim=-2)  # views: += writes into kvg
         for i, qc in enumerate(layout[rank]):
@@ -148,7 +148,7 @@ def ring_backward(dout, q, k, v, out, lse, layout):
                 ds = p * (dos[i] @ vs[j].transpose(-2, -1) - deltas[i]) * q.shape[-1] ** -0.5
                 dq[i] += ds @ ks[j]
                 dks[j].add_(ds.transpose(-2, -1) @ qs[i])
-        requests, incoming = _ring_step(kvg, rank, world)  # world steps: each block ends at home
+        requests, incoming = _ring_step(kvg, rank, world_size)  # world steps: each block ends at home
         for r in requests:
             r.wait()
         kvg = incoming
@@ -202,7 +202,7 @@ def _local(x, layout, rank):
     return torch.cat([x[..., i * c:(i + 1) * c, :] for i in layout[rank]], dim=-2)
 
 
-def _torch_context_parallel(q, k, v, device, world):
+def _torch_context_parallel(q, k, v, device, world_size):
     """Try torch's own ``context_parallel`` on SDPA; the error's text where it does not run."""
     from torch.distributed.device_mesh import init_device_mesh
     try:
@@ -210,7 +210,7 @@ def _torch_context_parallel(q, k, v, device, world):
     except ImportError as e:  # an older torch has none
         return {"ran": False, "error": f"{type(e).__name__}: {e}"}
 
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = init_device_mesh(device.type, (world_size,))
     qc, kc, vc = q.clone(), k.clone(), v.clone()
     try:
         with context_parallel(mesh, buffers=[qc, kc, vc], buffer_seq_dims=[2, 2, 2]):
@@ -223,7 +223,7 @@ def _torch_context_parallel(q, k, v, device, world):
     return {"ran": True, "max_diff": (o - ref).abs().max().item()}
 
 
-def _ring_worker(rank, world, device, progress, cfg, repeats):
+def _ring_worker(rank, world_size, device, progress, cfg, repeats):
     batch, heads, seq, head_dim = cfg
     torch.manual_seed(0)  # every process draws the same full sequence, then keeps its own chunks
     q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device) for _ in range(3))
@@ -234,11 +234,11 @@ def _ring_worker(rank, world, device, progress, cfg, repeats):
     with full:
         ref = F.scaled_dot_product_attention(qr, kr, vr, is_causal=True)
     ref.backward(dout)
-    result = {"rank": rank, "world_size": world, "backend": dist.get_backend(),
+    result = {"rank": rank, "world_size": world_size, "backend": dist.get_backend(),
               "full_saved_bytes": full.bytes, "ref_max": ref.abs().max().item(), "layouts": {},
               "config": {"batch": batch, "heads": heads, "seq_len": seq, "head_dim": head_dim, "repeats": repeats}}
     for name in LAYOUTS:
-        layout = sequence_layout(world, name)
+        layout = sequence_layout(world_size, name)
         ql, kl, vl = (_local(t, layout, rank).requires_grad_(True) for t in (q, k, v))
         counter = SavedTensorCounter()
         with counter:
@@ -258,7 +258,7 @@ def _ring_worker(rank, world, device, progress, cfg, repeats):
                                  for g, r in ((ql.grad, qr), (kl.grad, kr), (vl.grad, vr))),
             "grad_max": max(r.grad.abs().max().item() for r in (qr, kr, vr))}
         progress.put(1)
-    layout = sequence_layout(world, "zigzag")  # Llama 3 balanced its chunks this way too
+    layout = sequence_layout(world_size, "zigzag")  # Llama 3 balanced its chunks this way too
     ql, kl, vl = (_local(t, layout, rank).requires_grad_(True) for t in (q, k, v))
     out = allgather_attention(ql, kl, vl, layout)
     out.backward(_local(dout, layout, rank))
@@ -268,7 +268,7 @@ def _ring_worker(rank, world, device, progress, cfg, repeats):
                              for g, r in ((ql.grad, qr), (kl.grad, kr), (vl.grad, vr))),
         "grad_max": max(r.grad.abs().max().item() for r in (qr, kr, vr))}
     progress.put(1)
-    result["torch_context_parallel"] = _torch_context_parallel(q, k, v, device, world)
+    result["torch_context_parallel"] = _torch_context_parallel(q, k, v, device, world_size)
     progress.put(1)
     return result
 

@@ -26,10 +26,9 @@ import torch.nn.functional as F
 from ...checks import amount as check_amount, count as check_count
 from ..compat import require_all
 from ..models import MAX_PARAMS, MAX_SEQ_LEN
-from .collectives import CollectiveLog
 from .launch import launch
 from .quiet import known_warnings_silenced
-from .tensor_parallel import BLOCK_PLAN, MAX_ACTIVATION_VALUES, LocalSavedTensorCounter, TPBlock
+from .tensor_parallel import BLOCK_PLAN, MAX_ACTIVATION_VALUES, TPBlock, saved_and_sent
 
 __all__ = ["SPBlock", "SP_PLAN", "run_sequence_parallel"]
 
@@ -77,15 +76,15 @@ def _tp_plan():
             for name, kind in BLOCK_PLAN.items()}
 
 
-def _sp_worker(rank, world, device, progress, cfg):
+def _sp_worker(rank, world_size, device, progress, cfg):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
     batch, seq, hidden, heads = cfg
-    local = slice(rank * seq // world, (rank + 1) * seq // world)  # this process's tokens under SP
+    local = slice(rank * seq // world_size, (rank + 1) * seq // world_size)  # this process's tokens under SP
     with known_warnings_silenced():
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = init_device_mesh(device.type, (world_size,))
         out = {}
         # --- activation bytes and collectives, bf16 with 1-byte dropout masks (the paper's case) ---
         torch.manual_seed(1)  # every rank builds the same layer and input
@@ -97,19 +96,7 @@ def _sp_worker(rank, world, device, progress, cfg):
                 module = SPBlock(hidden, heads, seq).to(device=device, dtype=torch.bfloat16)
                 module.load_state_dict(ref.state_dict())
                 parallelize_module(module, mesh, plan)
-            module.train()
-            xi = x_in.clone().requires_grad_(True)  # a layer's input comes from the layer before
-            counter = LocalSavedTensorCounter(exclude=list(module.parameters()))
-            log = CollectiveLog()
-            with log:
-                with counter:
-                    y = module(xi)
-                y.float().square().mean().backward()
-            out[name] = {"bytes": counter.bytes,
-                         "items": [(shape, str(dtype), n) for _, shape, dtype, n in counter.items],
-                         "collectives": [(r.kind, r.phase, r.n_bytes) for r in log.records],
-                         "comm_counts": {str(k): v for k, v in log.get_comm_counts().items()},
-                         "output_shape": tuple(y.shape)}
+            out[name] = saved_and_sent(module, x_in)
         progress.put(1)
         # --- the split layer computes what the unsplit one does (float32, dropout off) -------------
         torch.manual_seed(2)
@@ -127,7 +114,7 @@ def _sp_worker(rank, world, device, progress, cfg):
                 "input_grad_max_diff": (x_sp.grad - x_ref.grad[:, local]).abs().max().item(),
                 "input_grad_max": x_ref.grad.abs().max().item()}
         progress.put(1)
-    return {"rank": rank, "world_size": world, "backend": dist.get_backend(), "runs": out, "check": diff,
+    return {"rank": rank, "world_size": world_size, "backend": dist.get_backend(), "runs": out, "check": diff,
             "config": {"batch": batch, "seq_len": seq, "hidden": hidden, "heads": heads}}
 
 

@@ -25,13 +25,13 @@ from pathlib import Path
 from ...checks import count as check_count, path as check_path, positive as check_positive
 from ..compat import require_all
 from .launch import launch
-from .fsdp import _build, _shard, token_batch
+from .fsdp import build_model, shard_model, token_batch
 from .quiet import known_warnings_silenced
 
 __all__ = ["save_sharded", "load_unsharded", "compare_states", "checkpoint_files", "ShardFile", "shard_file_contents"]
 
 
-def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
+def _save_worker(rank, world_size, device, progress, path, steps, global_batch, lr):
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -41,11 +41,11 @@ def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
     from ..models import lm_loss
 
     with known_warnings_silenced():
-        mesh = init_device_mesh(device.type, (world,))
-        model = _shard(_build().to(device), mesh, reshard=True)
+        mesh = init_device_mesh(device.type, (world_size,))
+        model = shard_model(build_model().to(device), mesh, reshard=True)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         x, y = (t.to(device) for t in token_batch(global_batch))
-        share = global_batch // world
+        share = global_batch // world_size
         xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
 
         def step():
@@ -55,7 +55,7 @@ def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
             opt.step()
             mean = loss.detach().clone()
             dist.all_reduce(mean)
-            return mean.item() / world
+            return mean.item() / world_size
 
         losses = [step() for _ in range(steps)]
         model_sd, optim_sd = get_state_dict(model, opt)  # each rank: its own shards (DTensors)
@@ -70,7 +70,7 @@ def _save_worker(rank, world, device, progress, path, steps, global_batch, lr):
             next_loss = lm_loss(model(xs), ys).detach().clone()
         dist.all_reduce(next_loss)
         progress.put(1)
-    out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world, "local_model_bytes": local_bytes,
+    out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world_size, "local_model_bytes": local_bytes,
            "save_seconds": save_seconds}
     if rank == 0:
         out["full_model"] = {k: v.clone() for k, v in full_model.items()}
@@ -181,7 +181,7 @@ def load_unsharded(path, lr: float = 1e-3):
     if not path.is_dir() or not (path / ".metadata").exists():
         raise ValueError(f"path {str(path)!r} holds no torch.distributed.checkpoint checkpoint (.metadata missing)")
     with known_warnings_silenced():
-        model = _build()
+        model = build_model()
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         model_sd, optim_sd = get_state_dict(model, opt)  # the layout to fill: full-size tensors
         state = {"model": model_sd, "optim": optim_sd}

@@ -33,7 +33,8 @@ from .launch import launch
 from .collectives import CollectiveLog
 from .quiet import known_warnings_silenced
 
-__all__ = ["TPBlock", "mlp_block", "MLP_PLAN", "BLOCK_PLAN", "LocalSavedTensorCounter", "run_tensor_parallel"]
+__all__ = ["TPBlock", "mlp_block", "MLP_PLAN", "BLOCK_PLAN", "LocalSavedTensorCounter", "saved_and_sent",
+           "run_tensor_parallel"]
 
 
 def mlp_block(hidden: int) -> nn.Sequential:
@@ -124,13 +125,39 @@ class LocalSavedTensorCounter(SavedTensorCounter):
         return t
 
 
-def _tp_worker(rank, world, device, progress, mlp_cfg, block_cfg):
+def saved_and_sent(module, x) -> dict:
+    """One training forward and backward of ``module`` on a fresh copy of ``x`` (a layer's input, so it needs
+    a gradient): the activation bytes it saves for backward on this rank (:class:`LocalSavedTensorCounter`,
+    the parameters left out) and the collectives it sends (:class:`.collectives.CollectiveLog`).
+
+    Returns ``{"bytes", "items": [(shape, dtype, bytes)], "collectives": [(kind, phase, bytes)],
+    "comm_counts": {op: count}, "output_shape"}``. The tensor- and sequence-parallel workers measure each
+    layout of a layer with it.
+    """
+    from ..models import check_module, check_tensor
+
+    check_module("module", module)
+    check_tensor("x", x, floating=True)
+    module.train()
+    xi = x.clone().requires_grad_(True)
+    counter = LocalSavedTensorCounter(exclude=list(module.parameters()))
+    log = CollectiveLog()
+    with log:
+        with counter:
+            y = module(xi)
+        y.float().square().mean().backward()
+    return {"bytes": counter.bytes, "items": [(shape, str(dtype), n) for _, shape, dtype, n in counter.items],
+            "collectives": [(r.kind, r.phase, r.n_bytes) for r in log.records],
+            "comm_counts": {str(k): v for k, v in log.get_comm_counts().items()}, "output_shape": tuple(y.shape)}
+
+
+def _tp_worker(rank, world_size, device, progress, mlp_cfg, block_cfg):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
     with known_warnings_silenced():
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = init_device_mesh(device.type, (world_size,))
         mlp_plan, block_plan = _plans()
 
         # --- MLP block: same output and input gradient as unsplit, and its collectives --------
@@ -168,21 +195,7 @@ def _tp_worker(rank, world, device, progress, mlp_cfg, block_cfg):
         tp.load_state_dict(ref.state_dict())
         parallelize_module(tp, mesh, block_plan)
         xb = torch.randn(batch, seq, hidden, device=device, dtype=torch.bfloat16)
-        acts = {}
-        for t, module in ((1, ref), (world, tp)):
-            module.train()
-            xi = xb.clone().requires_grad_(True)  # a layer's input comes from the layer before
-            counter = LocalSavedTensorCounter(exclude=list(module.parameters()))
-            log = CollectiveLog()
-            with log:
-                with counter:
-                    out = module(xi)
-                out.float().square().mean().backward()
-            acts[t] = {
-                "bytes": counter.bytes,
-                "items": [(shape, str(dtype), n) for _, shape, dtype, n in counter.items],
-                "collectives": [(r.kind, r.phase, r.n_bytes) for r in log.records],
-            }
+        acts = {t: saved_and_sent(module, xb) for t, module in ((1, ref), (world_size, tp))}
         # the split layer computes what the unsplit one does (dropout off, float32)
         ref32, tp32 = TPBlock(hidden, heads, seq, dropout=0.0).to(device), TPBlock(hidden, heads, seq, dropout=0.0).to(device)
         tp32.load_state_dict(ref32.state_dict())
@@ -191,7 +204,7 @@ def _tp_worker(rank, world, device, progress, mlp_cfg, block_cfg):
         with torch.no_grad():
             block_diff = (tp32(x32) - ref32(x32)).abs().max().item()
         progress.put(1)
-    return {"rank": rank, "world_size": world, "backend": dist.get_backend(), "mlp": mlp,
+    return {"rank": rank, "world_size": world_size, "backend": dist.get_backend(), "mlp": mlp,
             "block": {"activations": acts, "max_diff": block_diff,
                       "config": {"batch": batch, "seq_len": seq, "hidden": hidden, "heads": heads}}}
 

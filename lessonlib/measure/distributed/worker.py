@@ -1,6 +1,6 @@
 """One worker process that :mod:`.launch` starts: its entry point, its tie to the caller, and how it ended.
 
-Each worker runs :func:`_run_rank`, which
+Each worker runs :func:`run_rank`, which
 
 - ties the worker's life to the calling process (a notebook's kernel). The
   worker's parent is the fork server, not the caller, so a parent-death
@@ -18,7 +18,7 @@ The process management is ours rather than ``torch.multiprocessing.start_process
 where that keeps its error files has changed between torch releases (2.1 has no
 ``error_files``), and it takes a worker's SIGINT for a clean exit.
 
-:func:`_failure_report` reads those records with the exit codes the caller saw
+:func:`failure_report` reads those records with the exit codes the caller saw
 and orders the ranks so that the root cause comes first.
 """
 from __future__ import annotations
@@ -34,6 +34,9 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...checks import (choice as check_choice, count as check_count, function as check_function,
+                       instance as check_instance, path as check_path, sequence as check_sequence)
+
 #: The exit code of a worker that was interrupted (SIGINT): 128 + 2, as a shell reports it.
 INTERRUPTED_EXIT = 130
 #: The exit code of a worker that left because its caller was gone (nobody reads it).
@@ -42,7 +45,7 @@ ORPHANED_EXIT = 125
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
-class _Progress:
+class Progress:
     """The ``progress`` a worker's target gets: ``put(n)`` adds ``n`` ticks to the caller's bar.
 
     A pipe rather than a ``multiprocessing`` queue: a queue's lock is a named
@@ -53,23 +56,29 @@ class _Progress:
     """
 
     def __init__(self, connection):
+        if not callable(getattr(connection, "send_bytes", None)):
+            raise TypeError("connection must be the writing end of a multiprocessing Pipe, "
+                            f"got {type(connection).__name__}")
         self._connection = connection
 
     def put(self, n: int = 1) -> None:
         self._connection.send_bytes(int(n).to_bytes(8, "little", signed=True))
 
 
-def _take_ticks(connection) -> int:
-    """The ticks the workers have sent so far (reads without waiting)."""
+def take_ticks(connection) -> int:
+    """The ticks the workers have sent so far on ``connection``, the pipe's reading end (reads without waiting)."""
+    if not (callable(getattr(connection, "poll", None)) and callable(getattr(connection, "recv_bytes", None))):
+        raise TypeError("connection must be the reading end of a multiprocessing Pipe, "
+                        f"got {type(connection).__name__}")
     total = 0
     while connection.poll():
         total += int.from_bytes(connection.recv_bytes(), "little", signed=True)
     return total
 
 
-def _result_path(out_dir, rank: int) -> Path:
-    """Where rank ``rank`` saves its result."""
-    return Path(out_dir) / f"rank{rank}.pt"
+def result_path(out_dir, rank: int) -> Path:
+    """Where rank ``rank`` saves its result in the folder ``out_dir``."""
+    return check_path("out_dir", out_dir) / f"rank{check_count('rank', rank, minimum=0)}.pt"
 
 
 def _record_path(out_dir, rank: int) -> Path:
@@ -77,8 +86,21 @@ def _record_path(out_dir, rank: int) -> Path:
     return Path(out_dir) / f"rank{rank}.error.json"
 
 
-def _run_rank(rank, world_size, port, backend, device_type, out_dir, target, args, progress, owner):
-    """The entry point of worker ``rank``: run ``target`` there; leave a result or a record, then exit."""
+def run_rank(rank, world_size, port, backend, device_type, out_dir, target, args, progress, owner):
+    """The entry point of worker ``rank`` of ``world_size`` (the process :func:`.launch.launch` starts): join the
+    group on ``port`` with ``backend`` on ``device_type``, run ``target(rank, world_size, device, progress, *args)``,
+    leave its result or a record of its failure in ``out_dir``, then exit. ``owner`` is the pipe end whose closing
+    says the caller is gone. Its arguments are checked before anything starts (launch checked them already)."""
+    rank, world_size = check_count("rank", rank, minimum=0), check_count("world_size", world_size)
+    if rank >= world_size:
+        raise ValueError(f"rank must be below world_size={world_size}, got {rank}")
+    check_count("port", port, maximum=65535)
+    check_choice("backend", backend, ("gloo", "nccl"))
+    check_choice("device_type", device_type, ("cpu", "cuda"))
+    check_path("out_dir", out_dir)
+    check_function("target", target)
+    check_instance("args", args, tuple, "a tuple")
+    check_instance("progress", progress, Progress, "a Progress")
     _die_with_parent()
     _follow_owner(owner, out_dir)
     try:
@@ -113,9 +135,9 @@ def _join_and_run(rank, world_size, port, backend, device_type, out_dir, target,
             # written, or the launcher may stop this rank before it says what went wrong first.
             _write_record(out_dir, rank, interrupted=isinstance(exc, KeyboardInterrupt))
             raise
-        tmp = _result_path(out_dir, rank).with_suffix(".tmp")
+        tmp = result_path(out_dir, rank).with_suffix(".tmp")
         torch.save(result, tmp)
-        os.replace(tmp, _result_path(out_dir, rank))  # complete or absent, never half-written
+        os.replace(tmp, result_path(out_dir, rank))  # complete or absent, never half-written
     finally:
         dist.destroy_process_group()
 
@@ -186,7 +208,7 @@ def _follow_owner(owner, out_dir) -> None:
 
 
 @dataclass
-class _Ending:
+class Ending:
     """How one worker ended, as the caller saw it.
 
     ``exitcode`` as ``multiprocessing`` gives it (negative: the signal that
@@ -204,8 +226,10 @@ class _Ending:
     saved: bool = False
 
 
-def _read_record(out_dir, rank: int) -> dict | None:
-    """The failure record rank ``rank`` wrote, or None (it wrote none, or one that cannot be read)."""
+def read_record(out_dir, rank: int) -> dict | None:
+    """The failure record rank ``rank`` wrote in ``out_dir``, or None (it wrote none, or one that cannot be read)."""
+    check_path("out_dir", out_dir)
+    check_count("rank", rank, minimum=0)
     try:
         record = json.loads(_record_path(out_dir, rank).read_text())
     except (OSError, ValueError):
@@ -228,7 +252,7 @@ def _exit_words(exitcode) -> str:
     return f"exited with code {exitcode}"
 
 
-def _kind(e: _Ending) -> int:
+def _kind(e: Ending) -> int:
     """0 interrupted, 1 a cause (failed on its own), 2 a lost peer's echo, 3 stopped by the caller."""
     if (e.record and e.record.get("interrupted")) or e.exitcode == -signal.SIGINT:
         return 0
@@ -239,12 +263,12 @@ def _kind(e: _Ending) -> int:
     return 1
 
 
-def _when(e: _Ending) -> float:
+def _when(e: Ending) -> float:
     """When it failed: the time it wrote in its record, else when the caller saw it end (later)."""
     return e.record["time"] if e.record else e.seen
 
 
-def _failure_report(endings: list[_Ending]) -> tuple[str, bool]:
+def failure_report(endings: list[Ending]) -> tuple[str, bool]:
     """``(message, interrupted)`` for the workers that did not succeed, the root cause first.
 
     The order: interrupted ranks, then ranks that failed on their own (an
@@ -254,6 +278,8 @@ def _failure_report(endings: list[_Ending]) -> tuple[str, bool]:
     ranks the caller stopped. ``interrupted`` is true when a worker was
     interrupted (SIGINT): the caller then raises ``KeyboardInterrupt``.
     """
+    for i, e in enumerate(check_sequence("endings", endings, allow_empty=True)):
+        check_instance(f"endings[{i}]", e, Ending, "an Ending")
     failed = [e for e in endings if e.exitcode != 0 or e.record or not e.saved]
     if not failed:
         return "", False
