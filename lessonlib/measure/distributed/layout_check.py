@@ -4,7 +4,7 @@
 model, a stack of the course's transformer layers (:class:`~.tensor_parallel.TPBlock`, no dropout,
 a mean-squared-error loss on random targets), and time, round after round:
 
-* ``one_process``: rank 0 alone runs the whole batch (the other waits at a barrier);
+* ``one_process``: rank 0 alone runs the whole batch (the other waits at the next barrier);
 * ``data``: DistributedDataParallel, each process half the batch, buckets of about one layer;
 * ``zero3``: ``fully_shard`` on every layer (ZeRO-3), each process half the batch;
 * ``tensor``: every layer split with the course's :data:`~.tensor_parallel.BLOCK_PLAN` (DTensor);
@@ -92,11 +92,10 @@ def _layout_worker(rank, world, device, progress, cfg, rounds, sweep):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.cpu().tolist()
 
-    def timed(probes, together=True):
+    def timed(probes):
         def one_round(clock):
             for key, fn in probes:
-                if together:  # every rank starts the piece at once
-                    dist.barrier()
+                dist.barrier()  # every rank starts the piece at once
                 clock.time(key, fn)
             progress.put(1)
         return time_rounds(one_round, rounds, warmup=1, device=device, num_threads=None).seconds
@@ -114,16 +113,14 @@ def _layout_worker(rank, world, device, progress, cfg, rounds, sweep):
             for i in range(len(inputs)):  # micro-batches of one sequence
                 F.mse_loss(model(inputs[i:i + 1]), targets[i:i + 1]).backward()
 
-        # one process, the whole batch: rank 1 waits at the barrier, using no CPU
+        # one process, the whole batch: rank 1 does nothing and waits at the next barrier, using no CPU
         one = copy.deepcopy(base)
 
         def one_step():
-            one.zero_grad(set_to_none=True)
-            accumulate(one, x, y)
+            if rank == 0:
+                one.zero_grad(set_to_none=True)
+                accumulate(one, x, y)
 
-        one_t = timed([("one", one_step)], together=False)["one"] if rank == 0 else None
-        dist.barrier()
-        one_t = slowest(one_t if rank == 0 else [0.0] * rounds)
 
         # data parallel: DDP, buckets of about one layer, its all-reduce after the last micro-batch
         layer_mb = sum(p.numel() * p.element_size() for p in base[0].parameters()) / 2 ** 20
@@ -175,13 +172,14 @@ def _layout_worker(rank, world, device, progress, cfg, rounds, sweep):
             accumulate(one, xs, ys)
 
         bufs = {n: torch.ones(n // 4, device=device) for n in sweep}
-        probes = [("half", half_step), ("data", data_step), ("zero3", zero3_step), ("tensor", tensor_step), ("pipeline", pipeline_step)]
+        # in the same rounds, so that a stretch of load on the machine slows a round of each, not all of one
+        probes = [("one", one_step), ("half", half_step), ("data", data_step), ("zero3", zero3_step), ("tensor", tensor_step), ("pipeline", pipeline_step)]
         probes += [(("all_reduce", n), lambda t=bufs[n]: dist.all_reduce(t)) for n in sweep]
         times = {k: slowest(v) for k, v in timed(probes).items()}
 
     # plain data (the launcher loads results with weights_only=True): the caller builds the LayoutCheck
     return dict(world_size=world, backend=dist.get_backend(), model=dict(cfg),
-                n_params=sum(p.numel() for p in base.parameters()), rounds=rounds, one_process=one_t,
+                n_params=sum(p.numel() for p in base.parameters()), rounds=rounds, one_process=times["one"],
                 half=times["half"], steps={k: times[k] for k in LAYOUTS}, all_reduce=[(n, times[("all_reduce", n)]) for n in sweep])
 
 
@@ -199,6 +197,6 @@ def run_layout_check(rounds: int = 5, sweep=SWEEP_BYTES, timeout: float = 240.0)
     require_all("fully_shard", "pipeline_stage")  # before starting processes: one clear error on an older torch
     world = 2
     per_rank = launch(_layout_worker, world, args=(MODEL, rounds, sizes), timeout=timeout,
-                      progress_total=3 * (rounds + 1),  # rank 0's one-process rounds, both ranks' layout rounds
+                      progress_total=2 * (rounds + 1),
                       desc="four layouts on 2 processes")
     return LayoutCheck(**per_rank[0])
