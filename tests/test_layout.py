@@ -227,7 +227,7 @@ def test_a_small_layouts_prediction_divides_the_measured_one_process_step_and_ad
     from lessonlib.calc.layout import measured_cluster, step_flops
 
     tiny = ModelShape("t", 1e6, 2, 128, 4, 64, 4, dropout=False, bytes_per_value=4)
-    assert step_flops(tiny) == (6e6 + 6 * 2 * 128 * 64) * 4 * 64
+    assert step_flops(tiny) == pytest.approx((6e6 + 6 * 2 * 128 * 64) * 4 * 64)
     link = Link("fitted", 1e-4, 1e9)
     one = layout_cost(tiny, measured_cluster(tiny, 0.1, link, devices=1), Layout(), kernel_efficiency=1.0)
     assert one.step_s == pytest.approx(0.1)  # one device: the measured step itself

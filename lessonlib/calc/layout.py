@@ -22,6 +22,7 @@ from ..checks import choice, count, flag, positive, share, text
 from .comm import LINKS, MULTI_NODE_ALGORITHMS, Link, multi_node_seconds
 # KERNEL_EFFICIENCY, a per-kernel share of the peak and not an MFU, lives beside the course's MFU (UTILISATION)
 from .hardware import DEVICES, KERNEL_EFFICIENCY, Device
+from .mfu import model_hardware_flops
 from .pipeline import interleaved_bubble_fraction
 from .stage_memory import first_stage_activation_bytes, interleaving_problem
 from .sharding import ZERO_STAGES, zero_state_bytes, zero_step_traffic
@@ -218,10 +219,11 @@ def check_cluster(cluster) -> Cluster:
 def step_flops(model) -> float:
     """The FLOPs a training step of ``model`` needs (what an MFU counts): 6 per active parameter per token,
     plus causal attention's 6 x layers x hidden x seq_len per token, over ``global_batch`` x ``seq_len`` tokens.
-    :func:`layout_cost` divides these among a layout's devices."""
+    :func:`layout_cost` divides these among a layout's devices. The course's one count of a step's FLOPs,
+    :func:`lessonlib.calc.mfu.model_hardware_flops` (its model FLOPs, causal)."""
     model = check_model(model)
-    return (6 * (model.active_params or model.params) + 6 * model.layers * model.hidden * model.seq_len) * (
-        model.global_batch * model.seq_len)
+    return model_hardware_flops(model.active_params or model.params, model.global_batch * model.seq_len,
+                                model.layers, model.seq_len, model.hidden).model
 
 
 def measured_cluster(model, one_process_step_s, link, devices: int = 2, memory_bytes: float = 2 ** 40) -> Cluster:
