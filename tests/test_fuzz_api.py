@@ -78,6 +78,8 @@ DENY = {
     "lessonlib.measure.distributed.sequence_parallel.run_sequence_parallel": "starts processes; test_sequence_parallel",
     "lessonlib.measure.distributed.ring_attention.run_ring_attention": "starts processes; test_ring_attention",
     "lessonlib.measure.distributed.overlap.run_overlap": "starts processes; test_overlap checks arguments first",
+    "lessonlib.measure.distributed.layout_check.run_layout_check": "starts processes; test_layout_check checks "
+                                                                     "arguments first",
 }
 
 NAN, INF = float("nan"), float("inf")

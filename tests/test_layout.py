@@ -219,3 +219,33 @@ def test_exercise_3f_long_sequences_layouts_are_credible_and_q2_asks_why():
     text = open("exercises/3f-choose-a-layout.md").read()
     assert "eight times longer" in text and "four times longer" not in text
     assert 'got["why_part"] == _why' in text and 'fixed={"tensor": 8}' in text
+
+
+def test_a_small_layouts_prediction_divides_the_measured_one_process_step_and_adds_the_fitted_link():
+    """Page 3.11's check on the reader's processes, by hand: a 0.1-s one-process step, alpha 100 us, 1 GB/s."""
+    from lessonlib.calc.comm import Link
+    from lessonlib.calc.layout import measured_cluster, step_flops
+
+    tiny = ModelShape("t", 1e6, 2, 128, 4, 64, 4, dropout=False, bytes_per_value=4)
+    assert step_flops(tiny) == pytest.approx((6e6 + 6 * 2 * 128 * 64) * 4 * 64)
+    link = Link("fitted", 1e-4, 1e9)
+    one = layout_cost(tiny, measured_cluster(tiny, 0.1, link, world_size=1), Layout(), kernel_efficiency=1.0)
+    assert one.step_s == pytest.approx(0.1)  # one device: the measured step itself
+    two = measured_cluster(tiny, 0.1, link)
+    cost = {name: layout_cost(tiny, two, lay, kernel_efficiency=1.0) for name, lay in
+            {"data": Layout(data=2, zero=0), "tensor": Layout(tensor=2), "pipeline": Layout(pipeline=2)}.items()}
+    for c in cost.values():
+        assert c.compute_s == pytest.approx(0.05)  # half the measured step on each process
+    # data: 4 MB of fp32 gradients all-reduced in 3 pieces (2 layers and the rest), 2 ring steps each;
+    # 4.6 ms, hidden behind a backward of 2/3 x 50 ms
+    assert cost["data"].data_comm_total_s == pytest.approx(3 * 2 * (1e-4 + 4e6 / 3 / (2 * 1e9)))
+    assert cost["data"].step_s == pytest.approx(0.05)
+    # tensor: 4 all-reduces a layer, 2 layers, 4 micro-batches of one sequence of 64 x 128 fp32 values
+    assert cost["tensor"].step_s == pytest.approx(0.05 + 32 * 2 * (1e-4 + 64 * 128 * 4 / (2 * 1e9)))
+    # pipeline: the 1F1B bubble (p - 1) / m of the compute, and one send each way a micro-batch
+    assert cost["pipeline"].bubble_s == pytest.approx(0.05 / 4)
+    assert cost["pipeline"].step_s == pytest.approx(0.05 + 0.0125 + 4 * 2 * (1e-4 + 64 * 128 * 4 / 1e9))
+    with pytest.raises(ValueError, match="one_process_step_s"):
+        measured_cluster(tiny, 0, link)
+    with pytest.raises(TypeError, match="link"):
+        measured_cluster(tiny, 0.1, "nvlink")

@@ -22,6 +22,8 @@ from ..checks import choice, count, flag, positive, share, text
 from .comm import LINKS, MULTI_NODE_ALGORITHMS, Link, multi_node_seconds
 # KERNEL_EFFICIENCY, a per-kernel share of the peak and not an MFU, lives beside the course's MFU (UTILISATION)
 from .hardware import DEVICES, KERNEL_EFFICIENCY, Device
+from .mfu import model_hardware_flops
+from .pipeline import interleaved_bubble_fraction
 from .stage_memory import first_stage_activation_bytes, interleaving_problem
 from .sharding import ZERO_STAGES, zero_state_bytes, zero_step_traffic
 
@@ -214,6 +216,33 @@ def check_cluster(cluster) -> Cluster:
     return cluster
 
 
+def step_flops(model) -> float:
+    """The FLOPs a training step of ``model`` needs (what an MFU counts): 6 per active parameter per token,
+    plus causal attention's 6 x layers x hidden x seq_len per token, over ``global_batch`` x ``seq_len`` tokens.
+    :func:`layout_cost` divides these among a layout's devices. The course's one count of a step's FLOPs,
+    :func:`lessonlib.calc.mfu.model_hardware_flops` (its model FLOPs, causal)."""
+    model = check_model(model)
+    return model_hardware_flops(model.active_params or model.params, model.global_batch * model.seq_len,
+                                model.layers, model.seq_len, model.hidden).model
+
+
+def measured_cluster(model, one_process_step_s, link, world_size: int = 2, memory_bytes: float = 2 ** 40) -> Cluster:
+    """``world_size`` processes of this machine as a :class:`Cluster` for :func:`layout_cost`: each device's rate is
+    what one process measured for a whole step of ``model`` (:func:`step_flops` over ``one_process_step_s``
+    seconds), its links the fitted ``link`` (a :class:`~lessonlib.calc.comm.Link`). With
+    ``kernel_efficiency=1`` a one-device layout's compute is then that measured step, and every other layout
+    divides it as it divides the work (``memory_bytes``: a capacity, default 1 TiB, that every small model fits)."""
+    seconds = positive("one_process_step_s", one_process_step_s)
+    if not isinstance(link, Link):
+        raise TypeError(f"link must be a Link (a fitted one: lessonlib.calc.comm.fit_alpha_beta), got "
+                        f"{type(link).__name__}")
+    rate = step_flops(model) / seconds
+    device = Device("this machine's processes", rate, positive("memory_bytes", memory_bytes),
+                    f"one process's measured step: {seconds * 1e3:.3g} ms")
+    return Cluster(count("world_size", world_size), device=device, node_size=count("world_size", world_size), intra=link,
+                   inter=link)
+
+
 def _device(cluster: Cluster) -> Device:
     return cluster.device if isinstance(cluster.device, Device) else DEVICES[cluster.device]
 
@@ -317,7 +346,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
 
     # --- a step's time ---
     tokens = model.global_batch * s
-    useful = (6 * active + 6 * layers * h * s) * tokens  # the model's FLOPs (MFU counts these)
+    useful = step_flops(model)  # the model's FLOPs (MFU counts these)
     expert_flops = 6 * (active - dense_params) * tokens if model.expert_params else 0.0
     slow = 1.0
     if expert_flops > 0:
@@ -326,7 +355,8 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     extra = 4 / 3 if layout.recompute == "full" else 1.0
     rerun = 2 * layers * h * s * tokens if layout.recompute == "selective" else 0.0  # causal attention, again
     compute = ((useful - expert_flops + expert_flops * slow) * extra + rerun) / (cluster.world_size * peak * eff)
-    bubble = compute * ((p / 2 - 1) / micro if dualpipe else (p - 1) / (v * micro))
+    # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m) of calc.pipeline
+    bubble = compute * ((p / 2 - 1) / micro if dualpipe else interleaved_bubble_fraction(p, micro, v, of="work"))
     act_bytes = model.bytes_per_value * (s // c) * h  # one micro-batch's activations at a layer boundary
     tensor_comm = 0.0
     if t > 1:

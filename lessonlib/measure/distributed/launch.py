@@ -50,7 +50,7 @@ BACKEND_VARIABLE = "LESSONLIB_DIST_BACKEND"
 BACKENDS = ("gloo", "nccl")
 #: The library's modules whose functions :func:`launch` runs in its workers.
 WORKER_MODULES = ("data_parallel", "scaling", "splits", "fsdp", "tensor_parallel", "pipelining", "comm_timing",
-                  "sharded_checkpoint", "sequence_parallel", "ring_attention", "overlap")
+                  "sharded_checkpoint", "sequence_parallel", "ring_attention", "overlap", "layout_check")
 #: What the fork server imports once, before it forks any worker: first its own clean-up
 #: (:mod:`.fork_server`), then torch, and the worker modules with what they import
 #: (torch.distributed's FSDP, DTensor and checkpoint code: about 1 s of CPU, which every
