@@ -70,7 +70,7 @@ def _stack(layers, hidden, heads, seq_len):
     return nn.Sequential(*[TPBlock(hidden, heads, seq_len, dropout=0.0) for _ in range(layers)])
 
 
-def _layout_worker(rank, world, device, progress, cfg, rounds, sweep):
+def _layout_worker(rank, world_size, device, progress, cfg, rounds, sweep):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -85,7 +85,7 @@ def _layout_worker(rank, world, device, progress, cfg, rounds, sweep):
     from .tensor_parallel import BLOCK_PLAN
 
     b, layers = cfg["global_batch"], cfg["layers"]
-    half = b // world
+    half = b // world_size
 
     def slowest(times):
         t = torch.tensor(times, dtype=torch.float64, device=device)
@@ -107,7 +107,7 @@ def _layout_worker(rank, world, device, progress, cfg, rounds, sweep):
         x = torch.randn(b, cfg["seq_len"], cfg["hidden"], generator=g).to(device)
         y = torch.randn(b, cfg["seq_len"], cfg["hidden"], generator=g).to(device)
         xs, ys = x[rank * half:(rank + 1) * half], y[rank * half:(rank + 1) * half]
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = init_device_mesh(device.type, (world_size,))
 
         def accumulate(model, inputs, targets):
             for i in range(len(inputs)):  # micro-batches of one sequence
@@ -153,9 +153,9 @@ def _layout_worker(rank, world, device, progress, cfg, rounds, sweep):
             accumulate(split, x, y)
 
         # pipeline: half the layers a process, 1F1B over micro-batches of one sequence
-        per = layers // world
+        per = layers // world_size
         stage_mod = copy.deepcopy(base[rank * per:(rank + 1) * per])
-        stage = PipelineStage(stage_mod, rank, world, device)
+        stage = PipelineStage(stage_mod, rank, world_size, device)
         schedule = Schedule1F1B(stage, n_microbatches=b, loss_fn=F.mse_loss)
 
         def pipeline_step():
@@ -178,7 +178,7 @@ def _layout_worker(rank, world, device, progress, cfg, rounds, sweep):
         times = {k: slowest(v) for k, v in timed(probes).items()}
 
     # plain data (the launcher loads results with weights_only=True): the caller builds the LayoutCheck
-    return dict(world_size=world, backend=dist.get_backend(), model=dict(cfg),
+    return dict(world_size=world_size, backend=dist.get_backend(), model=dict(cfg),
                 n_params=sum(p.numel() for p in base.parameters()), rounds=rounds, one_process=times["one"],
                 half=times["half"], steps={k: times[k] for k in LAYOUTS}, all_reduce=[(n, times[("all_reduce", n)]) for n in sweep])
 
@@ -195,8 +195,8 @@ def run_layout_check(rounds: int = 5, sweep=SWEEP_BYTES, timeout: float = 240.0)
     if len(set(sizes)) < 2:
         raise ValueError("sweep needs at least two different sizes to fit alpha and beta")
     require_all("fully_shard", "pipeline_stage")  # before starting processes: one clear error on an older torch
-    world = 2
-    per_rank = launch(_layout_worker, world, args=(MODEL, rounds, sizes), timeout=timeout,
+    world_size = 2
+    per_rank = launch(_layout_worker, world_size, args=(MODEL, rounds, sizes), timeout=timeout,
                       progress_total=2 * (rounds + 1),
                       desc="four layouts on 2 processes")
     return LayoutCheck(**per_rank[0])
