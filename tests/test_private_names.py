@@ -9,6 +9,7 @@ of the module they test.
 
 import ast
 import json
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,8 @@ def _page_code(path: Path) -> str:
     for cell in cells:
         if cell["cell_type"] == "code":
             src = "".join(cell["source"])
-            lines += [ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+            # IPython magics and shell lines go; a continued line that begins with "!=" is Python and stays
+            lines += [ln for ln in src.splitlines() if not re.match(r"\s*(%|!(?!=))", ln)]
     return "\n".join(lines)
 
 

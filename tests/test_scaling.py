@@ -195,23 +195,23 @@ def test_nccl_latencies_cite_the_release_whose_table_they_come_from():
 
 # --- exercise 3b: the four-process all-reduce follows the alpha-beta model ----------------------
 
-def _check_3b_q3(rows, grad_bytes):
-    """The grader of 3b-q3, its hidden part run on ``rows`` (what the measuring cell would give)."""
+def _check_3b(question, rows, grad_bytes):
+    """The grader of 3b's ``question``, its hidden part run on ``rows`` (what the measuring cell would give)."""
     import json
 
     from lessonlib.calc import collectives
     from lessonlib.grading import graders, handout, reference
 
     nb = json.loads((ROOT / "exercises" / "3b-predict-the-two-process-step.ipynb").read_text())
-    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("# Check 3b-q3"))
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith(f"# Check {question}"))
     saved = graders.MODE, dict(graders.REGISTRY)
     graders.MODE = "reference"
     graders.REGISTRY.clear()
     try:
         scope = {"__name__": "__reference__", "rows": rows, "grad_bytes": grad_bytes, "collectives": collectives,
                  **reference.PRELUDE}
-        exec(compile(handout.hidden_part("".join(cell["source"])), "3b-q3", "exec"), scope)  # noqa: S102
-        return graders.REGISTRY["3b-q3"]
+        exec(compile(handout.hidden_part("".join(cell["source"])), question, "exec"), scope)  # noqa: S102
+        return graders.REGISTRY[question]
     finally:
         graders.MODE = saved[0]
         graders.REGISTRY.clear()
@@ -238,19 +238,20 @@ def test_3b_predicts_four_processes_with_the_alpha_beta_model_not_bytes_alone():
                     predicted_speedup=single / pred, predicted_over_measured=pred / ddp, latency=lat2)
 
     rows = {64: row(64, 0.0005), 1024: row(1024, 0.008)}
-    check = _check_3b_q3(rows, grad_bytes)
+    check = _check_3b("3b-q4", rows, grad_bytes)
     large = rows[1024]
-    by_model = large["half_compute"] / 2 + large["optimizer"] + collective_seconds("all_reduce", grad_bytes, 4,
-                                                                                  alpha, beta)
-    by_bytes = large["half_compute"] / 2 + large["optimizer"] + large["allreduce"] * 1.5  # the old answer
+    ar4 = collective_seconds("all_reduce", grad_bytes, 4, alpha, beta)
+    by_bytes = large["allreduce"] * 1.5  # the old answer: the all-reduce scaled by the bytes each process sends
 
-    def answers(p4):
-        got = {"largest_overhead_small": "allreduce", "predicted_4": p4, "predicted_speedup_4": large["single"] / p4,
+    def answers(allreduce_4):
+        got = {"allreduce_4": allreduce_4,
+               "predicted_4_own": large["half_compute"] / 2 + large["optimizer"] + allreduce_4,
+               "predicted_4_shared": large["half_compute"] + 2 * large["optimizer"] + allreduce_4,
                "measured": rows}
         return decode_answers(json.loads(json.dumps({k: to_plain(v, k) for k, v in got.items()})))
 
-    check(answers(by_model))
-    with pytest.raises(AssertionError, match="predicted_4"):
+    check(answers(ar4))
+    with pytest.raises(AssertionError, match="allreduce_4"):
         check(answers(by_bytes))
     # between the byte ratio (1.5x, all bandwidth) and the step ratio (3x, all latency)
     growth = collective_seconds("all_reduce", grad_bytes, 4, alpha, beta) / ar2
@@ -274,7 +275,9 @@ def test_data_parallel_page_llama_batch_and_run_computed_claims():
     text = (CH3 / "02-data-parallel.md").read_text()
     seqs = 2 ** round(math.log2(L["tokens_per_batch"].value / L["seq_len"].value))
     assert seqs == 2048 and seqs * L["seq_len"].value == 2**24
-    assert "2 ** round(math.log2(llama_batch_tokens / llama_seq_len))" in text
+    # the global batch from Table 4's own column (sequences per replica) times the data-parallel degree
+    assert L["batch_per_dp_16k"].value * 128 == seqs
+    assert 'LLAMA3["batch_per_dp_16k"].value' in text and "llama_seqs = llama_per_replica * llama_dp" in text
     assert "the next page shows why" not in text and "(04-four-splits.ipynb)" in text
     assert "Where the sum falls short" not in text          # the gap sentence is chosen from all rows
     assert "for r in rows if r.predicted_over_measured < 1" in text
