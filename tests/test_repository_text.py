@@ -33,3 +33,17 @@ def test_no_file_points_outside_the_repository():
             if POINTERS.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
     assert not found, "say what the check is for instead of which issue asked for it:\n" + "\n".join(found)
+
+
+def test_every_public_function_and_class_of_lessonlib_has_a_docstring_first():
+    """A docstring is the first statement of every public module-level function and class (a string placed after
+    the argument checks is not one: ``help`` shows nothing)."""
+    import ast
+
+    missing = []
+    for path in sorted((ROOT / "lessonlib").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_") \
+                    and ast.get_docstring(node) is None:
+                missing.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert not missing, "public names without a docstring:\n" + "\n".join(missing)

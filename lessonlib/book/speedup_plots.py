@@ -121,10 +121,10 @@ def data_parallel_figure(rows: list, world_size: int):
 
 
 def allreduce_volume_figure(grad_bytes: int, ns, name: str):
+    """Bytes each device sends per ring all-reduce of ``grad_bytes`` against the device count."""
     amount("grad_bytes", grad_bytes)
     ns = counts("ns", ns)
     text("name", name)
-    """Bytes each device sends per ring all-reduce of ``grad_bytes`` against the device count."""
     vol = [ring_allreduce_bytes(grad_bytes, n) / 1e9 for n in ns]
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     ax.plot(ns, vol, marker="o", label="sent per device, ring all-reduce")

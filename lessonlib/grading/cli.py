@@ -66,6 +66,7 @@ def _size(text):
 
 
 def build_parser(default_source: Path) -> argparse.ArgumentParser:
+    """The command line's parser: its commands and options, notebooks read from ``default_source`` unless told."""
     from .manifest import default_key_path
 
     p = _Parser(prog=PROG, description="Student copies of the exercises, and grading of what students hand in.")
@@ -112,6 +113,7 @@ def build_parser(default_source: Path) -> argparse.ArgumentParser:
 
 
 def main(argv: Iterable[str] | None = None, default_source: Path | str | None = None) -> int:
+    """Run one command of the instructor's command line; returns the process's exit status (0 when all went well)."""
     from . import handout
 
     default_source = Path(default_source or Path.cwd() / "exercises")

@@ -48,10 +48,12 @@ def cell_meta(cell) -> dict:
 
 
 def is_check_cell(cell) -> bool:
+    """Whether ``cell`` (a notebook cell's dict) is a graded check cell."""
     return cell.get("cell_type") == "code" and bool(cell_meta(cell).get("grade"))
 
 
 def is_solution_cell(cell) -> bool:
+    """Whether ``cell`` (a notebook cell's dict) holds a solution that a student copy must not show."""
     return bool(cell_meta(cell).get("solution")) or BEGIN_SOLUTION in cell_source(cell)
 
 
@@ -205,6 +207,7 @@ def lint(nb, name: str = "notebook") -> list[str]:
 
 
 def visible_part_safe(source: str) -> str:
+    """The part of a check cell students see, or the whole ``source`` when its markers cannot be read."""
     try:
         return visible_part(source)
     except ValueError:

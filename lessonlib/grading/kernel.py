@@ -38,6 +38,7 @@ class CappedOutStream(OutStream):
 
 
 def main() -> None:
+    """Start an IPython kernel whose output is capped (``CappedOutStream``), for grading untrusted notebooks."""
     from ipykernel import kernelapp
 
     kernelapp.launch_new_instance(argv=sys.argv[1:] + [

@@ -32,6 +32,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def manifest_path(csv_path: Path | str) -> Path:
+    """Where the signed manifest of the grades CSV at ``csv_path`` is written: beside it, ``<name>-manifest.json``."""
     csv_path = Path(csv_path)
     return csv_path.with_name(csv_path.stem + "-manifest.json")
 

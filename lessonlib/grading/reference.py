@@ -339,6 +339,7 @@ class Reference:
 
 
 def main(argv=None) -> int:
+    """Run one notebook as the reference process and answer the grader over the protocol; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m lessonlib.grading.reference", description=__doc__.split("\n")[0])
     p.add_argument("notebook", type=Path)
     p.add_argument("--check-timeout", type=float, default=30.0)

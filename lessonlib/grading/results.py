@@ -27,6 +27,7 @@ STATUSES = ("passed", "failed", "flagged", "error", "timeout", "not run")
 
 @dataclass
 class QuestionResult:
+    """One question's grade: points out of ``max_points``, its status (one of ``STATUSES``) and why."""
     grade_id: str
     points: float
     max_points: float
@@ -37,6 +38,7 @@ class QuestionResult:
 
 @dataclass
 class NotebookResult:
+    """One handed-in notebook's grades, question by question, with any problem that stopped grading and its seconds."""
     student: str  # the submission's folder, relative (or the file, for a file at the top)
     exercise: str | None
     path: str  # the submission's relative path: its identity
@@ -175,6 +177,7 @@ def csv_bytes(header, rows) -> bytes:
 
 
 def details_rows(results: Sequence[NotebookResult]) -> tuple[list[str], list[list]]:
+    """The header and rows of the detailed CSV: one row a question of each notebook (one for a notebook not graded)."""
     header = ["student", "exercise", "file", "question", "points", "max_points", "status", "message",
               "counted", "answer_to_read"]
     rows = []

@@ -46,6 +46,7 @@ MAX_HANDIN_LOG_BYTES = MAX_LOG * MAX_HANDIN_BYTES
 
 
 def error_line(exc) -> str:
+    """One clean line naming an error raised in a kernel or here: its name and message."""
     ename = getattr(exc, "ename", type(exc).__name__)
     evalue = getattr(exc, "evalue", str(exc))
     return clean(f"{ename}: {evalue}".strip().rstrip(":"))

@@ -44,6 +44,7 @@ class NotANotebook(Exception):
 
 @dataclass
 class Cell:
+    """One cell of a handed-in notebook, as read: its type, its source, and a grade-id hint from its metadata."""
     type: str  # "code", "markdown" or "raw"
     source: str
     hint: str | None = None  # a grade id from the cell's metadata, if any (a hint only)
@@ -203,6 +204,7 @@ def plan_cells(student_copy: Sequence[Cell], checks: Mapping[int, tuple[str, str
 
 @dataclass
 class Submission:
+    """One handed-in notebook: its relative path (its identity), where it lies, and the student it belongs to."""
     rel: str  # relative path, with "/" separators: the identity of the submission
     path: Path
     student: str

@@ -389,6 +389,7 @@ def run_training(run_dir, kill_at: str | None = None, kill_delay: float = 0.0, *
 
 
 def main(argv=None) -> None:
+    """Run the small resumable training job from the command line (``python -m lessonlib.measure.recovery RUN_DIR``)."""
     parser = argparse.ArgumentParser(prog="python -m lessonlib.measure.recovery",
                                      description="Run the small resumable training job.")
     parser.add_argument("run_dir")
