@@ -61,12 +61,13 @@ DEVICES = {
 #: The device the course prices on when a page does not say otherwise.
 DEFAULT_DEVICE = "H100 SXM 80GB"
 
-#: The course's stated utilisation: a whole training run's MFU (model FLOPs per second over the peak, with
-#: the pipeline's bubble, the communication nothing hides and every other wait inside it), 40 %, inside
-#: the 38-43 % that Meta reports for Llama 3 405B on H100s (The Llama 3 Herd of Models, 2024, Table 4; see
-#: :mod:`lessonlib.calc.published`). Pages that turn a run's FLOPs into time or GPU-hours use it. A
-#: well-tuned large run; small or badly balanced jobs reach much less. It is NOT
-#: :data:`KERNEL_EFFICIENCY`.
+#: The course's stated utilisation: a large run's per-step MFU (model FLOPs per second of a training step over
+#: the peak, with the pipeline's bubble, the communication nothing hides and every other wait inside the step),
+#: 40 %, inside the 38-43 % that Meta reports for Llama 3 405B on H100s (The Llama 3 Herd of Models, 2024,
+#: Table 4; see :mod:`lessonlib.calc.published`). Failures, restarts and saves lie outside the step: the
+#: goodput of :mod:`lessonlib.calc.goodput` prices them on top, so a run's whole bill implies less (34.5 % for
+#: Llama 3 405B). Pages that turn a run's FLOPs into time or GPU-hours use it. A well-tuned large run; small or
+#: badly balanced jobs reach much less. It is NOT :data:`KERNEL_EFFICIENCY`.
 UTILISATION = 0.40
 
 #: The per-kernel efficiency the layout model assumes (:mod:`lessonlib.calc.layout`): the share of its dense
