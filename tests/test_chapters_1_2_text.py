@@ -194,3 +194,14 @@ def test_the_resume_figure_marks_both_crashes():
     xs = sorted({round(l.get_xdata()[0], 1) for l in fig.axes[0].lines if len(set(l.get_xdata())) == 1})
     assert xs == [20.5, 30.5]
     assert "second_resume=last_complete" in text(CH2 / "04-recovery-checkpoints.md")
+
+
+def test_printed_output_wraps_at_every_width_and_the_browser_audit_checks_it_on_a_wide_screen():
+    """2.4's file list and 2.5's 'does not load (UnpicklingError)' were cut at the right edge at 1280 px: printed
+    output scrolled in a box whose end a reader does not see. It wraps now, and tests/test_browser.py flags a
+    printed output wider than its box at any width."""
+    css = text(ROOT / "lessonlib" / "book" / "static" / "widgets.css")
+    wide = css.split("@media (max-width: 700px)")[0]
+    assert "div.cell_output pre{white-space:pre-wrap;overflow-wrap:anywhere}" in wide
+    audit = text(ROOT / "tests" / "test_browser.py")
+    assert "(narrow || el.matches('div.cell_output pre')) && scrolls(el)" in audit
