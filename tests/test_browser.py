@@ -325,7 +325,8 @@ _CLIPPED = """() => {
       out.push('cut off inside: ' + el.outerHTML.slice(0, 120));
     // On a phone a scroll box hides what is past its edge (a table's last column, a printed line's end):
     // every table, printed output and code block must fit the screen instead.
-    else if (narrow && scrolls(el) && el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0)
+    // Printed output (div.cell_output pre) wraps at every width: its scroll box cut 2.4's file list at 1280 px.
+    else if ((narrow || el.matches('div.cell_output pre')) && scrolls(el) && el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0)
       out.push('cut off inside a scroll box by ' + (el.scrollWidth - el.clientWidth) + ' px: ' + el.outerHTML.slice(0, 120));
   }
   // A text column squeezed to a word a line (the table fit by starving it, as 1.4's recipe table did): on a wide

@@ -194,3 +194,31 @@ def test_the_resume_figure_marks_both_crashes():
     xs = sorted({round(l.get_xdata()[0], 1) for l in fig.axes[0].lines if len(set(l.get_xdata())) == 1})
     assert xs == [20.5, 30.5]
     assert "second_resume=last_complete" in text(CH2 / "04-recovery-checkpoints.md")
+
+
+def test_printed_output_wraps_at_every_width_and_the_browser_audit_checks_it_on_a_wide_screen():
+    """2.4's file list and 2.5's 'does not load (UnpicklingError)' were cut at the right edge at 1280 px: printed
+    output scrolled in a box whose end a reader does not see. It wraps now, and tests/test_browser.py flags a
+    printed output wider than its box at any width."""
+    css = text(ROOT / "lessonlib" / "book" / "static" / "widgets.css")
+    wide = css.split("@media (max-width: 700px)")[0]
+    assert "div.cell_output pre{white-space:pre-wrap;overflow-wrap:anywhere}" in wide
+    audit = text(ROOT / "tests" / "test_browser.py")
+    assert "(narrow || el.matches('div.cell_output pre')) && scrolls(el)" in audit
+
+
+def test_small_claims_of_chapters_1_and_2_say_what_was_measured():
+    """1.2 counted four things but added a master copy; its KV cache sentence fit text generation only; 1.4 never
+    mentioned the compensation term 1.2 sent readers to; 1.7 called Meta's per-step MFU a whole run's; 2.2 blamed
+    dropout with dropout off; 2.3 gave a share of a difference within noise; 2.5 said (M+R)/M multiplies the loss."""
+    inv, prec, plan = text(CH1 / "02-memory-inventory.md"), text(CH1 / "04-precision-by-role.md"), text(CH1 / "07-planning.md")
+    assert "Training holds four things" not in inv and "**master copy**" in inv and "generates text" in inv
+    assert "compensation term" in inv and "Kahan-style compensated summation" in prec
+    assert "every wait\nincluded" not in plan and "leaves out the time lost to failures, restarts and saves" in plan
+    assert "full, last = divmod(len(X), batch)" in plan
+    mac = text(CH2 / "02-memory-against-compute.md")
+    assert "this one has it off" in mac
+    sel = text(CH2 / "03-selective-recomputation.md")
+    assert "time_ratio_rounds(" in sel and "apart = q1 > 0 or q3 < 0" in sel and "nearly all" in sel
+    assert "multiplies the loss" not in text(CH2 / "05-how-often-and-which-kind.md")
+

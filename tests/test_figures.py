@@ -104,3 +104,14 @@ def test_the_built_page_check_finds_a_stray_repr_and_a_figure_shown_twice():
     assert len(figure_faults(stderr)) == 1
     assert figure_faults("<p>PyTorch raises a UserWarning: here is why</p>") == []
 
+
+
+def test_activation_sweep_puts_at_most_two_panels_a_row():
+    """Four panels in one row were illegible on a 1280 px page (1.3): a 2 x 2 grid at full width instead."""
+    sweeps, results = _sweep()
+    fig = memory_plots.plot_activation_sweep(results, sweeps)
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(visible) == len(sweeps)
+    columns = {round(ax.get_position().x0, 3) for ax in visible}
+    assert len(columns) == min(2, len(sweeps))
+    assert fig.get_figwidth() <= 8

@@ -54,3 +54,25 @@ def test_roofline_figure_is_log_log_with_labelled_axes(roof):
     assert all(p.name in labels for p in points)
     # every point is also named beside itself, so overlapping points (QKV and MLP products) can be told apart
     assert sorted(t.get_text() for t in ax.texts) == sorted(p.name for p in points)
+
+
+def test_the_flat_roof_is_the_fastest_of_the_squares_and_the_blocks_own_products():
+    """The roof swept squares up to 512 while the block's products, another shape, ran faster: products plotted
+    above a roof defined as what nothing runs faster than. The block's products are now timed in the roof's rounds."""
+    ops = R.block_ops(tokens=64, hidden=32, heads=2, seq_len=32)
+    products = [o for o in ops if o.name.endswith("product")]
+    roof = R.measure_roofline("cpu", sizes=(16,), copy_mib=4, rounds=2, products=products)
+    assert set(roof.products) == {o.name for o in products}
+    assert roof.peak_flops_per_s == max(*roof.matmul_flops_per_s, *roof.products.values())
+    assert all(r <= roof.peak_flops_per_s for r in roof.products.values())
+    with pytest.raises(TypeError, match="products"):
+        R.measure_roofline("cpu", sizes=(16,), copy_mib=4, rounds=1, products=[1])
+
+
+def test_rooflines_page_states_the_early_stop_share_computed_and_the_partial_block():
+    """1.5 said early stop reruns 'a little less than a whole forward' where 2.2 measures half of one."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "chapters/01-forward-vs-training/05-rooflines.md").read_text()
+    assert "a little less than a whole forward" not in text and "{early_recomputed:.2f} of a forward" in text
+    assert "leaves out the attention's weighted sum" in text and "A 8,192" not in text

@@ -105,8 +105,13 @@ def plot_activation_sweep(results: dict, sweeps: dict, names: dict | None = None
                 raise ValueError(f"results has no entry for {knob}={v!r}")
     names = mapping("names", names, allow_empty=True) if names is not None else None
     names = names or {}
-    fig, axes = plt.subplots(1, len(sweeps), figsize=(3.4 * len(sweeps), 3.6), squeeze=False)
-    for ax, (knob, values) in zip(axes[0], sweeps.items()):
+    # two panels a row at most: four in one row were too small to read on a 1280 px page
+    ncols = min(2, len(sweeps))
+    nrows = -(-len(sweeps) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.8 * ncols, 3.4 * nrows), squeeze=False)
+    for ax in axes.flat[len(sweeps):]:
+        ax.set_visible(False)
+    for ax, (knob, values) in zip(axes.flat, sweeps.items()):
         measured = [results[(knob, v)][0] / MIB for v in values]
         formula = [results[(knob, v)][1] / MIB for v in values]
         guide = [measured[0] * v / values[0] for v in values]
@@ -124,7 +129,8 @@ def plot_activation_sweep(results: dict, sweeps: dict, names: dict | None = None
         ax.set_xlabel(f"{name[:-1]}, log scale)" if name.endswith(")") else f"{name} (log scale)")
         ax.set_title(f"varying {knob}", fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0, 0].set_ylabel("activations (MiB, log scale)")
+    for row in axes:
+        row[0].set_ylabel("activations (MiB, log scale)")
     axes[0, 0].legend(fontsize=8)
     fig.suptitle(title, y=1.02)
     fig.tight_layout()

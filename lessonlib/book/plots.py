@@ -97,7 +97,8 @@ def plot_ledger(ledgers: dict, title: str = "Memory held in one training step", 
 
 @_reads("timings")
 def plot_timing(timings: dict, title: str = "Time of a training step by phase", unit: str = "ms"):
-    """Stacked bars of phase medians, ``{case: StepTiming}``, with prediction alongside."""
+    """Stacked bars of :attr:`StepTiming.account` (ratio x median prediction), ``{case: StepTiming}``,
+    with prediction alongside: a bar's height is the step's ratio the table and text give."""
     from ..measure.timing import StepTiming
 
     for k, v in mapping("timings", timings).items():
@@ -107,9 +108,10 @@ def plot_timing(timings: dict, title: str = "Time of a training step by phase", 
     scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[unit]
     data = {}
     for k, t in timings.items():
-        data[f"{k}\nprediction"] = {"prediction": t.seconds["prediction"]}
-        data[f"{k}\ntraining step"] = {p: t.seconds[p] for p in ("forward", "loss", "backward", "optimizer")}
-    fig = stacked_bars(data, title, f"median time ({unit})", scale=scale)
+        a = t.account
+        data[f"{k}\nprediction"] = {"prediction": a["prediction"]}
+        data[f"{k}\ntraining step"] = {p: a[p] for p in ("forward", "loss", "backward", "optimizer")}
+    fig = stacked_bars(data, title, f"time ({unit}): median ratio × median prediction", scale=scale)
     fig.axes[0].set_xlabel("what is timed")
     return fig
 

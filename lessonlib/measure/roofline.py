@@ -21,7 +21,7 @@ times per timing, so that every timing holds about the same work (tens of MFLOPs
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -51,9 +51,11 @@ class Roofline:
 
     sizes:              matrix sides timed (n x n times n x n)
     matmul_flops_per_s: FLOP/s at each size
-    peak_flops_per_s:   the fastest of them (the flat roof)
+    peak_flops_per_s:   the fastest of them and of ``products`` (the flat roof)
     bandwidth:          bytes per second of a large copy, read + write (the slanted roof)
     copy_bytes:         bytes of the copied tensor
+    products:           FLOP/s of the other products timed in the same rounds, {name: FLOP/s}
+                        (e.g. a block's own products: a roof no product of the block runs above)
     """
 
     sizes: tuple
@@ -61,6 +63,7 @@ class Roofline:
     peak_flops_per_s: float
     bandwidth: float
     copy_bytes: int
+    products: dict = field(default_factory=dict)
 
     @property
     def ridge(self) -> float:
@@ -75,8 +78,12 @@ class Roofline:
 
 
 def measure_roofline(device=None, sizes=None, copy_mib: int | None = None, rounds: int = 9,
-                     dtype=torch.float32) -> Roofline:
+                     dtype=torch.float32, products=()) -> Roofline:
     """Time ``n x n`` products for each side in ``sizes`` and a copy of ``copy_mib`` MiB; return a :class:`Roofline`.
+
+    ``products``: more :class:`Op` (matrix products, e.g. those of :func:`block_ops`) timed in the
+    same rounds; the flat roof is the fastest of all, so that none of them sits above it because
+    its shape suits the device better than the square sweep's.
 
     Default sizes: 16 to 512 on a CPU (one thread), 256 to 8192 on a GPU; default copy:
     64 MiB on a CPU, 1 GiB on a GPU (beyond any cache), copied in 16 slices, each timed
@@ -94,6 +101,9 @@ def measure_roofline(device=None, sizes=None, copy_mib: int | None = None, round
     rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r:.60}")
+    products = sequence("products", products, allow_empty=True)
+    if not all(isinstance(o, Op) for o in products):
+        raise TypeError("products must be a list of Op (matrix products from block_ops)")
     mats = {n: (torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype))
             for n in sizes}
     src = torch.randn(copy_mib * 2**20 // 4, device=device)
@@ -107,13 +117,19 @@ def measure_roofline(device=None, sizes=None, copy_mib: int | None = None, round
             with clock(n):
                 for _ in range(reps[n]):
                     torch.mm(a, b)
+        for o in products:
+            with clock(("product", o.name)):
+                for _ in range(o.repeat):
+                    o.fn(*o.inputs)
         for i, (d, s) in enumerate(zip(dst.chunk(SLICES), src.chunk(SLICES))):
             clock.time(("copy", i), d.copy_, s)
 
     raw = time_rounds(one_round, rounds, warmup=1, device=device)
     rates = tuple(2 * n**3 * reps[n] / min(raw.seconds[n]) for n in sizes)
     bandwidth = 2 * src.numel() * src.element_size() / sum(min(raw.seconds[("copy", i)]) for i in range(SLICES))
-    return Roofline(sizes, rates, max(rates), bandwidth, src.numel() * src.element_size())
+    extra = {o.name: o.flops * o.repeat / min(raw.seconds[("product", o.name)]) for o in products}
+    peak = max((*rates, *extra.values()))
+    return Roofline(sizes, rates, peak, bandwidth, src.numel() * src.element_size(), extra)
 
 
 @dataclass

@@ -20,6 +20,8 @@ products only), and ratios of times measured in one run by
 """
 from __future__ import annotations
 
+import statistics
+
 import functools
 from dataclasses import dataclass
 
@@ -186,6 +188,14 @@ def time_ratios(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
     round (:func:`lessonlib.measure.rounds.time_rounds`, one thread). Returns ``{case: ratio}`` for the
     three settings and :data:`POLICY_ONLY`: selective checkpointing with :func:`save_everything`, which
     recomputes nothing, so its ratio is the cost of running a policy for every operation."""
+    per_round = time_ratio_rounds(blocks, x, rounds, progress)
+    return {name: statistics.median(r) for name, r in per_round.items()}
+
+
+def time_ratio_rounds(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
+    """The per-round ratios :func:`time_ratios` takes the median of: ``{case: [ratio of round 0, ...]}``
+    (each setting's step time over the plain step's in the same round), to judge a difference of two
+    medians against the rounds' spread."""
     _check(blocks, x, "none")
     rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
     progress = flag("progress", progress)
@@ -200,7 +210,7 @@ def time_ratios(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
         raw = time_rounds(one_round, rounds, warmup=1, device=x.device, num_threads=1, progress=progress)
     finally:
         _clear(blocks, x)
-    return {name: raw.ratio(name, "none") for name, _, _ in cases}
+    return {name: [a / b for a, b in zip(raw.seconds[name], raw.seconds["none"])] for name, _, _ in cases}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@
   an :class:`UncountedFlopsWarning` (or refused, with ``strict=True``).
 * :func:`tally_flops` - the same count and check around any function.
 * :func:`time_training_step` - medians of each phase's time (seconds) and of
-  per-round ratios, from interleaved rounds after a warm-up.
+  per-round ratios, from interleaved rounds after a warm-up; the step's ratio is
+  the sum of its phases' ratios.
 """
 from __future__ import annotations
 
@@ -233,11 +234,17 @@ def count_flops(model, inputs, targets=None, loss_fn=None, strict: bool = False)
 class StepTiming:
     """Phase times of a training step, from ``rounds`` interleaved rounds.
 
-    seconds:  median seconds of each phase: "prediction" (eval mode, inference_mode),
-              "forward", "loss", "backward", "optimizer" and "step" (the sum of the four)
-    ratios:   median over rounds of (phase time / prediction time in the same round)
-    shares:   median over rounds of (phase time / step time in the same round)
+    seconds:  median seconds of each case over the rounds: "prediction" (eval mode, inference_mode),
+              "forward", "loss", "backward", "optimizer", and "step" (the median of each round's sum of
+              the four: a median of sums, not the sum of the medians)
+    ratios:   each phase: median over rounds of (phase time / prediction time in the same round);
+              "step": the sum of the four phases' ratios, so that the phases add up to the step
+    shares:   each phase's ratio / the step's ratio (they sum to 1)
     rounds:   the raw per-round seconds, {phase: [s, ...]}
+
+    One account for tables, figures and text: :attr:`account` gives seconds as
+    ratio x median prediction time, so that the phases add up to the step in
+    seconds, in predictions and in shares alike.
     """
 
     seconds: dict
@@ -249,6 +256,16 @@ class StepTiming:
     def step_over_prediction(self) -> float:
         """Median of per-round (training step time / prediction time)."""
         return self.ratios["step"]
+
+    @property
+    def account(self) -> dict:
+        """Seconds of prediction, each phase and the step as ratio x median prediction time.
+
+        The phases add up to the step (the step's ratio is the sum of theirs);
+        a median of each phase's seconds would not (medians do not add up).
+        """
+        p = self.seconds["prediction"]
+        return {k: self.ratios[k] * p for k in ("prediction",) + PHASES + ("step",)}
 
 
 def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int = 20,
@@ -297,8 +314,9 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
         model.train(was_training)
     names = ("prediction",) + PHASES + ("step",)
     seconds = {k: raw.median(k) for k in names}
-    ratios = {k: raw.ratio(k, "prediction") for k in names}
-    shares = {k: raw.ratio(k, "step") for k in PHASES}
+    ratios = {k: raw.ratio(k, "prediction") for k in ("prediction",) + PHASES}
+    ratios["step"] = sum(ratios[k] for k in PHASES)  # the step is its phases: medians of sums do not add up
+    shares = {k: ratios[k] / ratios["step"] for k in PHASES}
     from .record import record
 
     record("timing", device=device.type, step_over_prediction=ratios["step"])
