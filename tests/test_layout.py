@@ -249,3 +249,81 @@ def test_a_small_layouts_prediction_divides_the_measured_one_process_step_and_ad
         measured_cluster(tiny, 0, link)
     with pytest.raises(TypeError, match="link"):
         measured_cluster(tiny, 0.1, "nvlink")
+
+
+def test_once_a_step_data_parallel_collectives_hide_only_behind_the_last_micro_batchs_backward():
+    """A stage's gradients are final only during its last micro-batch's backward: with m micro-batches a copy, a
+    reduction run once a step (ZeRO-1) hides behind 2/3 of the compute over m, not the whole backward."""
+    lay = Layout(tensor=8, pipeline=4, data=2, zero=1)
+    cost = layout_cost(SMALL, CLUSTER, lay, kernel_efficiency=1.0)
+    micro = 512 // 2
+    window = cost.compute_s * 2 / 3 / micro
+    assert cost.data_comm_total_s > window  # this layout's reduction outlasts the window...
+    assert cost.data_comm_s == pytest.approx(cost.data_comm_total_s - window)  # ...and only the window hides
+    assert cost.data_comm_total_s < cost.compute_s * 2 / 3  # the whole backward would have hidden it all
+    # hand arithmetic: 2 micro-batches of 1 s of compute each hide 1/2 of 2 x 2/3 s = 2/3 s of a 1 s reduction
+    assert max(0.0, 1.0 - (2.0 * 2 / 3) / 2) == pytest.approx(1 / 3)
+    # with one micro-batch a copy the last backward is the whole backward: all of it hides
+    one = layout_cost(ModelShape("one", 8e9, 32, 4096, 32, 4096, 2), CLUSTER, lay, kernel_efficiency=1.0)
+    assert one.data_comm_s == max(0.0, one.data_comm_total_s - one.compute_s * 2 / 3)
+
+
+def test_one_memory_figure_for_metas_8k_layout_at_the_stated_assumptions():
+    from lessonlib.calc.layout_search import PUBLISHED_ASSUMPTIONS, published_activation_bytes, published_layout_cost
+    name = "Llama 3 405B, 8K context"
+    model, cluster, published = published_models()[name]
+    meta = published_layout_cost(name)
+    settings = PUBLISHED_ASSUMPTIONS[name]
+    # the assumptions are the search's best version of Meta's degrees
+    ranked = search_layouts(model, cluster, top=10**6)
+    mine = next(c for c in ranked if rank_of(published, [c]))
+    assert {k: getattr(mine.layout, k) for k in settings} == settings and mine == meta
+    # activations with the interleaving factor, state at the stated ZeRO stage: one figure
+    assert meta.activation_bytes == published_activation_bytes(name, recompute=settings["recompute"],
+                                                               virtual=settings["virtual"])
+    shard = math.ceil(405e9 / (8 * 16))
+    assert meta.state_bytes == zero_state_bytes(shard, 128, settings["zero"]).total
+    plain = published_layout_cost(name, recompute="none")  # the same layout with nothing recomputed
+    assert plain.state_bytes == meta.state_bytes and not plain.fits
+    for page in ("chapters/03-distributed-speedup/11-choose-a-layout.md",
+                 "chapters/03-distributed-speedup/14-price-a-real-run.md"):
+        assert "published_layout_cost(" in open(page).read(), page
+
+
+def test_both_pages_name_recomputation_the_same_way():
+    """'selective' is chapter 2's (the weight products kept), on both pages; the stored scores are named as such."""
+    import re
+    for page in ("chapters/03-distributed-speedup/11-choose-a-layout.md",
+                 "chapters/03-distributed-speedup/14-price-a-real-run.md"):
+        src = open(page).read()
+        # no mode is relabelled: 'selective' never stands for the fused-attention figure
+        assert not re.search(r'recompute="full" if mode == "full" else "none"', src), page
+    src = open("chapters/03-distributed-speedup/14-price-a-real-run.md").read()
+    assert "scores stored" in src and 'recompute=mode' in src
+
+
+def test_a_stages_state_by_part_is_2_plus_2_plus_12_over_n_at_zero_1():
+    from lessonlib.calc.stage_memory import stage_state_bytes
+    parts = stage_state_bytes(1e9, 3e9, data=8, expert=4, zero=1, dualpipe=True)
+    assert parts.weights == pytest.approx(2 * 4e9) and parts.gradients == pytest.approx(2 * 4e9)
+    assert parts.master_weights + parts.optimizer_state == pytest.approx(12 * (1e9 / 8 + 3e9 / 2))
+    assert parts.second_copy == pytest.approx(2 * 4e9)
+    model, cluster, published = published_models()["DeepSeek-V3"]
+    cost = layout_cost(model, cluster, published)
+    dense = (model.params - model.expert_params) / published.pipeline
+    experts = model.expert_params / (published.expert * published.pipeline)
+    assert cost.state_bytes == pytest.approx(stage_state_bytes(dense, experts, data=published.data,
+                                                               expert=published.expert, zero=1,
+                                                               dualpipe=True).total)
+
+
+def test_the_term_by_term_table_has_short_labels():
+    """The side-by-side table's first column stays narrow (at most 18 characters a label) so that it does not wrap."""
+    import re
+    from lessonlib.book.layout_reports import side_by_side_table
+    model, cluster, published = published_models()["Llama 3 405B, 8K context"]
+    cost = layout_cost(model, cluster, published)
+    html = side_by_side_table(cost, cost)
+    labels = re.findall(r"<tr>\s*<t[dh][^>]*>([^<]*)</t[dh]>", html)
+    assert len(labels) > 10, html[:300]
+    assert all(len(x) <= 18 for x in labels if not x.startswith("*")), labels

@@ -65,10 +65,21 @@ def test_every_llama3_input_is_the_cited_one():
     assert L3["interruptions"] == L3["planned"] + L3["unexpected"]
 
 
-def test_llama2_inputs_are_the_model_cards():
-    card = {"7B": (7e9, 184_320), "13B": (13e9, 368_640), "70B": (70e9, 1_720_320)}
-    for size, (params, hours) in card.items():
+def _llama2_count(hidden, layers, mlp, kv_dim, vocab=32_000):
+    """Parameters of a Llama 2 model from its shapes: untied embeddings, q and o (h x h), k and v (h x kv_dim),
+    a three-matrix MLP, two norms a layer and a final one."""
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv_dim + 3 * hidden * mlp + 2 * hidden
+    return 2 * vocab * hidden + layers * per_layer + hidden
+
+
+def test_llama2_inputs_are_the_real_parameter_counts_and_the_cards_hours():
+    """The card's '7B', '13B', '70B' are names: the page prices the parameters the architecture has."""
+    counted = {"7B": (_llama2_count(4096, 32, 11008, 4096), 184_320),
+               "13B": (_llama2_count(5120, 40, 13824, 5120), 368_640),
+               "70B": (_llama2_count(8192, 80, 28672, 1024), 1_720_320)}
+    for size, (params, hours) in counted.items():
         assert pub.LLAMA2[size]["params"].value == params
+        assert pub.LLAMA2[size]["params"].source == pub.LLAMA2_PAPER
         assert pub.LLAMA2[size]["gpu_hours"].value == hours
         assert pub.LLAMA2[size]["gpu_hours"].source == pub.LLAMA2_CARD
     assert pub.LLAMA2_TOKENS.value == 2.0e12
@@ -159,3 +170,33 @@ def test_pricing_refuses_bad_input():
         pricing.mtbf_seconds(100, 0)
     with pytest.raises(ValueError, match="bandwidth"):
         pricing.save_seconds(1e9, -1)
+
+
+def test_the_mfu_range_is_derived_from_the_three_per_row_values():
+    rows = [pub.LLAMA3_405B[k] for k in ("mfu_8k_gpus", "mfu_16k_gpus", "mfu_16k_long")]
+    assert pub.LLAMA3_405B["mfu_low"].value == min(f.value for f in rows)
+    assert pub.LLAMA3_405B["mfu_high"].value == max(f.value for f in rows)
+    for k in ("mfu_low", "mfu_high"):  # the notes agree: derived from the rows, not 'not seen'
+        assert "derived" in pub.LLAMA3_405B[k].checked and "not seen" not in pub.LLAMA3_405B[k].checked
+
+
+def test_the_bill_widget_starts_at_the_cards_emissions():
+    from lessonlib.book.scale_reports import bill_report
+    from lessonlib.calc import bill
+    card = pub.LLAMA31_405B_ENERGY["location_tco2"].value
+    power = hardware.device(pub.LLAMA3_DEVICE).power_watts
+    intensity = bill.carbon_intensity(card, L3["gpu_hours"], power)
+    assert f"{card:,.0f} tCO2eq" in bill_report(2.0, 1.0, intensity)
+    page = open("chapters/03-distributed-speedup/14-price-a-real-run.md").read()
+    assert "round(intensity" not in page  # the widget and the text use the one computed intensity
+
+
+def test_the_bill_implies_deepseek_v3s_step_time():
+    ds = {k: f.value for k, f in pub.DEEPSEEK_V3.items()}
+    # by hand: 2.664e6 h / 2,048 GPUs = 1,300.8 h = 4.683e6 s; 14.8e12 / (15,360 x 4,096) = 235,234 steps
+    hand = 2.664e6 / 2048 * 3600 / (14.8e12 / (15360 * 4096))
+    assert pricing.bill_step_seconds(ds["pretrain_gpu_hours"], ds["gpus"], ds["tokens"],
+                                     ds["batch"] * ds["seq_len"]) == pytest.approx(hand) == pytest.approx(19.9, abs=0.05)
+    with pytest.raises(ValueError, match="devices"):
+        pricing.bill_step_seconds(1.0, 0, 1.0, 1.0)
+    assert "bill_step_seconds(" in open("chapters/03-distributed-speedup/11-choose-a-layout.md").read()

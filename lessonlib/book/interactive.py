@@ -186,6 +186,8 @@ class Explorer(Interactive):
         return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
     def _fmt(self, v: Any) -> str:
+        if isinstance(v, float) and len(str(v)) > 8:  # a computed value (0.41365...): its label shows 4 digits
+            return f"{v:.4g}"
         return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
 
     # ----- live -----------------------------------------------------------

@@ -57,19 +57,21 @@ def side_by_side_table(first, second, names=("first choice", "published")) -> st
     names = sequence("names", names)
     if len(names) != 2:
         raise ValueError(f"names must name the two layouts, got {len(names)} names")
-    parts = [("compute (s)", "compute_s"), ("pipeline bubble (s)", "bubble_s"),
-             ("tensor-parallel comm. (s)", "tensor_comm_s"), ("context-parallel comm. (s)", "context_comm_s"),
-             ("pipeline sends (s)", "pipeline_comm_s"), ("data-parallel comm., exposed (s)", "data_comm_s"),
-             ("expert all-to-all, exposed (s)", "expert_comm_s"), ("step (s)", "step_s")]
+    # short labels (TP, CP, PP, DP, EP as the layout labels write them), so that the column does not wrap
+    parts = [("compute (s)", "compute_s"), ("bubble (s)", "bubble_s"),
+             ("TP comm. (s)", "tensor_comm_s"), ("CP comm. (s)", "context_comm_s"),
+             ("PP sends (s)", "pipeline_comm_s"), ("DP comm.* (s)", "data_comm_s"),
+             ("EP all-to-all* (s)", "expert_comm_s"), ("step (s)", "step_s")]
     rows = [["layout", first.layout.label(), second.layout.label(), ""]]
     for label, attr in parts:
         a, b = getattr(first, attr), getattr(second, attr)
         rows.append([label, f"{a:.2f}", f"{b:.2f}", f"{b - a:+.2f}"])
-    rows.append(["compute share of the step", f"{100 * first.compute_share:.0f} %",
+    rows.append(["compute share", f"{100 * first.compute_share:.0f} %",
                  f"{100 * second.compute_share:.0f} %", ""])
     rows.append(["predicted MFU", f"{100 * first.mfu:.1f} %", f"{100 * second.mfu:.1f} %", ""])
-    for label, fn in (("memory used (GB)", lambda c: c.memory_bytes),
-                      ("memory margin to the device (GB)", lambda c: c.capacity_bytes - c.memory_bytes)):
+    for label, fn in (("memory (GB)", lambda c: c.memory_bytes),
+                      ("memory free (GB)", lambda c: c.capacity_bytes - c.memory_bytes)):
         a, b = fn(first), fn(second)
         rows.append([label, _gb(a), _gb(b), f"{(b - a) / 1e9:+.1f}"])
+    rows.append(["* exposed: what no compute hides", "", "", ""])
     return table(["term", str(names[0]), str(names[1]), "difference"], rows)

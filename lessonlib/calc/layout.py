@@ -24,8 +24,8 @@ from .comm import LINKS, MULTI_NODE_ALGORITHMS, Link, multi_node_seconds
 from .hardware import DEVICES, KERNEL_EFFICIENCY, Device
 from .mfu import model_hardware_flops
 from .pipeline import interleaved_bubble_fraction
-from .stage_memory import first_stage_activation_bytes, interleaving_problem
-from .sharding import ZERO_STAGES, zero_state_bytes, zero_step_traffic
+from .stage_memory import first_stage_activation_bytes, interleaving_problem, stage_state_bytes
+from .sharding import ZERO_STAGES, zero_step_traffic
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "dualpipe")
@@ -287,8 +287,11 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     * pipeline: one send of a micro-batch's activations per stage boundary, each way;
     * data: the gradients reduce-scattered and the weights all-gathered once a step (ZeRO-2 and -3
       reduce-scatter every micro-batch's gradients, and ZeRO-3 with a pipeline gathers the weights
-      for every micro-batch's forward and backward), hidden behind the backward pass while that
-      takes longer;
+      for every micro-batch's forward and backward). What runs once a step can start only when a
+      stage's gradients are final, during the backward of its last micro-batch: of the ``m``
+      micro-batches a copy runs, only that one's backward (2/3 of the step's compute over ``m``) hides
+      it. What runs for every micro-batch hides behind every micro-batch's backward, and all of it
+      together behind no more than the whole backward (2/3 of the compute);
     * expert: 4 all-to-alls per layer of each token's activations, once for each node its experts
       sit on (at most ``top_k``, or ``nodes_per_token``); none hidden under 1F1B, hidden behind
       the other micro-batch's compute under DualPipe.
@@ -332,11 +335,8 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     # --- memory on the busiest device: the first pipeline stage ---
     dense = dense_params / (t * p)
     experts = model.expert_params / (e * p)
-    state = zero_state_bytes(math.ceil(dense), d, zero).total
-    if experts:
-        state += zero_state_bytes(math.ceil(experts), d // e, zero).total
-    if dualpipe:  # a second copy of the stage's 16-bit weights, for the reverse direction
-        state += 2 * (dense + experts) * (1 / d if zero == 3 else 1)
+    # the state by part (DualPipe: a second copy of the stage's 16-bit weights, for the reverse direction)
+    state = stage_state_bytes(dense, experts, data=d, expert=e, zero=zero, dualpipe=dualpipe).total
     stage_layers = math.ceil(layers / p)
     # Korthikanti's bytes a layer (sequence parallelism, fused attention) for the micro-batches in flight, the
     # interleaved schedule's deeper warm-up included: the one formula of calc.stage_memory
@@ -384,7 +384,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     # per layer and one for the rest, as FSDP wraps a model (each pays the link's latency alpha).
     bpv = model.bytes_per_value
     traffic = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
-    data_comm = 0.0
+    data_step = data_micro = 0.0  # seconds of collectives run once a step, and for every micro-batch
     if d > 1:
         groups = [(math.ceil(dense), d)] + ([(math.ceil(experts), d // e)] if experts and d // e > 1 else [])
         for n_params, group in groups:
@@ -394,10 +394,16 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
                 traffic[kind] += one[kind] * times
                 if one[kind]:  # one collective per layer, and one for the rest (embeddings, output layer)
                     units = stage_layers + 1
-                    data_comm += times * units * _group_seconds(cluster, kind, one[kind] / units, group,
-                                                                t * c * p * (d // group))
-    data_total = data_comm
-    data_comm = max(0.0, data_comm - compute * 2 / 3)  # hidden behind the backward pass
+                    secs = times * units * _group_seconds(cluster, kind, one[kind] / units, group,
+                                                          t * c * p * (d // group))
+                    if times == micro and micro > 1:
+                        data_micro += secs
+                    else:
+                        data_step += secs
+    data_total = data_step + data_micro
+    backward = compute * 2 / 3  # this device's backward passes, all micro-batches
+    # once a step: only the last micro-batch's backward hides it; and all of it together no more than every backward
+    data_comm = max(0.0, data_step - backward / micro, data_step + data_micro - backward)
     expert_comm = 0.0
     if e > 1:
         link = _link(cluster, t * c * e)

@@ -67,10 +67,6 @@ LLAMA3_405B = {
     "mfu_16k_gpus": Figure(0.41, "BF16 MFU on 16,384 GPUs, 8K context", LLAMA3_PAPER, "Table 4", _TABLE4_ROWS),
     "mfu_16k_long": Figure(0.38, "BF16 MFU on 16,384 GPUs, 128K context (CP 16)", LLAMA3_PAPER, "Table 4",
                            _TABLE4_ROWS),
-    "mfu_low": Figure(0.38, "BF16 MFU, lowest of the three configurations", LLAMA3_PAPER, "Table 4",
-                      "the 38-43 % range is quoted by secondary summaries; the three per-row values were not seen"),
-    "mfu_high": Figure(0.43, "BF16 MFU, highest of the three configurations", LLAMA3_PAPER, "Table 4",
-                       "the 38-43 % range is quoted by secondary summaries; the three per-row values were not seen"),
     "gpu_hours": Figure(30.84e6, "H100-80GB GPU-hours (Llama 3.1 405B)", LLAMA31_CARD,
                         "Hardware and Software, training-time table", _CARD_READ),
     "snapshot_days": Figure(54, "days of pre-training in the reliability snapshot", LLAMA3_PAPER,
@@ -88,13 +84,34 @@ LLAMA3_405B = {
                            "Section 3.3.1 (Storage)", _SECONDARY),
 }
 
+# The range of the three configurations is derived from Table 4's per-row values above, so the notes agree.
+_MFU_ROWS = ("mfu_8k_gpus", "mfu_16k_gpus", "mfu_16k_long")
+LLAMA3_405B["mfu_low"] = Figure(min(LLAMA3_405B[k].value for k in _MFU_ROWS),
+                                "BF16 MFU, lowest of the three configurations", LLAMA3_PAPER, "Table 4",
+                                "derived: the lowest of the three per-row values (mfu_8k_gpus, mfu_16k_gpus, "
+                                "mfu_16k_long)")
+LLAMA3_405B["mfu_high"] = Figure(max(LLAMA3_405B[k].value for k in _MFU_ROWS),
+                                 "BF16 MFU, highest of the three configurations", LLAMA3_PAPER, "Table 4",
+                                 "derived: the highest of the three per-row values (mfu_8k_gpus, mfu_16k_gpus, "
+                                 "mfu_16k_long)")
+
 #: Llama 2, the check on utilisation (and the exercise's run). All from the model card's tables.
+LLAMA2_PAPER = ("Touvron et al. (2023). Llama 2: Open Foundation and Fine-Tuned Chat Models. arXiv:2307.09288")
+# The card names the sizes 7B, 13B and 70B; the parameters are counted from the architecture (hidden, layers, MLP
+# width, key/value heads, a 32,000-token vocabulary, untied input and output embeddings: tests/test_pricing.py
+# counts them again), which give the 6.74B, 13.02B and 68.98B that summaries of the paper quote.
+_COUNTED = ("counted from the architecture's shapes (the released configuration); the card rounds it to the "
+            "size's name")
 LLAMA2 = {
-    "7B": {"params": Figure(7e9, "parameters", LLAMA2_CARD, "model table", _CARD_READ),
+    "7B": {"params": Figure(6_738_415_616, "parameters", LLAMA2_PAPER, "Section 2 and the released 7B configuration",
+                            _COUNTED),
            "gpu_hours": Figure(184_320, "A100-80GB GPU-hours", LLAMA2_CARD, "CO2 table, Time (GPU hours)", _CARD_READ)},
-    "13B": {"params": Figure(13e9, "parameters", LLAMA2_CARD, "model table", _CARD_READ),
+    "13B": {"params": Figure(13_015_864_320, "parameters", LLAMA2_PAPER,
+                             "Section 2 and the released 13B configuration", _COUNTED),
             "gpu_hours": Figure(368_640, "A100-80GB GPU-hours", LLAMA2_CARD, "CO2 table, Time (GPU hours)", _CARD_READ)},
-    "70B": {"params": Figure(70e9, "parameters", LLAMA2_CARD, "model table", _CARD_READ),
+    "70B": {"params": Figure(68_976_648_192, "parameters", LLAMA2_PAPER,
+                             "Section 2 and the released 70B configuration (grouped-query attention, 8 key/value heads)",
+                             _COUNTED),
             "gpu_hours": Figure(1_720_320, "A100-80GB GPU-hours", LLAMA2_CARD, "CO2 table, Time (GPU hours)", _CARD_READ)},
 }
 LLAMA2_TOKENS = Figure(2.0e12, "training tokens (every size)", LLAMA2_CARD, "model table, Tokens", _CARD_READ)

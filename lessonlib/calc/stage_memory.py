@@ -6,10 +6,12 @@ every page that prints a published layout's activations (through
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from ..checks import choice, count, flag
+from ..checks import choice, count, flag, positive
 from .memory import activation_bytes_per_layer
 from .recompute import matmul_outputs_bytes_per_layer
+from .sharding import ZERO_STAGES, zero_state_bytes
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("fused", "stored")
@@ -96,3 +98,48 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
                 per_layer -= 3 * a * local * local / t
     interleave = 1 + (p - 1) / (p * v) if v > 1 else 1.0
     return float(per_layer * math.ceil(layers / p) * min(p, m) * interleave)
+
+
+@dataclass(frozen=True)
+class StageState:
+    """The training state one device of a layout keeps, in bytes, by part: the 16-bit ``weights`` and
+    ``gradients``, the fp32 ``master_weights`` and Adam's ``optimizer_state`` (each whole or sharded as the
+    ZeRO stage says), and DualPipe's ``second_copy`` of the 16-bit weights (0 for other schedules)."""
+
+    weights: float
+    gradients: float
+    master_weights: float
+    optimizer_state: float
+    second_copy: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.master_weights + self.optimizer_state + self.second_copy
+
+
+def stage_state_bytes(dense_params, expert_params=0.0, *, data=1, expert=1, zero=1, dualpipe=False) -> StageState:
+    """The state of one device that holds ``dense_params`` parameters of the shared layers and ``expert_params``
+    of the experts (both already divided by the tensor and pipeline degrees, and the experts by the expert
+    degree), its ``data``-way copies sharding it at ZeRO ``zero`` (the experts over ``data / expert`` copies),
+    Adam in mixed precision: :func:`lessonlib.calc.sharding.zero_state_bytes` for each group, 2 + 2 + 12 / N
+    bytes a parameter at ZeRO-1 (N the copies that shard it). ``dualpipe`` adds a second copy of the 16-bit
+    weights (sharded too at ZeRO-3). The one count :func:`lessonlib.calc.layout.layout_cost` uses.
+
+    >>> stage_state_bytes(1e9, data=8, zero=1).total / 1e9   # 2 + 2 + 12 / 8 bytes a parameter
+    5.5
+    """
+    dense = positive("dense_params", dense_params)
+    experts = float(expert_params)
+    if experts < 0 or experts != experts:
+        raise ValueError(f"expert_params must be at least 0, got {expert_params!r}")
+    d, e = count("data", data), count("expert", expert)
+    z = count("zero", zero, minimum=min(ZERO_STAGES), maximum=max(ZERO_STAGES))
+    flag("dualpipe", dualpipe)
+    if d % e:
+        raise ValueError(f"expert ({e}) must divide data ({d})")
+    parts = [zero_state_bytes(math.ceil(dense), d, z)]
+    if experts:
+        parts.append(zero_state_bytes(math.ceil(experts), d // e, z))
+    names = ("weights", "gradients", "master_weights", "optimizer_state")
+    second = 2 * (dense + experts) * (1 / d if z == 3 else 1) if dualpipe else 0.0
+    return StageState(*(float(sum(getattr(x, n) for x in parts)) for n in names), second_copy=second)
