@@ -29,3 +29,13 @@ def test_goodput_figure_legend_has_no_trailing_zero(monkeypatch):
     speedup_plots.goodput_figure([1, 64, 16384], 1e-5, 60.0, 600.0)
     assert "device MTBF 500,000 h" in seen, seen
     assert not any(".0 h" in label for label in seen), seen
+
+
+def test_tp_activation_figure_marks_the_degrees_that_cross_nodes():
+    from lessonlib.book.split_plots import plot_tp_activations
+
+    fig = plot_tp_activations(2048, 1, 4096, 32, node_size=8)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert any(label.startswith("t > 8") and "cross nodes" in label for label in labels), labels
+    plain = plot_tp_activations(2048, 1, 4096, 32)
+    assert not any("cross nodes" in label for label in plain.axes[0].get_legend_handles_labels()[1])
