@@ -186,9 +186,13 @@ class Explorer(Interactive):
         return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
     def _fmt(self, v: Any) -> str:
-        if isinstance(v, float) and len(str(v)) > 8:  # a computed value (0.41365...): its label shows 4 digits
-            return f"{v:.4g}"
-        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+        """A value as a reader reads it: integers with thousands separators, floats to four significant
+        figures (a fitted share is 9.897e-06, not 9.897494944029668e-06), whole floats as integers."""
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return str(v)
+        if isinstance(v, int) or (v.is_integer() and abs(v) < 1e15):
+            return f"{int(v):,}"
+        return f"{v:.4g}"
 
     # ----- live -----------------------------------------------------------
     def widget(self):

@@ -250,7 +250,7 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
     amount("restart_s", restart_s)
     mtbfs = [positive(f"mtbfs[{i}]", m) for i, m in enumerate(sequence("mtbfs", mtbfs))]
     try:
-        rows = {f"device MTBF {mt:,} h": [goodput(n, speedup_from_share(serial_share, n), mt, ckpt_s, restart_s)
+        rows = {f"device MTBF {mt:,.0f} h": [goodput(n, speedup_from_share(serial_share, n), mt, ckpt_s, restart_s)
                                           for n in ns] for mt in mtbfs}
     except ValueError as err:  # goodput names its own arguments; say which of the caller's gave them
         raise ValueError(f"ckpt_s ({ckpt_s:g} s) and mtbfs ({', '.join(f'{m:g}' for m in mtbfs)} h) give no "
@@ -259,10 +259,10 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
     fig = plot_goodput_failures(list(ns), rows, no_failure,
                                 title=f"Serial share {serial_share:.1%}, saves of {round(ckpt_s):,} s, restarts of "
                                       f"{round(restart_s / 60, 1):g} min")
-    lost = ", ".join(f"{100 * (1 - gs[-1].useful_fraction):.0f} % with {mt:,}-hour devices"
+    lost = ", ".join(f"{100 * (1 - gs[-1].useful_fraction):.0f} % with {mt:,.0f}-hour devices"
                      for mt, gs in zip(mtbfs, rows.values()))
     return show(fig, alt=f"Two panels against the device count, from {ns[0]:,} to {ns[-1]:,} on a log axis, for "
-                "device mean times between failures of " + ", ".join(f"{m:,}" for m in mtbfs) + " hours. Left: "
+                "device mean times between failures of " + ", ".join(f"{m:,.0f}" for m in mtbfs) + " hours. Left: "
                 "the share of wall-clock time lost to saves, redone work and restarts; it grows with the device "
                 "count, because a job on n devices fails n times as often, and the less reliable the devices the "
                 f"faster: at {ns[-1]:,} devices {lost}. Right: one-device hours of progress per paid device-hour, "

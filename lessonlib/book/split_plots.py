@@ -36,8 +36,11 @@ def plot_zero_stages(n_params: int, world_size: int, label: str = ""):
     return fig
 
 
-def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degrees=(1, 2, 4, 8, 16, 32)):
-    """Activation bytes one layer keeps per device against the tensor-parallel degree t (MiB, log x)."""
+def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degrees=(1, 2, 4, 8, 16, 32),
+                        node_size=None):
+    """Activation bytes one layer keeps per device against the tensor-parallel degree t (MiB, log x).
+
+    ``node_size`` (GPUs in a node, or None): degrees above it are shaded as crossing nodes."""
     activation_bytes_per_layer(seq_len, batch, hidden, heads)  # checks the shape first
     degrees = [check_count("degrees", t, maximum=4096) for t in check_sequence("degrees", degrees)]
     ts = [t for t in degrees if heads % t == 0 and hidden % t == 0]
@@ -56,6 +59,11 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
     ax.set_xticks(ts, [str(t) for t in ts])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(0, per[0] * 1.05)
+    if node_size is not None:
+        node_size = check_count("node_size", node_size, maximum=4096)
+        if ts[-1] > node_size:
+            ax.axvspan(node_size, ts[-1] * 1.1, color="grey", alpha=0.15,
+                       label=f"t > {node_size}: the layer's all-reduces cross nodes")
     ax.legend(fontsize=8)
     return fig
 
