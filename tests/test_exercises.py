@@ -685,3 +685,40 @@ def test_no_summary_reads_a_name_only_a_solution_or_a_hidden_check_defines():
                 assert not missing, f"{path.name}: the summary reads {sorted(missing)}, which no given cell defines"
             elif not handout.is_solution_cell(cell):
                 given |= defined
+
+
+def _checks_without(stem: str, question: str, tmp_path, skip: str):
+    """The reference check of ``question``, from a copy of exercise ``stem`` without the given cells holding
+    ``skip`` (a measurement that starts processes and that the check does not read)."""
+    nb = nbformat.read(EXERCISES / f"{stem}.ipynb", as_version=4)
+    nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and skip in c.source)]
+    copy = tmp_path / f"{stem}.ipynb"
+    nbformat.write(nb, copy)
+    return reference.load(copy, questions=[question])[question]
+
+
+def test_3e_prices_the_collectives_over_all_of_a_nodes_ports_and_asks_for_work_not_a_constant(tmp_path):
+    """3e's question 3 priced ZeRO-3's collectives through one port (the mistake page 3.10 lists, 8x too slow) and
+    asked for a ratio to data parallelism's all-reduce that is 1.5 whatever the link."""
+    from lessonlib.calc import hardware
+    from lessonlib.calc.comm import LINKS, collective_seconds, multi_node_seconds
+    from lessonlib.calc.planner import PRESETS
+    from lessonlib.grading.graders import decode_answers
+
+    text = (EXERCISES / "3e-shard-the-state.md").read_text()
+    assert "ratio_to_ddp" not in text and "collective_seconds" not in text
+    assert "not Llama 2 70B" in text
+    check = _checks_without("3e-shard-the-state", "3e-q3", tmp_path, skip="run_sharding(")
+    n, devices, tokens = PRESETS["70B"]["n_params"], 64, 64 * 512
+    nv, ib = LINKS["nvlink"], LINKS["infiniband"]
+    ag, rs = (multi_node_seconds(k, 2 * n, devices, 8, nv, ib) for k in ("all_gather", "reduce_scatter"))
+    fwd = 2 * n * tokens / (devices * hardware.sustained_flops_per_s())
+    exposed = max(0.0, ag - fwd) + max(0.0, ag + rs - 2 * fwd)
+    assert exposed > 0, "the given step is short enough that some traffic shows"
+    check(decode_answers({"zero3_seconds": 2 * ag + rs, "exposed_seconds": exposed}))
+    one_port = sum(collective_seconds(k, 2 * n, devices, ib.alpha_s, ib.beta_bytes_per_s)
+                   for k in ("all_gather", "all_gather", "reduce_scatter"))
+    with pytest.raises(AssertionError, match="zero3_seconds"):
+        check(decode_answers({"zero3_seconds": one_port, "exposed_seconds": exposed}))
+    with pytest.raises(AssertionError, match="exposed_seconds"):  # nothing hidden: the whole traffic exposed
+        check(decode_answers({"zero3_seconds": 2 * ag + rs, "exposed_seconds": 2 * ag + rs}))
