@@ -722,3 +722,22 @@ def test_3e_prices_the_collectives_over_all_of_a_nodes_ports_and_asks_for_work_n
         check(decode_answers({"zero3_seconds": one_port, "exposed_seconds": exposed}))
     with pytest.raises(AssertionError, match="exposed_seconds"):  # nothing hidden: the whole traffic exposed
         check(decode_answers({"zero3_seconds": 2 * ag + rs, "exposed_seconds": 2 * ag + rs}))
+
+
+def _words(text: str) -> str:
+    return " ".join(re.sub(r"[*.,;:]", " ", text).lower().split())
+
+
+def test_the_intro_the_instructor_page_and_each_exercise_state_the_same_objectives():
+    """The intro listed three objectives, the instructor page four (2c practised the fourth), and 3d worded
+    objective 3 its own way."""
+    index = (EXERCISES / "index.md").read_text()
+    listed = dict(re.findall(r"^(\d)\. \*\*(.+?)\*\*", index, re.M | re.S))
+    intro = (ROOT / "intro.md").read_text()
+    intro = intro[intro.index("## What you will be able to do"):intro.index("## The map")]
+    stated = dict(re.findall(r"^(\d)\. \*\*(.+?)\*\*", intro, re.M | re.S))
+    assert {k: _words(v) for k, v in stated.items()} == {k: _words(v) for k, v in listed.items()}
+    for path in EXERCISE_PATHS:
+        text = path.with_suffix(".md").read_text()
+        for n, words in re.findall(r"\*\*Learning objective (\d):\*\* (.+?)(?:\(|\n\n)", text, re.S):
+            assert _words(words) == _words(listed[n]), (path.name, n, words)
