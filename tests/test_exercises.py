@@ -741,3 +741,64 @@ def test_the_intro_the_instructor_page_and_each_exercise_state_the_same_objectiv
         text = path.with_suffix(".md").read_text()
         for n, words in re.findall(r"\*\*Learning objective (\d):\*\* (.+?)(?:\(|\n\n)", text, re.S):
             assert _words(words) == _words(listed[n]), (path.name, n, words)
+
+
+def test_3a_and_3c_do_not_ask_the_worked_examples_their_chapters_print():
+    """3a's questions 1 and 2 were chapter 3.1's worked 20/80 example, and 3c's question 2 (4 stages, 8
+    micro-batches) the schedule chapter 3.4 draws: the answers were printed on the pages."""
+    chapter = ROOT / "chapters" / "03-distributed-speedup"
+    amdahl_page = next(chapter.glob("01-*.md")).read_text()
+    worked = re.search(r"^serial, parallel, devices = (\d+), (\d+), \d+$", amdahl_page, re.M)
+    ex3a = re.search(r"^serial_units, parallel_units = ([\d.]+), ([\d.]+)$",
+                     (EXERCISES / "3a-amdahl-for-the-retailer.md").read_text(), re.M)
+    assert worked and ex3a
+    assert {float(ex3a.group(1)), float(ex3a.group(2))} != {float(worked.group(1)), float(worked.group(2))}
+    pipeline_page = next(chapter.glob("04-*.md")).read_text()
+    drawn = re.search(r"^stages, micro = (\d+), (\d+)$", pipeline_page, re.M)
+    ex3c = (EXERCISES / "3c-bubbles-and-paid-capacity.md").read_text()
+    stages = int(re.search(r"^stages = (\d+)$", ex3c, re.M).group(1))
+    q2 = ex3c[ex3c.index("## Question 2"):ex3c.index("# Check 3c-q2")]
+    micro = {int(m) for m in re.findall(r"pipeline_schedule\(stages, (\d+),", q2)}
+    assert drawn and len(micro) == 1, micro
+    assert (stages, micro.pop()) != (int(drawn.group(1)), int(drawn.group(2)))
+
+
+def test_1a_q3_asks_what_freezing_the_first_layer_saves_and_checks_the_count(tmp_path):
+    """1a's question 3 asked for the reason chapter 1.1 states (the data needs no input gradient). It now asks
+    what freezing the first layer saves: two products of the first layer and the second's input gradient."""
+    import torch
+
+    from lessonlib.grading.graders import decode_answers
+    from lessonlib.measure.models import ForecastMLP
+    from lessonlib.measure.timing import count_flops
+
+    text = (EXERCISES / "1a-price-the-training-step.md").read_text()
+    q3 = text[text.index("## Question 3"):text.index("## Question 4")]
+    assert "requires_grad_(False)" in q3
+    for page in sorted((ROOT / "chapters" / "01-forward-vs-training").glob("[0-9]*.md")):
+        assert "skips the gradient of its input" not in page.read_text(), page.name
+    check = reference.load(EXERCISES / "1a-price-the-training-step.ipynb", questions=["1a-q3"])["1a-q3"]
+    window, hidden, batch = (int(v) for v in re.search(r"window, hidden, batch = (\d+), (\d+), (\d+)", text).groups())
+    torch.manual_seed(0)
+    model = ForecastMLP(window=window, hidden=hidden, layers=3)
+    x, y = torch.randn(batch, window), torch.randn(batch, 1)
+    full = count_flops(model, x, y, torch.nn.MSELoss())
+    next(m for m in model.modules() if isinstance(m, torch.nn.Linear)).requires_grad_(False)
+    frozen = count_flops(model, x, y, torch.nn.MSELoss()).backward
+    right = "nothing before the second layer needs a gradient: the first layer computes neither product, " \
+            "and the second layer skips the gradient of its input"
+    check(decode_answers({"frozen_backward_flops": frozen, "skipped_flops": 2 * full.forward - frozen,
+                          "reason": right}))
+    with pytest.raises(AssertionError, match="reason"):
+        check(decode_answers({"frozen_backward_flops": frozen, "skipped_flops": 2 * full.forward - frozen,
+                              "reason": "its input is the data, which needs no gradient"}))
+
+
+def test_2b_q1_is_a_scenario_and_q4_does_not_give_the_direction_away():
+    """2b's question 1 defined activation checkpointing in its own text ("keeps fewer tensors from the forward
+    pass"), and question 4 said the slowdown "is less than 4/3"."""
+    text = (EXERCISES / "2b-should-they-checkpoint.md").read_text()
+    q1 = text[text.index("## Question 1"):text.index("# Check 2b-q1")].split("```{code-cell}")[0]
+    q4 = text[text.index("## Question 4"):text.index("# Check 2b-q4")].split("```{code-cell}")[0]
+    assert "fewer" not in q1 and "tensors" not in q1 and "out of memory" in q1
+    assert "4/3" not in q4 and "less than" not in q4
