@@ -218,6 +218,24 @@ GOOD_ANSWERS = [
     "shrinks from O(n) to about O(sqrt n). The backward pass has to rerun the forward for each segment, so the "
     "step costs about one more forward pass of compute.",
 ]
+# graded examples: verdicts in other words ("enable", "turn it on", "recommend", "use checkpointing"), and a
+# sentence that sets the recovery checkpoint apart instead of confusing the two
+GOOD_ANSWERS += [
+    "I would enable it. Checkpointing keeps fewer activations, so the memory needed goes down. "
+    "The recomputation adds extra compute, so each step takes longer.",
+    "Turn it on. Checkpointing keeps fewer activations, so the memory needed goes down. "
+    "The recomputation adds extra compute, so each step takes longer.",
+    "I recommend activation checkpointing for this team. It keeps fewer activations, so the memory needed goes "
+    "down. The recomputation adds extra compute, so each step takes longer.",
+    "Use checkpointing here, since memory is the only blocker. It stores fewer activations, so the memory needed "
+    "goes down. Recomputing them in backward adds extra compute, so each step takes longer.",
+    "Yes, I would turn it on. This is not the recovery checkpoint that lets a job restart after a crash. "
+    "Activation checkpointing keeps fewer activations, so memory goes down. Recomputing them in backward adds "
+    "extra compute, so each step takes longer.",
+    "I would enable it. Unlike a recovery checkpoint, which we recover from after a failure, it lives only "
+    "inside one step. Checkpointing keeps fewer activations, so memory goes down. The recomputation adds extra "
+    "compute, so each step takes longer.",
+]
 FLAGGED_ANSWERS = {  # not failed: a person reads them (the screen names what it did not find)
     "Yes, it is reasonable because it reduces the memory we need, so the model finally fits.": "time",
     "Yes, it is reasonable here, but every step will take more time because of the recomputation.": "memory",
@@ -253,6 +271,13 @@ FORGED_ANSWERS = {
     "Writing it costs more time.": "misconception",
     "Yes, it is worth it. Checkpointing keeps fewer activations, so the memory goes down. "
     "It also means we can resume after a crash, which takes more time.": "recovery checkpoint",
+    "Yes, I would enable it. Checkpointing keeps fewer activations, so the memory goes down. "
+    "It also lets the job restart from the last step after a crash, which takes more time.": "recovery checkpoint",
+    # a "no" in the new verdict words is no verdict
+    "I would not enable it. Checkpointing keeps fewer activations, so memory goes down. "
+    "The recomputation adds extra compute, so each step takes longer.": "verdict",
+    "I would not turn it on. Checkpointing keeps fewer activations, so memory goes down. "
+    "The recomputation adds extra compute, so each step takes longer.": "verdict",
     # the key words in the wrong relation: more activations kept cannot lower memory
     "Yes, it is sensible. Checkpointing keeps more activations, so memory is reduced. "
     "It adds extra compute, so each step takes more time.": "keeps more activations",
