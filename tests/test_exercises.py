@@ -540,7 +540,7 @@ def test_2c_checks_the_folder_fsync_after_the_rename():
     assert '"fsync folder" in events[last + 1:]' in hidden and '"fsync file" in events[:last]' in hidden
     solution = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "2c-a1").source
     assert "os.O_DIRECTORY" in solution and solution.index("os.replace") < solution.index("os.fsync(folder)")
-    question = next(c.source for c in nb.cells if c.cell_type == "markdown" and "a crash cannot corrupt" in c.source)
+    question = next(c.source for c in nb.cells if c.cell_type == "markdown" and "## Question 1" in c.source)
     assert "O_DIRECTORY" in question and '"Recovery checkpoints"' in question  # the page, by its title
 
 
@@ -827,3 +827,56 @@ def test_2b_q1_is_a_scenario_and_q4_does_not_give_the_direction_away():
     q4 = text[text.index("## Question 4"):text.index("# Check 2b-q4")].split("```{code-cell}")[0]
     assert "fewer" not in q1 and "tensors" not in q1 and "out of memory" in q1
     assert "4/3" not in q4 and "less than" not in q4
+
+
+def test_2a_visible_and_hidden_checks_accept_the_same_kinds_of_plan():
+    """2a's visible check accepted a tuple or a frozenset for keep, its hidden checks only a set or a list."""
+    import itertools
+
+    from lessonlib.grading.graders import Answers, decode_answers
+    from lessonlib.grading.answers import to_plain
+
+    nb = nbformat.read(EXERCISES / "2a-place-the-checkpoints.ipynb", as_version=4)
+    visible = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "2a-q2").source
+    accepted = re.search(r"assert isinstance\(keep, \(([^)]*)\)\)", visible).group(1)
+    checks = reference.load(EXERCISES / "2a-place-the-checkpoints.ipynb", questions=["2a-q2", "2a-q3"])
+    kinds = [set, frozenset, list, tuple]
+    assert {k.__name__ for k in kinds} == {w.strip() for w in accepted.split(",")}
+    for plan in (set(c) for r in range(7) for c in itertools.combinations(range(1, 7), r)):
+        try:
+            checks["2a-q2"](Answers(keep=sorted(plan)))
+            break
+        except AssertionError:
+            continue
+    for kind in kinds:
+        keep = kind(sorted(plan))
+        checks["2a-q2"](Answers(keep=keep))  # as the hidden part receives it in a direct call
+        checks["2a-q2"](decode_answers({"keep": to_plain(keep)}))  # and through the hand-in
+
+
+def test_2c_q2_needs_the_sweep_and_q1_tells_a_rename_from_replacing_a_file_with_itself():
+    """2c's question 2 passed with Young's interval and a typed goodput, without any sweep; question 1 passed a
+    save that wrote the file in place and then called os.replace(path, path)."""
+    from lessonlib.calc import reliability
+    from lessonlib.grading.graders import decode_answers
+
+    text = (EXERCISES / "2c-how-often-to-save.md").read_text()
+    q1_check = text[text.index("# Check 2c-q1"):text.index("### BEGIN HIDDEN TESTS", text.index("# Check 2c-q1"))]
+    assert '"replace onto itself" if _same else "replace"' in q1_check
+    check = reference.load(EXERCISES / "2c-how-often-to-save.ipynb", questions=["2c-q2"])["2c-q2"]
+    c, m, w = (float(re.search(rf"^{n} = ([\d.]+ \* [\d.]+|[\d.]+)", text, re.M).group(1).split(" * ")[0])
+               * (float(re.search(rf"^{n} = [\d.]+ \* ([\d.]+)", text, re.M).group(1))
+                  if re.search(rf"^{n} = [\d.]+ \* ", text, re.M) else 1.0)
+               for n in ("checkpoint_s", "mtbf_one_s", "work_s"))
+    grid = [600 * 1.2 ** k for k in range(20)]
+    lost = [reliability.simulate_overhead(t, c, m, w, trials=100, seed=0) for t in grid]
+    i = min(range(len(grid)), key=lost.__getitem__)
+    check(decode_answers({"intervals": grid, "overheads": lost, "best_interval_s": grid[i],
+                          "best_goodput": 1 / (1 + lost[i])}))
+    tau = reliability.young_daly_interval(c, m)
+    typed = 1 / (1 + reliability.simulate_overhead(tau, c, m, w, trials=100, seed=0))
+    with pytest.raises(AssertionError, match="grid you swept"):  # the formula and a typed goodput, no sweep
+        check(decode_answers({"intervals": [], "overheads": [], "best_interval_s": tau, "best_goodput": typed}))
+    with pytest.raises(AssertionError, match="overhead at"):  # a grid with made-up losses around the formula's
+        check(decode_answers({"intervals": grid, "overheads": [abs(t - tau) / tau for t in grid],
+                              "best_interval_s": grid[i], "best_goodput": 1 / (1 + lost[i])}))
