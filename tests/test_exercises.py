@@ -880,3 +880,20 @@ def test_2c_q2_needs_the_sweep_and_q1_tells_a_rename_from_replacing_a_file_with_
     with pytest.raises(AssertionError, match="overhead at"):  # a grid with made-up losses around the formula's
         check(decode_answers({"intervals": grid, "overheads": [abs(t - tau) / tau for t in grid],
                               "best_interval_s": grid[i], "best_goodput": 1 / (1 + lost[i])}))
+
+
+@pytest.mark.parametrize("stem", ["3c-bubbles-and-paid-capacity", "3d-price-a-published-run", "3e-shard-the-state",
+                                  "3f-choose-a-layout"])
+def test_the_summaries_of_chapter_3_carry_computed_numbers(stem):
+    """3c, 3d, 3e and 3f's instructor summaries were plain Markdown: no number the exercise computed."""
+    nb = nbformat.read(EXERCISES / f"{stem}.ipynb", as_version=4)
+    summary = [c for c in nb.cells if handout.INSTRUCTOR_ONLY in c.metadata.get("tags", [])
+               and "What this exercise showed" in c.source]
+    assert len(summary) == 1 and summary[0].cell_type == "code" and "say(f" in summary[0].source
+    assert len(re.findall(r"\{[a-z_][^{}]*:[^{}]*\}", summary[0].source)) >= 3, "formatted numbers in the prose"
+
+
+def test_3d_says_whether_the_implied_utilisation_is_below_the_course_s():
+    text = (EXERCISES / "3d-price-a-published-run.md").read_text()
+    summary = text[text.index("# @title What this exercise showed"):]
+    assert 'ex3d_side = "below" if ex3d_implied < hardware.UTILISATION else "above"' in summary
