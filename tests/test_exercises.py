@@ -897,3 +897,12 @@ def test_3d_says_whether_the_implied_utilisation_is_below_the_course_s():
     text = (EXERCISES / "3d-price-a-published-run.md").read_text()
     summary = text[text.index("# @title What this exercise showed"):]
     assert 'ex3d_side = "below" if ex3d_implied < hardware.UTILISATION else "above"' in summary
+
+
+def test_3b_summary_reports_both_predictions_errors_not_which_is_closer():
+    """3b's summary called a 52.2 ms prediction of a 28.8 ms step "closer": a miss must read as a miss."""
+    text = (EXERCISES / "3b-predict-the-two-process-step.md").read_text()
+    summary = text[text.index("# @title What this exercise showed"):]
+    assert "closer to the prediction" not in summary
+    assert "{ex3b_err_own:+.0f} %" in summary and "{ex3b_err_shared:+.0f} %" in summary
+    assert "ex3b_err_own = 100 * (ex3b_own / ex3b_ddp4 - 1)" in summary
