@@ -906,3 +906,14 @@ def test_3b_summary_reports_both_predictions_errors_not_which_is_closer():
     assert "closer to the prediction" not in summary
     assert "{ex3b_err_own:+.0f} %" in summary and "{ex3b_err_shared:+.0f} %" in summary
     assert "ex3b_err_own = 100 * (ex3b_own / ex3b_ddp4 - 1)" in summary
+
+
+def test_1c_summary_states_the_selective_overhead_on_chapter_2s_basis():
+    """1c's summary gave selective recomputation's extra compute on 6ND alone (5.2 %) where chapter 2's page
+    gives it on the full count, attention's products included (4.8 %)."""
+    text = (EXERCISES / "1c-will-it-fit.md").read_text()
+    summary = text[text.index("# @title What this exercise showed"):]
+    assert "{ex1c_selective_all:.1%} more compute on the full count" in summary
+    assert "3 * 4 * seq_len * hidden * layers * train_tokens" in summary
+    page = next((ROOT / "chapters" / "02-two-checkpoints").glob("03-*.md")).read_text()
+    assert "attention_step = 3 * 4 * S7 * H7 * L7 * tokens" in page  # the basis the summary follows
