@@ -917,3 +917,10 @@ def test_1c_summary_states_the_selective_overhead_on_chapter_2s_basis():
     assert "3 * 4 * seq_len * hidden * layers * train_tokens" in summary
     page = next((ROOT / "chapters" / "02-two-checkpoints").glob("03-*.md")).read_text()
     assert "attention_step = 3 * 4 * S7 * H7 * L7 * tokens" in page  # the basis the summary follows
+
+
+def test_1b_summary_explains_round_half_to_even():
+    """1b's two bf16 answers (the whole gap for 1.0, half of it for w_small) looked inconsistent, unexplained."""
+    text = (EXERCISES / "1b-count-the-training-state.md").read_text()
+    summary = text[text.index("# @title What this exercise showed"):]
+    assert "rounds half to even" in summary and "{ex1b_ties}" in summary
