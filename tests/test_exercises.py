@@ -218,6 +218,24 @@ GOOD_ANSWERS = [
     "shrinks from O(n) to about O(sqrt n). The backward pass has to rerun the forward for each segment, so the "
     "step costs about one more forward pass of compute.",
 ]
+# graded examples: verdicts in other words ("enable", "turn it on", "recommend", "use checkpointing"), and a
+# sentence that sets the recovery checkpoint apart instead of confusing the two
+GOOD_ANSWERS += [
+    "I would enable it. Checkpointing keeps fewer activations, so the memory needed goes down. "
+    "The recomputation adds extra compute, so each step takes longer.",
+    "Turn it on. Checkpointing keeps fewer activations, so the memory needed goes down. "
+    "The recomputation adds extra compute, so each step takes longer.",
+    "I recommend activation checkpointing for this team. It keeps fewer activations, so the memory needed goes "
+    "down. The recomputation adds extra compute, so each step takes longer.",
+    "Use checkpointing here, since memory is the only blocker. It stores fewer activations, so the memory needed "
+    "goes down. Recomputing them in backward adds extra compute, so each step takes longer.",
+    "Yes, I would turn it on. This is not the recovery checkpoint that lets a job restart after a crash. "
+    "Activation checkpointing keeps fewer activations, so memory goes down. Recomputing them in backward adds "
+    "extra compute, so each step takes longer.",
+    "I would enable it. Unlike a recovery checkpoint, which we recover from after a failure, it lives only "
+    "inside one step. Checkpointing keeps fewer activations, so memory goes down. The recomputation adds extra "
+    "compute, so each step takes longer.",
+]
 FLAGGED_ANSWERS = {  # not failed: a person reads them (the screen names what it did not find)
     "Yes, it is reasonable because it reduces the memory we need, so the model finally fits.": "time",
     "Yes, it is reasonable here, but every step will take more time because of the recomputation.": "memory",
@@ -253,6 +271,13 @@ FORGED_ANSWERS = {
     "Writing it costs more time.": "misconception",
     "Yes, it is worth it. Checkpointing keeps fewer activations, so the memory goes down. "
     "It also means we can resume after a crash, which takes more time.": "recovery checkpoint",
+    "Yes, I would enable it. Checkpointing keeps fewer activations, so the memory goes down. "
+    "It also lets the job restart from the last step after a crash, which takes more time.": "recovery checkpoint",
+    # a "no" in the new verdict words is no verdict
+    "I would not enable it. Checkpointing keeps fewer activations, so memory goes down. "
+    "The recomputation adds extra compute, so each step takes longer.": "verdict",
+    "I would not turn it on. Checkpointing keeps fewer activations, so memory goes down. "
+    "The recomputation adds extra compute, so each step takes longer.": "verdict",
     # the key words in the wrong relation: more activations kept cannot lower memory
     "Yes, it is sensible. Checkpointing keeps more activations, so memory is reduced. "
     "It adds extra compute, so each step takes more time.": "keeps more activations",
@@ -515,7 +540,7 @@ def test_2c_checks_the_folder_fsync_after_the_rename():
     assert '"fsync folder" in events[last + 1:]' in hidden and '"fsync file" in events[:last]' in hidden
     solution = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "2c-a1").source
     assert "os.O_DIRECTORY" in solution and solution.index("os.replace") < solution.index("os.fsync(folder)")
-    question = next(c.source for c in nb.cells if c.cell_type == "markdown" and "a crash cannot corrupt" in c.source)
+    question = next(c.source for c in nb.cells if c.cell_type == "markdown" and "## Question 1" in c.source)
     assert "O_DIRECTORY" in question and '"Recovery checkpoints"' in question  # the page, by its title
 
 
@@ -685,3 +710,217 @@ def test_no_summary_reads_a_name_only_a_solution_or_a_hidden_check_defines():
                 assert not missing, f"{path.name}: the summary reads {sorted(missing)}, which no given cell defines"
             elif not handout.is_solution_cell(cell):
                 given |= defined
+
+
+def _checks_without(stem: str, question: str, tmp_path, skip: str):
+    """The reference check of ``question``, from a copy of exercise ``stem`` without the given cells holding
+    ``skip`` (a measurement that starts processes and that the check does not read)."""
+    nb = nbformat.read(EXERCISES / f"{stem}.ipynb", as_version=4)
+    nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and skip in c.source)]
+    copy = tmp_path / f"{stem}.ipynb"
+    nbformat.write(nb, copy)
+    return reference.load(copy, questions=[question])[question]
+
+
+def test_3e_prices_the_collectives_over_all_of_a_nodes_ports_and_asks_for_work_not_a_constant(tmp_path):
+    """3e's question 3 priced ZeRO-3's collectives through one port (the mistake page 3.10 lists, 8x too slow) and
+    asked for a ratio to data parallelism's all-reduce that is 1.5 whatever the link."""
+    from lessonlib.calc import hardware
+    from lessonlib.calc.comm import LINKS, collective_seconds, multi_node_seconds
+    from lessonlib.calc.planner import PRESETS
+    from lessonlib.grading.graders import decode_answers
+
+    text = (EXERCISES / "3e-shard-the-state.md").read_text()
+    assert "ratio_to_ddp" not in text and "collective_seconds" not in text
+    assert "not Llama 2 70B" in text
+    check = _checks_without("3e-shard-the-state", "3e-q3", tmp_path, skip="run_sharding(")
+    n, devices, tokens = PRESETS["70B"]["n_params"], 64, 64 * 512
+    nv, ib = LINKS["nvlink"], LINKS["infiniband"]
+    ag, rs = (multi_node_seconds(k, 2 * n, devices, 8, nv, ib) for k in ("all_gather", "reduce_scatter"))
+    fwd = 2 * n * tokens / (devices * hardware.sustained_flops_per_s())
+    exposed = max(0.0, ag - fwd) + max(0.0, ag + rs - 2 * fwd)
+    assert exposed > 0, "the given step is short enough that some traffic shows"
+    check(decode_answers({"zero3_seconds": 2 * ag + rs, "exposed_seconds": exposed}))
+    one_port = sum(collective_seconds(k, 2 * n, devices, ib.alpha_s, ib.beta_bytes_per_s)
+                   for k in ("all_gather", "all_gather", "reduce_scatter"))
+    with pytest.raises(AssertionError, match="zero3_seconds"):
+        check(decode_answers({"zero3_seconds": one_port, "exposed_seconds": exposed}))
+    with pytest.raises(AssertionError, match="exposed_seconds"):  # nothing hidden: the whole traffic exposed
+        check(decode_answers({"zero3_seconds": 2 * ag + rs, "exposed_seconds": 2 * ag + rs}))
+
+
+def _words(text: str) -> str:
+    return " ".join(re.sub(r"[*.,;:]", " ", text).lower().split())
+
+
+def test_the_intro_the_instructor_page_and_each_exercise_state_the_same_objectives():
+    """The intro listed three objectives, the instructor page four (2c practised the fourth), and 3d worded
+    objective 3 its own way."""
+    index = (EXERCISES / "index.md").read_text()
+    listed = dict(re.findall(r"^(\d)\. \*\*(.+?)\*\*", index, re.M | re.S))
+    intro = (ROOT / "intro.md").read_text()
+    intro = intro[intro.index("## What you will be able to do"):intro.index("## The map")]
+    stated = dict(re.findall(r"^(\d)\. \*\*(.+?)\*\*", intro, re.M | re.S))
+    assert {k: _words(v) for k, v in stated.items()} == {k: _words(v) for k, v in listed.items()}
+    for path in EXERCISE_PATHS:
+        text = path.with_suffix(".md").read_text()
+        for n, words in re.findall(r"\*\*Learning objective (\d):\*\* (.+?)(?:\(|\n\n)", text, re.S):
+            assert _words(words) == _words(listed[n]), (path.name, n, words)
+
+
+def test_3a_and_3c_do_not_ask_the_worked_examples_their_chapters_print():
+    """3a's questions 1 and 2 were chapter 3.1's worked 20/80 example, and 3c's question 2 (4 stages, 8
+    micro-batches) the schedule chapter 3.4 draws: the answers were printed on the pages."""
+    chapter = ROOT / "chapters" / "03-distributed-speedup"
+    amdahl_page = next(chapter.glob("01-*.md")).read_text()
+    worked = re.search(r"^serial, parallel, devices = (\d+), (\d+), \d+$", amdahl_page, re.M)
+    ex3a = re.search(r"^serial_units, parallel_units = ([\d.]+), ([\d.]+)$",
+                     (EXERCISES / "3a-amdahl-for-the-retailer.md").read_text(), re.M)
+    assert worked and ex3a
+    assert {float(ex3a.group(1)), float(ex3a.group(2))} != {float(worked.group(1)), float(worked.group(2))}
+    pipeline_page = next(chapter.glob("04-*.md")).read_text()
+    drawn = re.search(r"^stages, micro = (\d+), (\d+)$", pipeline_page, re.M)
+    ex3c = (EXERCISES / "3c-bubbles-and-paid-capacity.md").read_text()
+    stages = int(re.search(r"^stages = (\d+)$", ex3c, re.M).group(1))
+    q2 = ex3c[ex3c.index("## Question 2"):ex3c.index("# Check 3c-q2")]
+    micro = {int(m) for m in re.findall(r"pipeline_schedule\(stages, (\d+),", q2)}
+    assert drawn and len(micro) == 1, micro
+    assert (stages, micro.pop()) != (int(drawn.group(1)), int(drawn.group(2)))
+
+
+def test_1a_q3_asks_what_freezing_the_first_layer_saves_and_checks_the_count(tmp_path):
+    """1a's question 3 asked for the reason chapter 1.1 states (the data needs no input gradient). It now asks
+    what freezing the first layer saves: two products of the first layer and the second's input gradient."""
+    import torch
+
+    from lessonlib.grading.graders import decode_answers
+    from lessonlib.measure.models import ForecastMLP
+    from lessonlib.measure.timing import count_flops
+
+    text = (EXERCISES / "1a-price-the-training-step.md").read_text()
+    q3 = text[text.index("## Question 3"):text.index("## Question 4")]
+    assert "requires_grad_(False)" in q3
+    for page in sorted((ROOT / "chapters" / "01-forward-vs-training").glob("[0-9]*.md")):
+        assert "skips the gradient of its input" not in page.read_text(), page.name
+    check = reference.load(EXERCISES / "1a-price-the-training-step.ipynb", questions=["1a-q3"])["1a-q3"]
+    window, hidden, batch = (int(v) for v in re.search(r"window, hidden, batch = (\d+), (\d+), (\d+)", text).groups())
+    torch.manual_seed(0)
+    model = ForecastMLP(window=window, hidden=hidden, layers=3)
+    x, y = torch.randn(batch, window), torch.randn(batch, 1)
+    full = count_flops(model, x, y, torch.nn.MSELoss())
+    next(m for m in model.modules() if isinstance(m, torch.nn.Linear)).requires_grad_(False)
+    frozen = count_flops(model, x, y, torch.nn.MSELoss()).backward
+    right = "nothing before the second layer needs a gradient: the first layer computes neither product, " \
+            "and the second layer skips the gradient of its input"
+    check(decode_answers({"frozen_backward_flops": frozen, "skipped_flops": 2 * full.forward - frozen,
+                          "reason": right}))
+    with pytest.raises(AssertionError, match="reason"):
+        check(decode_answers({"frozen_backward_flops": frozen, "skipped_flops": 2 * full.forward - frozen,
+                              "reason": "its input is the data, which needs no gradient"}))
+
+
+def test_2b_q1_is_a_scenario_and_q4_does_not_give_the_direction_away():
+    """2b's question 1 defined activation checkpointing in its own text ("keeps fewer tensors from the forward
+    pass"), and question 4 said the slowdown "is less than 4/3"."""
+    text = (EXERCISES / "2b-should-they-checkpoint.md").read_text()
+    q1 = text[text.index("## Question 1"):text.index("# Check 2b-q1")].split("```{code-cell}")[0]
+    q4 = text[text.index("## Question 4"):text.index("# Check 2b-q4")].split("```{code-cell}")[0]
+    assert "fewer" not in q1 and "tensors" not in q1 and "out of memory" in q1
+    assert "4/3" not in q4 and "less than" not in q4
+
+
+def test_2a_visible_and_hidden_checks_accept_the_same_kinds_of_plan():
+    """2a's visible check accepted a tuple or a frozenset for keep, its hidden checks only a set or a list."""
+    import itertools
+
+    from lessonlib.grading.graders import Answers, decode_answers
+    from lessonlib.grading.answers import to_plain
+
+    nb = nbformat.read(EXERCISES / "2a-place-the-checkpoints.ipynb", as_version=4)
+    visible = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "2a-q2").source
+    accepted = re.search(r"assert isinstance\(keep, \(([^)]*)\)\)", visible).group(1)
+    checks = reference.load(EXERCISES / "2a-place-the-checkpoints.ipynb", questions=["2a-q2", "2a-q3"])
+    kinds = [set, frozenset, list, tuple]
+    assert {k.__name__ for k in kinds} == {w.strip() for w in accepted.split(",")}
+    for plan in (set(c) for r in range(7) for c in itertools.combinations(range(1, 7), r)):
+        try:
+            checks["2a-q2"](Answers(keep=sorted(plan)))
+            break
+        except AssertionError:
+            continue
+    for kind in kinds:
+        keep = kind(sorted(plan))
+        checks["2a-q2"](Answers(keep=keep))  # as the hidden part receives it in a direct call
+        checks["2a-q2"](decode_answers({"keep": to_plain(keep)}))  # and through the hand-in
+
+
+def test_2c_q2_needs_the_sweep_and_q1_tells_a_rename_from_replacing_a_file_with_itself():
+    """2c's question 2 passed with Young's interval and a typed goodput, without any sweep; question 1 passed a
+    save that wrote the file in place and then called os.replace(path, path)."""
+    from lessonlib.calc import reliability
+    from lessonlib.grading.graders import decode_answers
+
+    text = (EXERCISES / "2c-how-often-to-save.md").read_text()
+    q1_check = text[text.index("# Check 2c-q1"):text.index("### BEGIN HIDDEN TESTS", text.index("# Check 2c-q1"))]
+    assert '"replace onto itself" if _same else "replace"' in q1_check
+    check = reference.load(EXERCISES / "2c-how-often-to-save.ipynb", questions=["2c-q2"])["2c-q2"]
+    c, m, w = (float(re.search(rf"^{n} = ([\d.]+ \* [\d.]+|[\d.]+)", text, re.M).group(1).split(" * ")[0])
+               * (float(re.search(rf"^{n} = [\d.]+ \* ([\d.]+)", text, re.M).group(1))
+                  if re.search(rf"^{n} = [\d.]+ \* ", text, re.M) else 1.0)
+               for n in ("checkpoint_s", "mtbf_one_s", "work_s"))
+    grid = [600 * 1.2 ** k for k in range(20)]
+    lost = [reliability.simulate_overhead(t, c, m, w, trials=100, seed=0) for t in grid]
+    i = min(range(len(grid)), key=lost.__getitem__)
+    check(decode_answers({"intervals": grid, "overheads": lost, "best_interval_s": grid[i],
+                          "best_goodput": 1 / (1 + lost[i])}))
+    tau = reliability.young_daly_interval(c, m)
+    typed = 1 / (1 + reliability.simulate_overhead(tau, c, m, w, trials=100, seed=0))
+    with pytest.raises(AssertionError, match="grid you swept"):  # the formula and a typed goodput, no sweep
+        check(decode_answers({"intervals": [], "overheads": [], "best_interval_s": tau, "best_goodput": typed}))
+    with pytest.raises(AssertionError, match="overhead at"):  # a grid with made-up losses around the formula's
+        check(decode_answers({"intervals": grid, "overheads": [abs(t - tau) / tau for t in grid],
+                              "best_interval_s": grid[i], "best_goodput": 1 / (1 + lost[i])}))
+
+
+@pytest.mark.parametrize("stem", ["3c-bubbles-and-paid-capacity", "3d-price-a-published-run", "3e-shard-the-state",
+                                  "3f-choose-a-layout"])
+def test_the_summaries_of_chapter_3_carry_computed_numbers(stem):
+    """3c, 3d, 3e and 3f's instructor summaries were plain Markdown: no number the exercise computed."""
+    nb = nbformat.read(EXERCISES / f"{stem}.ipynb", as_version=4)
+    summary = [c for c in nb.cells if handout.INSTRUCTOR_ONLY in c.metadata.get("tags", [])
+               and "What this exercise showed" in c.source]
+    assert len(summary) == 1 and summary[0].cell_type == "code" and "say(f" in summary[0].source
+    assert len(re.findall(r"\{[a-z_][^{}]*:[^{}]*\}", summary[0].source)) >= 3, "formatted numbers in the prose"
+
+
+def test_3d_says_whether_the_implied_utilisation_is_below_the_course_s():
+    text = (EXERCISES / "3d-price-a-published-run.md").read_text()
+    summary = text[text.index("# @title What this exercise showed"):]
+    assert 'ex3d_side = "below" if ex3d_implied < hardware.UTILISATION else "above"' in summary
+
+
+def test_3b_summary_reports_both_predictions_errors_not_which_is_closer():
+    """3b's summary called a 52.2 ms prediction of a 28.8 ms step "closer": a miss must read as a miss."""
+    text = (EXERCISES / "3b-predict-the-two-process-step.md").read_text()
+    summary = text[text.index("# @title What this exercise showed"):]
+    assert "closer to the prediction" not in summary
+    assert "{ex3b_err_own:+.0f} %" in summary and "{ex3b_err_shared:+.0f} %" in summary
+    assert "ex3b_err_own = 100 * (ex3b_own / ex3b_ddp4 - 1)" in summary
+
+
+def test_1c_summary_states_the_selective_overhead_on_chapter_2s_basis():
+    """1c's summary gave selective recomputation's extra compute on 6ND alone (5.2 %) where chapter 2's page
+    gives it on the full count, attention's products included (4.8 %)."""
+    text = (EXERCISES / "1c-will-it-fit.md").read_text()
+    summary = text[text.index("# @title What this exercise showed"):]
+    assert "{ex1c_selective_all:.1%} more compute on the full count" in summary
+    assert "3 * 4 * seq_len * hidden * layers * train_tokens" in summary
+    page = next((ROOT / "chapters" / "02-two-checkpoints").glob("03-*.md")).read_text()
+    assert "attention_step = 3 * 4 * S7 * H7 * L7 * tokens" in page  # the basis the summary follows
+
+
+def test_1b_summary_explains_round_half_to_even():
+    """1b's two bf16 answers (the whole gap for 1.0, half of it for w_small) looked inconsistent, unexplained."""
+    text = (EXERCISES / "1b-count-the-training-state.md").read_text()
+    summary = text[text.index("# @title What this exercise showed"):]
+    assert "rounds half to even" in summary and "{ex1b_ties}" in summary
