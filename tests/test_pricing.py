@@ -197,6 +197,6 @@ def test_the_bill_implies_deepseek_v3s_step_time():
     hand = 2.664e6 / 2048 * 3600 / (14.8e12 / (15360 * 4096))
     assert pricing.bill_step_seconds(ds["pretrain_gpu_hours"], ds["gpus"], ds["tokens"],
                                      ds["batch"] * ds["seq_len"]) == pytest.approx(hand) == pytest.approx(19.9, abs=0.05)
-    with pytest.raises(ValueError, match="devices"):
+    with pytest.raises(ValueError, match="world_size"):
         pricing.bill_step_seconds(1.0, 0, 1.0, 1.0)
     assert "bill_step_seconds(" in open("chapters/03-distributed-speedup/11-choose-a-layout.md").read()

@@ -74,14 +74,15 @@ def test_plot_timing_draws_the_measured_medians():
     fig = plots.plot_timing({"mlp": t})
     ax = fig.axes[0]
     assert ax.get_title() and "ms" in ax.get_ylabel() and ax.get_xlabel()
-    # two bars: prediction alone, then the four phases stacked; their tops are
-    # the measured medians in milliseconds
+    # two bars: prediction alone, then the four phases stacked; their tops are the page's one account of the
+    # step (each phase's median per-round ratio x the median prediction), in milliseconds
     tops = {}
     for bar in ax.patches:
         x = round(bar.get_x() + bar.get_width() / 2)
         tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
-    assert tops[0] == pytest.approx(1e3 * t.seconds["prediction"], rel=1e-9)
-    assert tops[1] == pytest.approx(1e3 * sum(t.seconds[p] for p in timing.PHASES), rel=1e-9)
+    assert tops[0] == pytest.approx(1e3 * t.account["prediction"], rel=1e-9)
+    assert tops[1] == pytest.approx(1e3 * t.account["step"], rel=1e-9)
+    assert t.account["step"] == pytest.approx(sum(t.account[p] for p in timing.PHASES), rel=1e-12)
     plots.show(fig, alt="timing bars")
 
 

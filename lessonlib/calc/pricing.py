@@ -39,17 +39,17 @@ def implied_utilisation(total_flops, device_hours, peak_flops_per_s) -> float:
                        "the active parameters per token (6 × active parameters × tokens), not the total parameters")
 
 
-def bill_step_seconds(device_hours, devices, tokens, tokens_per_step) -> float:
-    """The mean seconds a step took, as a bill implies it: ``device_hours`` over ``devices`` is the run's wall
+def bill_step_seconds(device_hours, world_size, tokens, tokens_per_step) -> float:
+    """The mean seconds a step took, as a bill implies it: ``device_hours`` over ``world_size`` devices is the run's wall
     time; ``tokens`` over ``tokens_per_step`` its steps. Every paid hour counts (restarts, evaluation, a smaller
     batch early in the run), so it is an upper bound on a running step's time, not a measurement of one.
 
     >>> round(bill_step_seconds(2.664e6, 2048, 14.8e12, 15360 * 4096), 1)   # DeepSeek-V3's pre-training
     19.9
     """
-    wall = positive("device_hours", device_hours) * SECONDS_PER_HOUR / count("devices", devices)
+    wall = positive("device_hours", device_hours) * SECONDS_PER_HOUR / count("world_size", world_size)
     steps = positive("tokens", tokens) / positive("tokens_per_step", tokens_per_step)
-    return result(wall / steps, "device_hours, devices, tokens and tokens_per_step", "seconds a step")
+    return result(wall / steps, "device_hours, world_size, tokens and tokens_per_step", "seconds a step")
 
 
 @dataclass(frozen=True)
