@@ -209,7 +209,7 @@ def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"
             if r.strategy == "per-block":
                 ax.plot(r.recomputed_forwards, r.peak_bytes / 2**20, "*", ms=14,
                         color="#DD8452", label="checkpoint every block")
-        ax.set_xlabel("recomputation (extra forward passes per step)")
+        ax.set_xlabel("recomputation (extra forward passes per step, early stop off)")
         ax.set_ylabel("peak step memory above the weights (MiB)")
         ax.set_ylim(0, max(r.peak_bytes for r in rows) / 2**20 * 1.15)
         ax.set_title(label, fontsize=10)
