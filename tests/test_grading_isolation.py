@@ -454,8 +454,11 @@ def test_a_terminated_grader_stops_its_kernels_and_removes_its_folder(tmp_path, 
         submit(tmp_path / "sub", f"{name}/toy.ipynb", honest(a1=looper))
     tmp = Path(tempfile.mkdtemp(prefix="lt-"))  # short: a Unix socket's path holds at most 107 bytes
     env = dict(os.environ, TMPDIR=str(tmp))
+    # SIGINT at its default in the grader, as under a terminal: a shell's background job (nohup, `cmd &`)
+    # starts with SIGINT ignored, and the grader would inherit that through exec and sleep through the signal
     grader = subprocess.Popen([sys.executable, "-c", GRADER, str(tmp_path / "sub"), str(src)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not processes_with(marker) and time.monotonic() < deadline and grader.poll() is None:

@@ -61,3 +61,33 @@ def test_mlp_bad_input():
         models.ForecastMLP(window=0)
     with pytest.raises(ValueError, match="p must"):
         models.Dropout(1.0)
+
+
+def test_the_public_checkers_name_the_callers_argument_and_their_own():
+    """check_module and check_tensor name the argument their caller passes in ``name``; a bad ``name`` or
+    ``floating`` is refused naming their own parameter."""
+    import pytest
+    import torch
+
+    from lessonlib.measure.models import check_module, check_size, check_tensor
+
+    lin = torch.nn.Linear(2, 2)
+    assert check_module("model", lin) is lin
+    t = torch.ones(2)
+    assert check_tensor("inputs", t, floating=True) is t
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        check_module("model", 1.0)
+    with pytest.raises(TypeError, match="inputs must be a torch.Tensor"):
+        check_tensor("inputs", [1.0])
+    with pytest.raises(TypeError, match="inputs must be a floating-point tensor"):
+        check_tensor("inputs", torch.ones(2, dtype=torch.int64), floating=True)
+    with pytest.raises(ValueError, match="model has no parameters"):
+        check_module("model", torch.nn.ReLU())
+    with pytest.raises((TypeError, ValueError), match="name"):
+        check_tensor(3, t)
+    with pytest.raises((TypeError, ValueError), match="floating"):
+        check_tensor("inputs", t, floating="yes")
+    # a count too large for any check is still the caller's arguments' fault, named by ``what``
+    with pytest.raises(ValueError, match="hidden and layers give about"):
+        check_size("hidden and layers", 5.9e35)
+    assert check_size("hidden", 10) == 10

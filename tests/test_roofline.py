@@ -76,3 +76,11 @@ def test_rooflines_page_states_the_early_stop_share_computed_and_the_partial_blo
     text = (Path(__file__).resolve().parents[1] / "chapters/01-forward-vs-training/05-rooflines.md").read_text()
     assert "a little less than a whole forward" not in text and "{early_recomputed:.2f} of a forward" in text
     assert "leaves out the attention's weighted sum" in text and "A 8,192" not in text
+
+
+def test_a_cpu_copy_has_a_bound_that_names_copy_mib():
+    """A copy of gigabytes on a CPU took seconds a round and measured the same bandwidth: refused at once."""
+    import pytest
+
+    with pytest.raises(ValueError, match="copy_mib: at most 256 on a CPU"):
+        R.measure_roofline("cpu", sizes=(16,), copy_mib=257, rounds=1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..checks import choice, count, flag, positive
+from ..checks import MAX_COUNT, choice, count, flag, positive
 from .memory import activation_bytes_per_layer
 from .recompute import matmul_outputs_bytes_per_layer
 from .sharding import ZERO_STAGES, zero_state_bytes
@@ -132,6 +132,9 @@ def stage_state_bytes(dense_params, expert_params=0.0, *, data=1, expert=1, zero
     experts = float(expert_params)
     if experts < 0 or experts != experts:
         raise ValueError(f"expert_params must be at least 0, got {expert_params!r}")
+    for name, value in (("dense_params", dense), ("expert_params", experts)):  # zero_state_bytes counts them
+        if value > MAX_COUNT:
+            raise ValueError(f"{name} must be at most {MAX_COUNT:,}, got {value:.3g}")
     d, e = count("data", data), count("expert", expert)
     z = count("zero", zero, minimum=min(ZERO_STAGES), maximum=max(ZERO_STAGES))
     flag("dualpipe", dualpipe)

@@ -29,11 +29,13 @@ MAX_SEQ_LEN = 4096
 def check_size(what: str, n_params: int) -> int:
     """Refuse a model of more than :data:`MAX_PARAMS` parameters; ``what`` names the arguments that give ``n_params``."""
     check_text("what", what)
-    n_params = check_count("n_params", n_params, minimum=0)
-    if n_params > MAX_PARAMS:
-        raise ValueError(f"{what} give about {n_params:,} parameters (n_params), more than the {MAX_PARAMS:,} "
+    # the size first: a count too large for any check is still the caller's arguments' fault, named by ``what``
+    if isinstance(n_params, (int, float)) and not isinstance(n_params, bool) and n_params > MAX_PARAMS:
+        size = f"{n_params:,}" if isinstance(n_params, int) and n_params < 10**30 else (
+            f"a {len(str(n_params))}-digit number of" if isinstance(n_params, int) else f"{n_params:.3g}")
+        raise ValueError(f"{what} give about {size} parameters (n_params), more than the {MAX_PARAMS:,} "
                          f"that the course's teaching-sized models allow")
-    return n_params
+    return check_count("n_params", n_params, minimum=0)
 
 
 def check_module(name: str, value, kind=None):

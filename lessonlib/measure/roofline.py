@@ -40,6 +40,8 @@ ELEMENTWISE_FLOPS = {"layer_norm": 7, "gelu": 5, "softmax": 5}
 #: Limits: the largest matrix side and copy a call may ask for, and rounds.
 MAX_SIZE = 8192
 MAX_COPY_MIB = 4096
+#: The largest copy on a CPU, MiB: past it a round takes seconds and the bandwidth measured is the same.
+MAX_CPU_COPY_MIB = 256
 MAX_ROUNDS = 50
 #: Slices the bandwidth copy is timed in.
 SLICES = 16
@@ -98,6 +100,9 @@ def measure_roofline(device=None, sizes=None, copy_mib: int | None = None, round
         raise ValueError(f"sizes: at most 2048 on a CPU (one product of {max(sizes)} takes seconds), got {max(sizes)}")
     copy_mib = count("copy_mib", copy_mib if copy_mib is not None else (64 if device.type == "cpu" else 1024),
                      maximum=MAX_COPY_MIB)
+    if device.type == "cpu" and copy_mib > MAX_CPU_COPY_MIB:
+        raise ValueError(f"copy_mib: at most {MAX_CPU_COPY_MIB} on a CPU (a larger copy takes seconds a round and "
+                         f"measures the same bandwidth), got {copy_mib}")
     rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r:.60}")
