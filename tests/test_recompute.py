@@ -8,7 +8,7 @@ import torch
 
 from lessonlib.measure import four_layer, recompute
 from lessonlib.measure.device import threads
-from lessonlib.calc.recompute import chain_memory_units, predicted_flops_ratio
+from lessonlib.calc.recompute import chain_memory_units, memory_optimal_segment_layers, predicted_flops_ratio
 from lessonlib.book.plots import plot_activation_life, plot_segment_sweep
 
 
@@ -26,6 +26,22 @@ def test_predicted_flops_ratio():
         predicted_flops_ratio(1.5)
     with pytest.raises(ValueError, match="backward_to_forward"):
         predicted_flops_ratio(1.0, backward_to_forward=0)
+
+
+def test_memory_optimal_segment_layers_is_the_minimum_of_boundaries_plus_one_segment():
+    assert memory_optimal_segment_layers(16, 1, 1) == pytest.approx(4.0)
+    # the whole-number segment length that keeps least lies next to the formula's value
+    for n, boundary, block in ((126, 2, 34), (64, 1, 1), (100, 1, 9), (8, 1, 10)):
+        kept = {k: n / k * boundary + k * block for k in range(1, n + 1)}
+        best = min(kept, key=kept.get)
+        k_star = memory_optimal_segment_layers(n, boundary, block)
+        assert abs(best - k_star) < 1 or (k_star < 1 and best == 1)
+    with pytest.raises(ValueError, match="layers"):
+        memory_optimal_segment_layers(0, 1, 1)
+    with pytest.raises(ValueError, match="boundary_bytes"):
+        memory_optimal_segment_layers(8, 0, 1)
+    with pytest.raises(ValueError, match="block_bytes"):
+        memory_optimal_segment_layers(8, 1, float("nan"))
 
 
 def test_chain_memory_units_minimum_near_sqrt_n():

@@ -4,7 +4,7 @@ Pure Python (no torch). The measured counterpart is :mod:`lessonlib.measure.reco
 """
 from __future__ import annotations
 
-from ..checks import count, positive, share
+from ..checks import count, positive, result, share
 
 
 #: The three names of one technique.
@@ -62,6 +62,33 @@ def chain_memory_units(layers: int, segments: int) -> int:
     layers = count("layers", layers)
     segments = count("segments", segments, maximum=layers)
     return (segments - 1) + -(-layers // segments)  # whole-number ceil: exact for any size
+
+
+def memory_optimal_segment_layers(layers, boundary_bytes, block_bytes) -> float:
+    """Blocks per checkpointed segment that keep the least activation memory, in blocks (a float):
+    sqrt(layers x boundary_bytes / block_bytes).
+
+    A stack of ``layers`` equal blocks is cut into segments of k blocks, each
+    checkpointed. The forward keeps one boundary (a segment's input,
+    ``boundary_bytes``) per segment, layers / k of them; backward rebuilds one
+    segment at a time, so k blocks' worth of kept activations (``block_bytes``
+    each, what one block keeps when nothing is recomputed) are alive at once.
+    layers x boundary / k + k x block is smallest at k = sqrt(layers x boundary
+    / block). With boundary equal to block (a chain whose layers keep about
+    their input) that is sqrt(layers) segments of sqrt(layers) layers; a value
+    at or below 1 means one block a segment. Segments are whole blocks: round
+    the result to a neighbouring whole number and compare both.
+
+    >>> memory_optimal_segment_layers(16, 1, 1)
+    4.0
+    >>> round(memory_optimal_segment_layers(126, 2, 34), 2)
+    2.72
+    """
+    n = count("layers", layers)
+    boundary = positive("boundary_bytes", boundary_bytes)
+    block = positive("block_bytes", block_bytes)
+    return result((n * (boundary / block)) ** 0.5, "layers, boundary_bytes and block_bytes",
+                  "a segment length in blocks")
 
 
 def matmul_outputs_bytes_per_layer(seq_len, batch, hidden, bytes_per_value: int = 2) -> int:
