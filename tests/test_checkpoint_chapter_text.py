@@ -33,14 +33,15 @@ def test_segment_formula_is_the_one_chain_memory_units_computes():
 
 def test_selective_quiz_credits_the_measured_policy_overhead():
     page = text(CH2 / "03-selective-recomputation.md")
-    quiz = page[page.index('"On this page the selective step\'s time ratio was above its FLOPs ratio. Why?"'):]
+    quiz = page[page.index('"The control run used a selective-checkpointing policy'):]
     quiz = quiz[:quiz.index("```")]
-    # the right cause is the one the page's control shows in this run: the policy's call where it is most of
-    # the extra time, the memory-bound recomputation otherwise
-    policy = re.search(r'Choice\(([^()]*?)correct=pol_share >= 50', quiz, re.S).group(1)
-    memory = re.search(r'Choice\(([^()]*?)correct=pol_share < 50', quiz, re.S).group(1)
-    assert "policy" in policy and ("memory-bound" in memory or "uncounted" in memory) and "correct=True" not in quiz
-    assert "t_pol" in quiz and "t_sel" in quiz  # explanation from this run's timings
+    # the verdict follows the run's control: interception costs time by itself where the control is slower than
+    # the plain step; the overhead is the dispatch machinery, which torch.compile removes, and may flip at scale
+    intercept = re.search(r'Choice\(([^()]*?)correct=t_pol > 1', quiz, re.S).group(1)
+    rebuilt = re.search(r'Choice\(([^()]*?)correct=t_pol <= 1', quiz, re.S).group(1)
+    assert "Intercepting" in intercept and "rebuilt" in rebuilt and "correct=True" not in quiz
+    assert "t_pol" in quiz and "t_sel" in quiz and "may flip" in quiz  # explanation from this run's timings
+    assert "TorchDispatchMode" in page and "torch.compile" in page
     assert "close to its FLOPs" not in page
     assert "$s$ tokens" in page  # s, b, h, a defined where the formula first appears
 
