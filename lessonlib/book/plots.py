@@ -261,16 +261,14 @@ def plot_resume_comparison(reference: dict, resumed: dict, resumed_from: int | N
         top.plot(xs, [run[s] for s in xs], styles[i % len(styles)], lw=1.3, label=label)
         bottom.plot(xs, [abs(run[s] - reference[s]) for s in xs], styles[i % len(styles)], lw=1.3, label=label)
     for ax in (top, bottom):
+        # the markers are named in the legend, not by text on the plot, which the legend could cover
         if resumed_from is not None:
-            ax.axvline(resumed_from + 0.5, color="grey", ls=":", lw=1)
+            ax.axvline(resumed_from + 0.5, color="grey", ls=":", lw=1,
+                       label="checkpoint the first resume started from" if ax is top else None)
         if second_resume is not None:
-            ax.axvline(second_resume + 0.5, color="grey", ls="--", lw=1)
+            ax.axvline(second_resume + 0.5, color="grey", ls="--", lw=1,
+                       label="second kill: checkpoint resumed from again" if ax is top else None)
         ax.grid(alpha=0.3)
-    if resumed_from is not None:
-        top.text(resumed_from + 1, top.get_ylim()[1], "resumed from the checkpoint", va="top", fontsize=8, color="grey")
-    if second_resume is not None:
-        top.text(second_resume + 1, top.get_ylim()[1] * 0.93 + top.get_ylim()[0] * 0.07,
-                 "second kill: resumed again", va="top", fontsize=8, color="grey")
     top.set_ylabel("training loss (MSE)")
     top.legend(fontsize=8)
     bottom.set_ylabel("|loss − uninterrupted loss|")
