@@ -228,6 +228,15 @@ def test_learning_rates_are_checked_before_any_process_starts(lr, no_processes, 
         save_sharded(tmp_path / "ckpt", lr=lr)
 
 
+def test_async_path_is_checked_before_any_process_starts(no_processes, tmp_path):
+    from lessonlib.measure.distributed.sharded_checkpoint import save_sharded
+
+    with pytest.raises(ValueError, match="async_path must be another folder"):
+        save_sharded(tmp_path / "ckpt", async_path=tmp_path / "ckpt")
+    with pytest.raises((TypeError, ValueError), match="async_path"):
+        save_sharded(tmp_path / "ckpt", async_path=3.5)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: __import__("lessonlib.measure.distributed.comm_timing", fromlist=["x"]).run_comm_timing(check_bytes=2.0 ** 20),
      "check_bytes must be a list or tuple"),

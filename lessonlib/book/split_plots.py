@@ -38,7 +38,8 @@ def plot_zero_stages(n_params: int, world_size: int, label: str = ""):
 
 def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degrees=(1, 2, 4, 8, 16, 32),
                         node_size=None):
-    """Activation bytes one layer keeps per device against the tensor-parallel degree t (MiB, log x).
+    """Activation bytes one layer keeps per device against the tensor-parallel degree t (MiB, log x), with fused
+    attention (the default) and with stored attention scores (Korthikanti et al.'s case), each beside perfect 1/t.
 
     ``node_size`` (GPUs in a node, or None): degrees above it are shaded as crossing nodes."""
     activation_bytes_per_layer(seq_len, batch, hidden, heads)  # checks the shape first
@@ -46,11 +47,18 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
     ts = [t for t in degrees if heads % t == 0 and hidden % t == 0]
     if not ts:
         raise ValueError(f"degrees must hold a tensor-parallel degree that divides heads ({heads}) and hidden ({hidden})")
-    per = [activation_bytes_per_layer(seq_len, batch, hidden, heads, tensor_parallel=t, attention="stored") / 2 ** 20
-           for t in ts]  # the paper's stored scores, as the label says
+
+    def per_device(attention):
+        return [activation_bytes_per_layer(seq_len, batch, hidden, heads, tensor_parallel=t,
+                                           attention=attention) / 2 ** 20 for t in ts]
+
+    fused, per = per_device("fused"), per_device("stored")  # the default, and the 2022 paper's stored scores
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    ax.plot(ts, per, "o-", label="Korthikanti: s·b·h·(10 + 24/t + 5as/(ht))")
-    ax.plot(ts, [per[0] / t for t in ts], ":", color="grey", label="if every byte were split: (t = 1 value) / t")
+    ax.plot(ts, fused, "o-", color="#4C72B0", label="fused attention: s·b·h·(10 + 24/t)")
+    ax.plot(ts, per, "s-", color="#DD8452", label="stored scores (2022 paper): s·b·h·(10 + 24/t + 5as/(ht))")
+    for curve, colour in ((fused, "#4C72B0"), (per, "#DD8452")):
+        ax.plot(ts, [curve[0] / t for t in ts], ":", color=colour, alpha=0.7)
+    ax.plot([], [], ":", color="grey", label="if every byte were split: (t = 1 value) / t")
     ax.axhline(10 * seq_len * batch * hidden / 2 ** 20, color="#C44E52", ls="--", lw=1,
                label="10·s·b·h: kept whole on every device")
     ax.set(xscale="log", xlabel="tensor-parallel degree t (devices per layer, log scale)",

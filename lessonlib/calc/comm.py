@@ -73,6 +73,12 @@ class Link:
 #: these constants between releases: the network's ring/Simple latency is 9.6 us in this one and
 #: 14.0 us in 2.28.3 (its ``ncclTunerConstantsDefaults.hwLatencies``); NVLink's stays 3.4 us.
 NCCL_TUNING_VERSION = "2.7.5-1"
+#: The year that release came out: the constants are that old.
+NCCL_TUNING_YEAR = 2020
+#: A recent release, and its network latency per ring step (ring algorithm, Simple protocol), in seconds:
+#: ``ncclTunerConstantsDefaults.hwLatencies`` in src/graph/tuning.cc of that tag. NVLink's stays 3.4 us.
+NCCL_RECENT_VERSION = "2.28.3"
+NCCL_RECENT_NETWORK_ALPHA_S = 14.0e-6
 #: Where in that release the table is: file, array, and the commit of the tag.
 NCCL_TUNING_TABLE = (f"NCCL {NCCL_TUNING_VERSION} (tag v{NCCL_TUNING_VERSION}, commit 01afd20a), "
                      "src/graph/tuning.cc, array hwLat, row Ring/Simple, https://github.com/NVIDIA/nccl")

@@ -31,7 +31,11 @@ from .quiet import known_warnings_silenced
 __all__ = ["save_sharded", "load_unsharded", "compare_states", "checkpoint_files", "ShardFile", "shard_file_contents"]
 
 
-def _save_worker(rank, world_size, device, progress, path, steps, global_batch, lr):
+#: Rounds of (``dcp.async_save``, ``dcp.save``) that :func:`save_sharded` times when given ``async_path``.
+SAVE_ROUNDS = 3
+
+
+def _save_worker(rank, world_size, device, progress, path, steps, global_batch, lr, async_path):
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -59,10 +63,28 @@ def _save_worker(rank, world_size, device, progress, path, steps, global_batch, 
 
         losses = [step() for _ in range(steps)]
         model_sd, optim_sd = get_state_dict(model, opt)  # each rank: its own shards (DTensors)
-        dist.barrier()  # every process starts the save together: its time is the stop a run pays for it
-        t0 = time.perf_counter()
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
-        save_seconds = time.perf_counter() - t0
+        state = {"model": model_sd, "optim": optim_sd}
+
+        def timed_save():
+            dist.barrier()  # every process starts the save together: its time is the stop a run pays for it
+            t0 = time.perf_counter()
+            dcp.save(state, checkpoint_id=path)
+            return time.perf_counter() - t0
+
+        def timed_async_save():
+            dist.barrier()
+            t0 = time.perf_counter()
+            future = dcp.async_save(state, checkpoint_id=async_path)
+            blocking = time.perf_counter() - t0  # what training waits for: planning, and staging in CPU memory
+            future.result()  # the files are written (a run would wait here only before its next save)
+            return blocking, time.perf_counter() - t0
+
+        if async_path is None:
+            save_seconds, async_seconds = timed_save(), None
+        else:  # rounds of both, in turn; each keeps its fastest round (other programs only add time)
+            rounds = [(timed_async_save(), timed_save()) for _ in range(SAVE_ROUNDS)]
+            save_seconds = min(t for _, t in rounds)
+            async_seconds = min(a for a, _ in rounds)
         local_bytes = sum(v.to_local().numel() * v.element_size() for v in model_sd.values() if hasattr(v, "to_local"))
         full_model, full_optim = get_state_dict(
             model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -71,7 +93,7 @@ def _save_worker(rank, world_size, device, progress, path, steps, global_batch, 
         dist.all_reduce(next_loss)
         progress.put(1)
     out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world_size, "local_model_bytes": local_bytes,
-           "save_seconds": save_seconds}
+           "save_seconds": save_seconds, "async_seconds": async_seconds}
     if rank == 0:
         out["full_model"] = {k: v.clone() for k, v in full_model.items()}
         out["full_optim"] = full_optim
@@ -79,13 +101,19 @@ def _save_worker(rank, world_size, device, progress, path, steps, global_batch, 
 
 
 def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 8, lr: float = 1e-3,
-                 timeout: float = 180.0) -> dict:
+                 timeout: float = 180.0, async_path=None) -> dict:
     """Train with ``fully_shard`` on ``world_size`` processes and save a DCP checkpoint in folder ``path``.
 
     Returns ``{"losses", "next_loss", "local_model_bytes" (per rank: bytes
     of model shards each rank wrote), "save_seconds" (per rank: how long its
-    ``dcp.save`` took, from a common start), "full_model", "full_optim"}``; the
+    ``dcp.save`` took, from a common start), "async_seconds", "full_model", "full_optim"}``; the
     last two are the state gathered whole on rank 0, for checking a load.
+
+    With ``async_path`` (another folder) the same state is saved :data:`SAVE_ROUNDS` times each way, in
+    turn: with ``dcp.async_save`` into ``async_path``, then with ``dcp.save`` into ``path``. Then
+    ``save_seconds`` is each rank's fastest ``dcp.save``, and ``async_seconds`` holds, per rank, the fastest
+    round's ``(blocking, total)`` seconds from a common start: until the call returned (the stop a run pays:
+    the state staged in CPU memory) and until its files were written. Without it ``async_seconds`` is ``None``.
     """
     from ..precision import MAX_LR
     from .fsdp import MAX_GLOBAL_BATCH, MAX_STEPS
@@ -98,14 +126,22 @@ def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 
         raise ValueError(f"global_batch {global_batch} does not divide evenly by world_size={world_size}")
     path = check_path("path", path)
     lr = check_positive("lr", lr, maximum=MAX_LR)  # lr=1e30 trained into a NaN-filled checkpoint
+    if async_path is not None:
+        async_path = check_path("async_path", async_path)
+        if async_path.resolve() == path.resolve():
+            raise ValueError(f"async_path must be another folder than path ({str(path)!r}): each save writes its own")
+        async_path.mkdir(parents=True, exist_ok=True)
     path.mkdir(parents=True, exist_ok=True)
     require_all('fully_shard')  # before starting processes: one clear error on an older torch
-    per_rank = launch(_save_worker, world_size, args=(str(path), steps, global_batch, lr), timeout=timeout,
+    per_rank = launch(_save_worker, world_size, args=(str(path), steps, global_batch, lr,
+                                                      None if async_path is None else str(async_path)),
+                      timeout=timeout,
                       progress_total=world_size, desc=f"sharded save from {world_size} processes")
     r0 = per_rank[0]
     return {"losses": r0["losses"], "next_loss": r0["next_loss"],
             "local_model_bytes": [r["local_model_bytes"] for r in per_rank],
             "save_seconds": [r["save_seconds"] for r in per_rank],
+            "async_seconds": None if async_path is None else [r["async_seconds"] for r in per_rank],
             "full_model": r0["full_model"], "full_optim": r0["full_optim"]}
 
 

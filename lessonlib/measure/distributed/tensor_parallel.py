@@ -154,27 +154,27 @@ def saved_and_sent(module, x) -> dict:
 def _tp_worker(rank, world_size, device, progress, mlp_cfg, block_cfg):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     with known_warnings_silenced():
-        mesh = init_device_mesh(device.type, (world_size,))
-        mlp_plan, block_plan = _plans()
-
+        _, block_plan = _plans()
         # --- MLP block: same output and input gradient as unsplit, and its collectives --------
         batch, seq, hidden = mlp_cfg
         torch.manual_seed(0)  # every rank builds the same block and input
-        ref = mlp_block(hidden).to(device)
+        ref = mlp_block(hidden).to(device)  # Linear(h, 4h), GELU, Linear(4h, h): the unsplit block
         tp = mlp_block(hidden).to(device)
-        tp.load_state_dict(ref.state_dict())
-        parallelize_module(tp, mesh, mlp_plan)
+        tp.load_state_dict(ref.state_dict())  # the same weights, then split:
+        mesh = init_device_mesh(device.type, (world_size,))  # world_size processes in one dimension
+        parallelize_module(tp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
         x = torch.randn(batch, seq, hidden, device=device)
         x_ref, x_tp = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-        y_ref = ref(x_ref)
-        y_ref.square().mean().backward()
-        log = CollectiveLog()
+        ref(x_ref).square().mean().backward()  # unsplit forward and backward
+        log = CollectiveLog()  # CommDebugMode, which also keeps each collective's bytes
         with log:
             y_tp = tp(x_tp)
-            y_tp.square().mean().backward()
+            y_tp.square().mean().backward()  # split forward and backward: the collectives are logged
+        with torch.no_grad():
+            y_ref = ref(x_ref)
         mlp = {
             "output_max_diff": (y_tp - y_ref).abs().max().item(),
             "output_max": y_ref.abs().max().item(),
