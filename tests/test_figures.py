@@ -115,3 +115,19 @@ def test_activation_sweep_puts_at_most_two_panels_a_row():
     columns = {round(ax.get_position().x0, 3) for ax in visible}
     assert len(columns) == min(2, len(sweeps))
     assert fig.get_figwidth() <= 8
+
+
+def test_step_terms_figure_stacks_compute_bubble_and_exposed_communication():
+    from lessonlib.book.split_plots import step_terms_figure
+    from lessonlib.calc.layout_search import published_layout_cost
+    meta = published_layout_cost()
+    plain = published_layout_cost(recompute="full")
+    fig = step_terms_figure(plain, meta, ("full recomputation", "selective"))
+    ax = fig.axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    assert len(heights) == 6 and abs(sum(heights[1::2]) - meta.step_s) < 1e-9 * meta.step_s
+    assert ax.get_ylabel() == "time per step (s)" and ax.get_xlabel() == "layout"
+    with pytest.raises(TypeError, match="first"):
+        step_terms_figure(0.5, meta)
+    with pytest.raises(ValueError, match="names"):
+        step_terms_figure(plain, meta, ("same", "same"))

@@ -38,7 +38,7 @@ CALLS = {
     "calc.comm": "assert M.collective_seconds('all_reduce', 1e9, 8, 0.0, 100e9) == 0.0175",
     "calc.bill": "assert M.bill(1000, 2.0, 700).dollars == 2000",
     "calc.mfu": "assert M.model_hardware_flops(1e9, 1, 2, 8, 8, recompute='full').hardware > 6e9",
-    "calc.scale": "assert 0.75 < M.llama3_scale().per_device_hour < 0.8",
+    "calc.scale": "assert 0.55 < M.llama3_scale().per_device_hour < 0.65",
     "calc.overlap": "assert M.exposed_comm(2.0, 1.0, 8) == 1.0",
 }
 

@@ -21,30 +21,37 @@ def test_doctests(module):
 
 # --- the reconciled account at 16,384 devices ------------------------------------------------------------
 
-def test_the_step_efficiency_is_amdahl_fitted_to_table_4_not_the_mfu_over_an_assumption():
-    # the old account divided the run's MFU (40.4 %) by an assumed one-device 40 % and got 1.011, a serial share
-    # of -6.5e-07: circular. The account now fits Amdahl's form to Table 4's strong scaling (430 -> 400 TFLOP/s per
-    # GPU from 8,192 to 16,384 GPUs at one batch).
+def test_the_account_starts_from_published_figures_and_the_kernel_efficiency():
+    # the account once rested on Amdahl's form fitted to Table 4's drop (430 -> 400 TFLOP/s per GPU), which
+    # put what one GPU sustains with nothing to wait for at 465 TFLOP/s; the layout model prices compute at the
+    # kernel efficiency (60 %). One rate now: the kernel efficiency, and the fit is a contrast.
     a = S.llama3_scale()
     assert a.world_size == L3["gpus"] == 16384
+    peak = D.device(pub.LLAMA3_DEVICE).peak_flops_per_s
+    assert a.mfu == pytest.approx(400e12 / peak) and round(100 * a.mfu, 1) == 40.4
+    assert a.kernel_efficiency == D.KERNEL_EFFICIENCY
+    # published only: MFU x effective training time, against the bill's 6ND over the GPU-hours
+    assert a.goodput.useful_fraction == pytest.approx(L3["effective_training"])
+    assert a.stage_utilisation == pytest.approx(a.mfu * L3["effective_training"])
+    assert a.bill_utilisation == pytest.approx(6 * 405e9 * 15.6e12 / (30.84e6 * 3600 * peak))
+    assert a.bill_utilisation < a.stage_utilisation < a.mfu < a.kernel_efficiency
+    # one-device hours: the same shares over the kernel efficiency
+    assert a.step_efficiency == pytest.approx(a.mfu / D.KERNEL_EFFICIENCY)
+    assert a.per_device_hour == pytest.approx(a.step_efficiency * a.goodput.useful_fraction)
+    assert a.bill_per_device_hour == pytest.approx(a.bill_utilisation / D.KERNEL_EFFICIENCY)
+    # the fit is kept as a contrast, and it still reproduces the published drop
     f = a.fit
     assert (f.world_size_low, f.throughput_low, f.world_size_high, f.throughput_high) == (8192, 430, 16384, 400)
     r = 400 / 430
-    assert f.efficiency_high / f.efficiency_low == pytest.approx(r)
-    # by hand: s = (1 - r) / (r (N2 - 1) - (N1 - 1)), E = 1 / (s N + 1 - s)
     s = (1 - r) / (r * 16383 - 8191)
     assert a.serial_share == pytest.approx(s) and 9.8e-6 < a.serial_share < 1.0e-5
-    assert a.step_efficiency == pytest.approx(1 / (s * 16384 + 1 - s)) and round(a.step_efficiency, 2) == 0.86
-    assert a.step_efficiency == pytest.approx(speedup_from_share(a.serial_share, a.world_size) / a.world_size)
-    # the MFU is the run's, and no assumed utilisation enters: the unit is what linear scaling would keep
-    assert a.mfu == pytest.approx(400e12 / D.device(pub.LLAMA3_DEVICE).peak_flops_per_s)
-    assert a.one_device_utilisation == pytest.approx(a.mfu / a.step_efficiency)
-    # failures: the exact goodput, with a restart that keeps the report's 90 % effective training time
-    assert a.goodput.useful_fraction == pytest.approx(L3["effective_training"])
-    assert a.per_device_hour == pytest.approx(a.step_efficiency * a.goodput.useful_fraction)
-    # the bill on the same basis: its utilisation over the step's MFU, times E; it pays for more than the steps
-    assert a.bill_per_device_hour == pytest.approx(a.step_efficiency * a.bill_utilisation / a.mfu)
-    assert a.bill_per_device_hour < a.per_device_hour < a.bill_per_device_hour * 1.1
+    assert f.efficiency_high / f.efficiency_low == pytest.approx(r)
+    # the ladder: kernel rate, step, stage, bill; then the contrast
+    rungs = S.scale_ladder(a)
+    assert [x.utilisation for x in rungs[:4]] == sorted([x.utilisation for x in rungs[:4]], reverse=True)
+    assert all(x.per_device_hour == pytest.approx(x.utilisation / a.kernel_efficiency) for x in rungs)
+    with pytest.raises(ValueError, match="kernel_efficiency"):
+        S.scale_account(f, 0.7, 1e9, 1e6, 1e15, 3e12, 1e5, 10, 60, 0.3)
 
 
 def test_fit_serial_share_limits_and_refusals():
@@ -67,7 +74,7 @@ def test_the_contrast_is_the_strong_scaling_collapse():
     assert a.contrast_per_device_hour < 0.06 < 10 * a.contrast_per_device_hour < a.per_device_hour
     # the contrast's 0.1 % is far above the update's share a data-parallel job would repeat, and the fitted share
     assert a.contrast_serial_share > 10 * a.update_share > 10 * a.serial_share
-    assert "if the serial share were 0.1 %" in S.scale_ladder(a)[0].what
+    assert "a fixed serial share of 0.1 %" in S.scale_ladder(a)[-1].what
 
 
 def test_zero_removes_the_repeated_update():
@@ -76,9 +83,9 @@ def test_zero_removes_the_repeated_update():
     assert a.update_efficiency_dp < 0.7
     # ... the tensor x pipeline layout splits it 128 ways; ZeRO splits the rest, leaving nothing repeated
     assert a.model_parallel == 128 and a.update_efficiency_dp < a.update_efficiency_layout < 1
-    # by hand: update 32 B/param at 3.35 TB/s, compute 6 N B at the linear-scaling utilisation of 989.4 TFLOP/s
+    # by hand: update 32 B/param at 3.35 TB/s, compute 6 N B at the kernel efficiency of 989.4 TFLOP/s
     t_u = 32 * 405e9 / 3.35e12
-    t_c = 6 * 405e9 * 16e6 / (989.4e12 * a.one_device_utilisation)
+    t_c = 6 * 405e9 * 16e6 / (989.4e12 * D.KERNEL_EFFICIENCY)
     assert a.update_share == pytest.approx(t_u / (t_u + t_c))
 
 
@@ -97,33 +104,36 @@ def test_scale_account_refuses_bad_input():
             S.llama3_scale(bad)
 
 
-PAGES = {"13": "chapters/03-distributed-speedup/13-goodput.md",
-         "14": "chapters/03-distributed-speedup/14-price-a-real-run.md"}
+PAGES = {"13": "chapters/03-distributed-speedup/13-goodput.md"}
 
 
-def test_both_pages_print_the_one_account():
-    # Both pages call the same function with the same (no) arguments, and print its fields, never typed numbers:
-    # the reconciled per-device-hour, the contrast and the bill's figure.
+def test_one_page_prints_the_one_account_and_the_other_links_to_it():
+    # The goodput page calls the one function and prints its fields, never typed numbers; the page that prices
+    # the run links to it instead of printing the same table again.
     a = S.llama3_scale()
     for key, path in PAGES.items():
         text = (ROOT / path).read_text()
         assert "llama3_scale()" in text, key
         for field in ("per_device_hour", "bill_per_device_hour", "contrast_per_device_hour", "step_efficiency",
-                      "serial_share", "fit.throughput_low", "fit.throughput_high", "goodput.useful_fraction"):
+                      "stage_utilisation", "bill_utilisation", "serial_share", "fit.throughput_low",
+                      "fit.throughput_high", "goodput.useful_fraction"):
             assert f".{field}" in text, (key, field)
-        # neither page types the figures the account computes (0.91, 0.86, 0.052, 942.5)
         for typed in (f"{a.per_device_hour:.2f}", f"{a.bill_per_device_hour:.2f}", f"{a.contrast_per_device_hour:.3f}",
                       f"{a.contrast_speedup:.1f}", f"{a.step_efficiency:.2f}", f"{a.serial_share:.1e}"):
             assert not re.search(rf"(?<![\d.]){re.escape(typed)}(?![\d])", text), (key, typed)
-        # the account no longer rests on an assumed one-device utilisation, and the contrast is a contrast
         assert "one_device_utilisation" not in text and "every device repeats the update (the contrast" not in text
+        # no rate "with nothing to wait for" from Amdahl's fit: the kernel efficiency is the one such rate
+        assert "r_u1_pct" not in text and "r_t0" not in text
+        assert text.count("ladder_table(") == 1, key
+    page14 = (ROOT / "chapters/03-distributed-speedup/14-price-a-real-run.md").read_text()
+    assert "13-goodput.ipynb" in page14 and "ladder_table(" not in page14 and "scale_report(" not in page14
 
 
 def test_the_goodput_figure_title_is_rounded(monkeypatch):
     from lessonlib.book import speedup_plots as P
     seen = {}
 
-    def capture(ns, rows, no_failure, title):
+    def capture(ns, rows, no_failure, title, **kwargs):
         seen["title"] = title
         raise RuntimeError("stop")
 
@@ -134,7 +144,7 @@ def test_the_goodput_figure_title_is_rounded(monkeypatch):
 
 
 def test_page_14_validation_table_compares_no_figure_with_itself():
-    text = (ROOT / PAGES["14"]).read_text()
+    text = (ROOT / "chapters/03-distributed-speedup/14-price-a-real-run.md").read_text()
     table = text[text.index("# @title Published against computed (table)"):]
     table = table[:table.index("```")]
     assert '"training FLOPs"' not in table and "MFU, lowest configuration" not in table

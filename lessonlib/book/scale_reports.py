@@ -7,13 +7,12 @@ from .tables import table
 
 
 def ladder_rows(account) -> list:
-    """The rows of :func:`lessonlib.calc.scale.scale_ladder` as text: what, step efficiency, per paid device-hour."""
-    return [(r.what, "—" if r.step_efficiency is None else f"{r.step_efficiency:.3f}", f"{r.per_device_hour:.3f}")
-            for r in scale_ladder(account)]
+    """The rows of :func:`lessonlib.calc.scale.scale_ladder` as text: what, share of the peak, one-device hours."""
+    return [(r.what, f"{100 * r.utilisation:.1f} %", f"{r.per_device_hour:.3f}") for r in scale_ladder(account)]
 
 
-LADDER_HEADER = ["what the job does", "step efficiency (speedup / devices, of linear scaling)",
-                 "one-device hours per paid device-hour"]
+LADDER_HEADER = ["what a paid GPU-hour is counted over", "share of the peak delivered",
+                 "one-device hours per paid GPU-hour"]
 
 
 def ladder_table(account):
@@ -23,11 +22,17 @@ def ladder_table(account):
 
 def scale_report(tflops_at_16k) -> str:
     """The scale calculator's answer (for an Explorer): Llama 3 405B's account on 16,384 GPUs if each GPU had
-    sustained ``tflops_at_16k`` TFLOP/s there (Table 4: 400) against 430 on 8,192, Amdahl's form fitted to the two."""
+    sustained ``tflops_at_16k`` TFLOP/s there (Table 4: 400), with the same failures and kernel efficiency."""
     a = llama3_scale(_check_positive("tflops_at_16k", tflops_at_16k))
-    return (f"<p>Serial share fitted {a.serial_share:.1e}; step efficiency {a.step_efficiency:.3f} of linear "
-            f"scaling; failures leave {100 * a.goodput.useful_fraction:.0f} % of the time useful; a paid GPU-hour "
-            f"buys {a.per_device_hour:.3f} one-device hours.</p>" + ladder_table(a))
+    return table(None, [
+        ("MFU per step", f"{100 * a.mfu:.1f} %"),
+        (f"× {100 * a.goodput.useful_fraction:.0f} % effective training time", f"{100 * a.stage_utilisation:.1f} % "
+         "of the peak per paid GPU-hour"),
+        (f"one-device hours per paid GPU-hour (÷ the {100 * a.kernel_efficiency:.0f} % kernel efficiency)",
+         f"{a.per_device_hour:.3f}"),
+        (f"Amdahl's serial share fitted to {a.fit.throughput_low:g} → {a.fit.throughput_high:g} TFLOP/s (a contrast)",
+         f"{a.serial_share:.1e}"),
+    ], strong=(1,))
 
 
 def bill_report(price_per_gpu_hour, pue, tco2_per_mwh) -> str:

@@ -241,37 +241,64 @@ def stall_figure(runs: list, stall_step: int, stall_s: float, stalled_rank: int 
                 "again. The flat stretch is shaded as paid time with no progress.")
 
 
-def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtbfs=(5_000, 50_000, 500_000)):
+def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtbfs=(5_000, 50_000, 500_000),
+                   contrast_share=None, marks=None, title=None, rate_label: str = "device MTBF"):
     """What failures cost as a job grows, for device MTBFs ``mtbfs`` (hours): the share of time lost, and
-    one-device hours per paid device-hour beside the no-failure line (see :func:`plot_goodput_failures`)."""
+    one-device hours per paid device-hour beside the no-failure line (see :func:`plot_goodput_failures`).
+
+    ``contrast_share`` (a serial share) adds a dotted contrast curve with the first MTBF's failures;
+    ``marks`` maps a label to one-device hours per paid device-hour at the largest count (a real run's
+    points); ``title`` replaces the default title; ``rate_label`` names the failure rate in the legend.
+    """
     ns = counts("ns", ns)
     check_share("serial_share", serial_share)
     positive("ckpt_s", ckpt_s)
     amount("restart_s", restart_s)
     mtbfs = [positive(f"mtbfs[{i}]", m) for i, m in enumerate(sequence("mtbfs", mtbfs))]
+    if contrast_share is not None:
+        check_share("contrast_share", contrast_share)
+    marks = {} if marks is None else mapping("marks", marks)
+    for label, value in marks.items():
+        text("marks", label)
+        positive(f"marks[{label!r}]", value)
+    if title is not None:
+        text("title", title)
+    text("rate_label", rate_label)
     try:
-        rows = {f"device MTBF {mt:,.0f} h": [goodput(n, speedup_from_share(serial_share, n), mt, ckpt_s, restart_s)
-                                          for n in ns] for mt in mtbfs}
+        rows = {f"{rate_label} {mt:,.0f} h": [goodput(n, speedup_from_share(serial_share, n), mt, ckpt_s, restart_s)
+                                            for n in ns] for mt in mtbfs}
+        contrast = None if contrast_share is None else (
+            f"a contrast: serial share {100 * contrast_share:g} %, failures at {mtbfs[0]:,.0f} h",
+            [goodput(n, speedup_from_share(contrast_share, n), mtbfs[0], ckpt_s, restart_s).per_device_hour
+             for n in ns])
     except ValueError as err:  # goodput names its own arguments; say which of the caller's gave them
         raise ValueError(f"ckpt_s ({ckpt_s:g} s) and mtbfs ({', '.join(f'{m:g}' for m in mtbfs)} h) give no "
                          f"answer for {ns[-1]:,} devices: {err}") from None
     no_failure = [speedup_from_share(serial_share, n) / n for n in ns]
-    fig = plot_goodput_failures(list(ns), rows, no_failure,
-                                title=f"Serial share {serial_share:.1%}, saves of {round(ckpt_s):,} s, restarts of "
-                                      f"{round(restart_s / 60, 1):g} min")
-    lost = ", ".join(f"{100 * (1 - gs[-1].useful_fraction):.0f} % with {mt:,.0f}-hour devices"
+    default = (f"Serial share {serial_share:.1%}, saves of {round(ckpt_s):,} s, restarts of "
+               f"{round(restart_s / 60, 1):g} min")
+    fig = plot_goodput_failures(list(ns), rows, no_failure, title=default if title is None else title,
+                                contrast=contrast, marks=marks or None)
+    lost = ", ".join(f"{100 * (1 - gs[-1].useful_fraction):.0f} % at {rate_label} {mt:,.0f} h"
                      for mt, gs in zip(mtbfs, rows.values()))
+    extra = ""
+    if contrast is not None:
+        extra += (f" A dotted contrast curve, a fixed serial share of {100 * contrast_share:g} %, falls to "
+                  f"{contrast[1][-1]:.3f} at {ns[-1]:,} devices.")
+    if marks:
+        extra += f" Points at {ns[-1]:,} devices: " + "; ".join(f"{k} {v:.3f}" for k, v in marks.items()) + "."
     return show(fig, alt=f"Two panels against the device count, from {ns[0]:,} to {ns[-1]:,} on a log axis, for "
-                "device mean times between failures of " + ", ".join(f"{m:,.0f}" for m in mtbfs) + " hours. Left: "
+                "failure rates of " + ", ".join(f"{m:,.0f}" for m in mtbfs) + " hours per device. Left: "
                 "the share of wall-clock time lost to saves, redone work and restarts; it grows with the device "
                 "count, because a job on n devices fails n times as often, and the less reliable the devices the "
                 f"faster: at {ns[-1]:,} devices {lost}. Right: one-device hours of progress per paid device-hour, "
-                "on a log axis. The dotted no-failure line (the serial share alone) lies on top; each failure "
-                "curve falls further below it as devices are added.")
+                f"on a log axis, with serial share {100 * serial_share:g} %: the dotted no-failure line lies on "
+                "top; each failure curve falls further below it as devices are added." + extra)
 
 
 @_reads("rows", "no_failure")
-def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title: str = ""):
+def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title: str = "", contrast=None,
+                          marks=None):
     """Two panels on what failures cost a synchronous job as it grows.
 
     ``world_sizes`` is the device counts (each a ``world_size``); ``rows`` maps a curve label (e.g. a
@@ -280,7 +307,8 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
     Left: share of wall-clock time lost to saves, redone work and restarts
     (%, linear). Right: useful progress per paid device-hour on a log axis,
     with the no-failure line drawn on top, so the gap that failures open is
-    visible beside Amdahl's fall. Returns the figure.
+    visible beside Amdahl's fall. ``contrast`` is an optional (label, values) curve, one value per count;
+    ``marks`` maps labels to values drawn as points at the largest count. Returns the figure.
     """
     world_sizes = counts("world_sizes", world_sizes)
     for label, gs in mapping("rows", rows).items():
@@ -296,6 +324,15 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
         left.plot(world_sizes, [100 * (1 - g.useful_fraction) for g in gs], styles[i % 3], marker="o", label=label)
         right.plot(world_sizes, [g.per_device_hour for g in gs], styles[i % 3], marker="o", label=label)
     right.plot(world_sizes, no_failure, ":", color="black", lw=2, zorder=5, label="no failures (Amdahl alone)")
+    if contrast is not None:
+        label, values = sequence("contrast", contrast)
+        values = [positive(f"contrast[1][{i}]", x) for i, x in enumerate(sequence("contrast[1]", values))]
+        if len(values) != len(world_sizes):
+            raise ValueError(f"contrast must hold one value per device count ({len(world_sizes)})")
+        right.plot(world_sizes, values, ":", color="grey", marker="x", label=text("contrast[0]", label))
+    for j, (label, value) in enumerate(({} if marks is None else mapping("marks", marks)).items()):
+        right.plot([world_sizes[-1]], [positive(f"marks[{label!r}]", value)], ["*", "D", "s"][j % 3],
+                   markersize=16 if j == 0 else 7, zorder=6 + j, label=text("marks", label))  # a small one on top
     for ax in (left, right):
         ax.set_xscale("log")
         ax.set_xticks(world_sizes, [f"{n:,}" for n in world_sizes], rotation=30)

@@ -229,3 +229,24 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
     fig.suptitle("Pipeline schedules recorded on real processes")
     fig.tight_layout()
     return fig
+
+
+def step_terms_figure(first, second, names=("first choice", "published"), title: str = "One training step, term by term"):
+    """Two :class:`~lessonlib.calc.layout.LayoutCost` steps as stacked bars (seconds): compute, the pipeline's
+    bubble and the communication nothing hides (every exposed collective together). Returns the figure."""
+    from ..calc.layout import LayoutCost
+
+    for name, c in (("first", first), ("second", second)):
+        if not isinstance(c, LayoutCost):
+            raise TypeError(f"{name} must be a LayoutCost, got {type(c).__name__}")
+    names = check_sequence("names", names)
+    if len(names) != 2 or len({str(n) for n in names}) != 2:
+        raise ValueError(f"names must give the two layouts two different names, got {names!r:.80}")
+    data = {f"{n}\n{c.layout.label().split(' (')[0]}": {
+        "compute": c.compute_s, "pipeline bubble": c.bubble_s,
+        "exposed communication": max(0.0, c.step_s - c.compute_s - c.bubble_s)} for n, c in zip(names, (first, second))}
+    fig = stacked_bars(data, check_text("title", title), "time per step (s)",
+                       colors={"compute": "#4C72B0", "pipeline bubble": "#DD8452", "exposed communication": "#C44E52"})
+    fig.axes[0].set_xlabel("layout")
+    fig.tight_layout()
+    return fig

@@ -71,8 +71,11 @@ DEFAULT_DEVICE = "H100 SXM 80GB"
 UTILISATION = 0.40
 
 #: The per-kernel efficiency the layout model assumes (:mod:`lessonlib.calc.layout`): the share of its dense
-#: peak one device's kernels reach while they run, with no bubble and no waiting (large bf16 matrix products
-#: reach about 60-70 % of an H100's dense peak; attention and normalisation less). It is NOT a run's MFU: the
+#: peak one device's kernels reach while they run, with no bubble and no waiting. It is the course's
+#: assumption, not a published or measured figure (no source is kept for it): a round share for large bf16
+#: matrix products, above what whole steps reach (attention and normalisation reach less). The layout page
+#: shows how its predicted MFU moves with it, and the goodput page uses it as the rate of a GPU with nothing
+#: to wait for (the unit of a one-device hour in :mod:`lessonlib.calc.scale`). It is NOT a run's MFU: the
 #: layout model adds the bubble and the exposed communication to it, and its predicted MFU is this
 #: efficiency x the step's compute share (compute seconds over step seconds) x the model's FLOPs over the
 #: FLOPs executed (recomputation runs more). That prediction, not this share, is what compares with

@@ -173,8 +173,19 @@ def published_activation_bytes(name: str = "Llama 3 405B, 8K context", recompute
 #: stages in micro-batches; it does not give the number of chunks a device holds.
 PUBLISHED_ASSUMPTIONS = {
     "Llama 3 405B, 8K context": {"virtual": 4, "zero": 2, "recompute": "selective"},
-    "Llama 3 405B, 128K context": {"virtual": 4, "zero": 1, "recompute": "selective"},
+    # ZeRO-2 as at 8K (the report's FSDP shards gradients and optimizer state); ZeRO-1 gives the same step time
+    # here (one 128K-token micro-batch's backward hides a reduction run once a step), so the search, which meets
+    # ZeRO-1 first, returns that stage for these degrees
+    "Llama 3 405B, 128K context": {"virtual": 4, "zero": 2, "recompute": "selective"},
 }
+
+#: What the activation formula leaves out for Llama's layers: the one caveat every page that prices a published
+#: Llama 3 layout's activations prints.
+ACTIVATION_FORMULA_CAVEAT = (
+    "The activation formula, Korthikanti et al.'s, counts a GPT-shaped layer: an MLP of two matrices 4h wide with "
+    "a GELU between them, and one key and one value per attention head. Llama 3's layer has a three-matrix SwiGLU "
+    "MLP of a different width, and grouped-query attention, with fewer key and value heads than query heads, so "
+    "for Llama 3 the bytes it gives are an estimate of the right size, not a count.")
 
 
 def published_layout_cost(name: str = "Llama 3 405B, 8K context", **settings) -> LayoutCost:

@@ -1,25 +1,31 @@
 """One model of scale, from one device to a real run's 16,384: what a paid device-hour buys. Pure Python.
 
-Progress is counted in **one-device hours**: the work one device does in an hour
-at the per-device throughput linear scaling would keep, never failing. A paid
-device-hour of a job on ``world_size`` devices buys
+The account starts from published figures only. Llama 3's Table 4 gives what each GPU sustained per step on
+16,384 GPUs (400 TFLOP/s: a model-FLOPs utilisation, MFU, of 40.4 % of the H100's dense peak); the report
+gives its effective training time (more than 90 %); the model card gives the bill (30.84 M GPU-hours, which
+6ND turns into a utilisation of 34.5 %). Their product,
+
+    MFU x useful fraction  (about 36 % of the peak, per paid GPU-hour of the main stage),
+
+is what a paid GPU-hour delivered, against the bill's 34.5 % over every stage and every paid hour.
+
+Progress is also counted in **one-device hours**: the work one GPU does in an hour computing at the course's
+per-kernel efficiency (:data:`lessonlib.calc.hardware.KERNEL_EFFICIENCY`, 60 %: the rate with nothing to wait
+for, the same rate the layout model prices compute at). A paid device-hour buys
 
     step efficiency x useful fraction,
 
-* **step efficiency** E(N) = 1 / (s N + 1 - s): Amdahl's speedup / devices for a
-  serial share s. s is not assumed: :func:`fit_serial_share` fits it to two
-  published points of one run at one global batch (strong scaling), Llama 3's
-  Table 4, where the throughput per GPU fell from 430 TFLOP/s on 8,192 GPUs to
-  400 on 16,384;
-* **useful fraction** = the share of wall time not lost to failures: saves,
-  redone work and restarts, priced exactly by :func:`lessonlib.calc.goodput.goodput`.
+* **step efficiency** = MFU / kernel efficiency: the share of a step the GPUs spend computing at that rate
+  (the layout model's compute share, for Meta's layout, is the same quantity predicted);
+* **useful fraction** = the share of wall time not lost to failures: saves, redone work and restarts, priced
+  exactly by :func:`lessonlib.calc.goodput.goodput`.
 
-The part that would be serial in a naive data-parallel job, the optimizer
-update every replica repeats, is computed from the state's bytes and the
-device's memory bandwidth, with and without ZeRO (which splits the update
-over the data-parallel copies, so nothing of it is repeated). A fixed serial
-share of 0.1 % (942.5x on 16,384 devices, 0.058 per device) is kept as
-``contrast_*``: what a run would buy if the serial share were 0.1 %.
+Two contrasts are kept beside the account. Amdahl's form fitted to Table 4's strong scaling (430 TFLOP/s per
+GPU on 8,192 GPUs, 400 on 16,384, one batch) gives a serial share (:func:`fit_serial_share`), although the drop
+is mostly the pipeline's bubble, which a constant serial share cannot describe; and a fixed serial share of
+0.1 % (942.5x on 16,384 devices) shows the collapse a serial share that size would cause (``contrast_*``). The
+optimizer update every replica would repeat without ZeRO is computed from the state's bytes and the device's
+memory bandwidth.
 """
 from __future__ import annotations
 
@@ -106,31 +112,36 @@ def fit_serial_share(world_size_low, throughput_low, world_size_high, throughput
 class ScaleAccount:
     """What a paid device-hour buys on ``world_size`` devices; every share is a fraction, every time in seconds.
 
-    fit:                    the Amdahl fit the step efficiency comes from (:class:`AmdahlFit`)
-    serial_share:           its fitted serial share s
-    step_efficiency:        E(world_size) = 1 / (s world_size + 1 - s): the share of linear scaling kept
-    speedup:                world_size x step_efficiency
     mfu:                    the MFU the job's devices sustained per step (published)
-    one_device_utilisation: mfu / step_efficiency: the utilisation per device linear scaling would keep (the
-                            unit of a one-device hour; derived from the fit, not assumed)
+    stage_utilisation:      mfu x goodput.useful_fraction: the peak's share a paid device-hour of the stage delivered
+    bill_utilisation:       the utilisation the published bill implies (every paid hour, every stage)
+    kernel_efficiency:      the rate with nothing to wait for, as a share of the peak (the unit of a one-device hour)
+    step_efficiency:        mfu / kernel_efficiency: the share of a step spent computing at that rate
+    speedup:                world_size x step_efficiency (one-device steps per step)
+    per_device_hour:        one-device hours per paid device-hour = step_efficiency x goodput.useful_fraction
+    bill_per_device_hour:   bill_utilisation / kernel_efficiency: the same read off the bill
+    fit:                    Amdahl's form fitted to the two published throughputs (:class:`AmdahlFit`; a contrast)
+    serial_share:           its fitted serial share s
     update_share:           the optimizer update's share of one device's time for a global batch
     update_efficiency_dp:   step efficiency if every device repeated the whole update (pure data parallelism)
     update_efficiency_layout: the same when tensor x pipeline parallelism splits the update ``model_parallel`` ways
     device_mtbf_hours, checkpoint_seconds, restart_seconds: the failure inputs the goodput was priced with
+                            (device_mtbf_hours: the job's interruptions spread over its devices)
     goodput:                the failures, priced exactly (:class:`lessonlib.calc.goodput.Goodput`)
-    per_device_hour:        one-device hours per paid device-hour = step_efficiency x goodput.useful_fraction
-    bill_utilisation:       the utilisation the published bill implies (every paid hour, every stage)
-    bill_per_device_hour:   step_efficiency x bill_utilisation / mfu: the same read off the bill
     contrast_speedup, contrast_per_device_hour: if the serial share were ``CONTRAST_SERIAL_SHARE``, same failures
     """
 
     world_size: int
-    fit: AmdahlFit
-    serial_share: float
+    mfu: float
+    stage_utilisation: float
+    bill_utilisation: float
+    kernel_efficiency: float
     step_efficiency: float
     speedup: float
-    mfu: float
-    one_device_utilisation: float
+    per_device_hour: float
+    bill_per_device_hour: float
+    fit: AmdahlFit
+    serial_share: float
     update_share: float
     update_efficiency_dp: float
     update_efficiency_layout: float
@@ -139,9 +150,6 @@ class ScaleAccount:
     checkpoint_seconds: float
     restart_seconds: float
     goodput: Goodput
-    per_device_hour: float
-    bill_utilisation: float
-    bill_per_device_hour: float
     contrast_serial_share: float
     contrast_speedup: float
     contrast_per_device_hour: float
@@ -149,29 +157,33 @@ class ScaleAccount:
 
 def scale_account(fit, mfu, n_params, tokens_per_step, peak_flops_per_s, memory_bandwidth, device_mtbf_hours,
                   checkpoint_seconds, restart_seconds, bill_utilisation, model_parallel=1,
-                  update_bytes_per_param=UPDATE_BYTES_PER_PARAM) -> ScaleAccount:
+                  update_bytes_per_param=UPDATE_BYTES_PER_PARAM,
+                  kernel_efficiency=_hardware.KERNEL_EFFICIENCY) -> ScaleAccount:
     """The :class:`ScaleAccount` of a synchronous job on ``fit.world_size_high`` devices.
 
-    ``fit`` (:func:`fit_serial_share`) gives the step efficiency; ``mfu`` is what each device sustained per
-    step there (a fraction of ``peak_flops_per_s``, FLOP/s); ``n_params`` and ``tokens_per_step`` (the global
-    batch) give the step's 6 N B FLOPs and the update's ``update_bytes_per_param`` x N bytes at
-    ``memory_bandwidth`` (bytes/s); ``model_parallel`` = tensor x pipeline degree (the ways the update is split
-    without ZeRO); failures: ``device_mtbf_hours``, ``checkpoint_seconds``, ``restart_seconds``;
-    ``bill_utilisation``: the utilisation the published bill implies.
+    ``mfu`` is what each device sustained per step there (a fraction of ``peak_flops_per_s``, FLOP/s), at most
+    ``kernel_efficiency`` (the share of the peak a device's kernels reach with nothing to wait for); ``fit``
+    (:func:`fit_serial_share`) is kept as a contrast; ``n_params`` and ``tokens_per_step`` (the global batch)
+    give the step's 6 N B FLOPs and the update's ``update_bytes_per_param`` x N bytes at ``memory_bandwidth``
+    (bytes/s); ``model_parallel`` = tensor x pipeline degree (the ways the update is split without ZeRO);
+    failures: ``device_mtbf_hours``, ``checkpoint_seconds``, ``restart_seconds``; ``bill_utilisation``: the
+    utilisation the published bill implies.
     """
     if not isinstance(fit, AmdahlFit):
         raise TypeError(f"fit must be an AmdahlFit (from fit_serial_share), got {type(fit).__name__}")
-    n, e = fit.world_size_high, fit.efficiency_high
+    n = fit.world_size_high
     m = positive("mfu", share("mfu", mfu))
-    u1 = result(m / e, "mfu and fit", "utilisation linear scaling would keep")
-    if u1 > 1:
-        raise ValueError(f"mfu ({m:.3g}) over the fit's efficiency ({e:.3g}) exceeds the peak")
+    k = positive("kernel_efficiency", share("kernel_efficiency", kernel_efficiency))
+    if m > k:
+        raise ValueError(f"mfu ({m:.3g}) exceeds kernel_efficiency ({k:.3g}): a step cannot sustain more than its "
+                         "kernels reach with nothing to wait for")
+    e = m / k
     mp = count("model_parallel", model_parallel)
     if n % mp:
         raise ValueError(f"model_parallel ({mp}) must divide devices ({n}): each data-parallel copy is a whole layout")
-    # one device's time for a global batch at the linear-scaling utilisation: its compute and one update
+    # one device's time for a global batch at the kernel rate: its compute and one update
     t_compute = 6 * positive("n_params", n_params) * positive("tokens_per_step", tokens_per_step) / (
-        positive("peak_flops_per_s", peak_flops_per_s) * u1)
+        positive("peak_flops_per_s", peak_flops_per_s) * k)
     t_update = positive("update_bytes_per_param", update_bytes_per_param) * n_params / positive(
         "memory_bandwidth", memory_bandwidth)
     one = t_compute + t_update
@@ -182,12 +194,13 @@ def scale_account(fit, mfu, n_params, tokens_per_step, peak_flops_per_s, memory_
     c = goodput(n, c_speed, device_mtbf_hours, checkpoint_seconds, restart_seconds)
     bill_u = positive("bill_utilisation", share("bill_utilisation", bill_utilisation))
     return ScaleAccount(
-        world_size=n, fit=fit, serial_share=fit.serial_share, step_efficiency=e, speedup=n * e, mfu=m,
-        one_device_utilisation=u1, update_share=t_update / one, update_efficiency_dp=eff_dp,
+        world_size=n, mfu=m, stage_utilisation=m * g.useful_fraction, bill_utilisation=bill_u, kernel_efficiency=k,
+        step_efficiency=e, speedup=n * e, per_device_hour=g.per_device_hour,
+        bill_per_device_hour=result(bill_u / k, "bill_utilisation and kernel_efficiency",
+                                    "one-device hours per paid device-hour"),
+        fit=fit, serial_share=fit.serial_share, update_share=t_update / one, update_efficiency_dp=eff_dp,
         update_efficiency_layout=eff_layout, model_parallel=mp, device_mtbf_hours=g.job_mtbf_s * n / 3600,
         checkpoint_seconds=float(checkpoint_seconds), restart_seconds=float(restart_seconds), goodput=g,
-        per_device_hour=g.per_device_hour, bill_utilisation=bill_u,
-        bill_per_device_hour=result(e * bill_u / m, "bill_utilisation and mfu", "one-device hours per paid device-hour"),
         contrast_serial_share=CONTRAST_SERIAL_SHARE, contrast_speedup=c_speed,
         contrast_per_device_hour=c.per_device_hour)
 
@@ -195,14 +208,14 @@ def scale_account(fit, mfu, n_params, tokens_per_step, peak_flops_per_s, memory_
 def llama3_scale(tflops_at_16k=None) -> ScaleAccount:
     """The account of Llama 3 405B's main pre-training stage on 16,384 H100s, from the published figures.
 
-    The step efficiency is Amdahl's form fitted (:func:`fit_serial_share`) to Table 4's strong scaling: 430
-    TFLOP/s per GPU on 8,192 GPUs, 400 on 16,384, at the same 16M-token batch; ``tflops_at_16k`` replaces the
-    second figure (None: the published 400), for a calculator. The MFU is that throughput over the H100's dense
-    peak; the failures are the reliability snapshot's unexpected interruptions; the save is the largest per-GPU
-    checkpoint on every GPU at the storage's sustained rate; the restart is the longest that keeps the report's
-    'more than 90 %' effective training time at the best interval
+    The MFU is Table 4's 400 TFLOP/s per GPU over the H100's dense peak (``tflops_at_16k`` replaces the 400,
+    for a calculator; None: the published figure); the failures are the reliability snapshot's unexpected
+    interruptions of the job (hardware, software, hosts and network alike), spread over its GPUs; the save is
+    the largest per-GPU checkpoint on every GPU at the storage's sustained rate; the restart is the longest that
+    keeps the report's 'more than 90 %' effective training time at the best interval
     (:func:`lessonlib.calc.pricing.restart_for_useful_fraction`); the bill's utilisation is 6ND over the model
-    card's GPU-hours. Both chapter 3 pages that speak of 16,384 devices print this one account.
+    card's GPU-hours. Amdahl's form fitted to Table 4's 430 TFLOP/s on 8,192 GPUs and this figure on 16,384
+    (:func:`fit_serial_share`) is kept as a contrast. The goodput page prints this one account.
     """
     v = {k: f.value for k, f in _pub.LLAMA3_405B.items()}
     t16 = v["tflops_16k_gpus"] if tflops_at_16k is None else positive("tflops_at_16k", tflops_at_16k)
@@ -225,32 +238,29 @@ def llama3_scale(tflops_at_16k=None) -> ScaleAccount:
 
 @dataclass(frozen=True)
 class Rung:
-    """One line of :func:`scale_ladder`: ``what`` the job does, its ``step_efficiency`` (None for the
-    bill, which is not a step) and the one-device hours a paid device-hour buys (``per_device_hour``)."""
+    """One line of :func:`scale_ladder`: ``what`` a paid device-hour is counted over, the share of the peak it
+    delivered (``utilisation``, a fraction) and the one-device hours it bought (``per_device_hour``)."""
 
     what: str
-    step_efficiency: float | None
+    utilisation: float
     per_device_hour: float
 
 
 def scale_ladder(account: ScaleAccount) -> list:
-    """The account as a ladder of :class:`Rung`, from the fixed-serial-share contrast to the published bill.
-
-    Every rung but the last pays the same failures (``account.goodput.useful_fraction``).
-    """
+    """The account as a ladder of :class:`Rung`, from a GPU with nothing to wait for to the published bill,
+    with the fixed-serial-share contrast last."""
     if not isinstance(account, ScaleAccount):
         raise TypeError(f"account must be a ScaleAccount (from scale_account), got {type(account).__name__}")
     a, useful = account, account.goodput.useful_fraction
+    k = a.kernel_efficiency
     return [
-        Rung(f"if the serial share were {100 * a.contrast_serial_share:g} % (a contrast: "
-             f"{a.contrast_serial_share / a.update_share:.0f}x the update's share)",
-             a.contrast_speedup / a.world_size, a.contrast_per_device_hour),
-        Rung("every device repeats the whole optimizer update (data parallelism alone)",
-             a.update_efficiency_dp, a.update_efficiency_dp * useful),
-        Rung(f"the tensor x pipeline layout splits the update {a.model_parallel} ways, no ZeRO",
-             a.update_efficiency_layout, a.update_efficiency_layout * useful),
-        Rung(f"the run: Amdahl fitted to Table 4's {a.fit.throughput_low:g} -> {a.fit.throughput_high:g} TFLOP/s per "
-             f"GPU from {a.fit.world_size_low:,} to {a.fit.world_size_high:,} GPUs (s = {a.serial_share:.1e})",
-             a.step_efficiency, a.per_device_hour),
-        Rung("the published bill: every paid hour, every stage", None, a.bill_per_device_hour),
+        Rung("one GPU's kernels with nothing to wait for (the course's kernel efficiency, an assumption)", k, 1.0),
+        Rung(f"a step on {a.world_size:,} GPUs: Table 4's {a.fit.throughput_high:g} TFLOP/s per GPU (MFU)",
+             a.mfu, a.step_efficiency),
+        Rung(f"the main stage's paid hours: that MFU × {100 * useful:.0f} % effective training time",
+             a.stage_utilisation, a.per_device_hour),
+        Rung("the published bill: 6ND over every paid GPU-hour, every stage", a.bill_utilisation,
+             a.bill_per_device_hour),
+        Rung(f"a contrast: a fixed serial share of {100 * a.contrast_serial_share:g} % instead, same failures",
+             k * a.contrast_per_device_hour, a.contrast_per_device_hour),
     ]
