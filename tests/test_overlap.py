@@ -162,6 +162,29 @@ def test_bucket_hooks_need_a_process_group_and_leave_the_model_untouched_without
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_ring_all_reduce_checks_its_argument_and_needs_a_process_group():
+    import torch
+
+    from lessonlib.measure.distributed.buckets import ring_all_reduce
+
+    for bad in ("a tensor", None, [1.0, 2.0]):
+        with pytest.raises((TypeError, ValueError), match="tensor"):
+            ring_all_reduce(bad)
+    with pytest.raises(ValueError, match="tensor: must be contiguous"):
+        ring_all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(ValueError, match="tensor: no process group"):
+        ring_all_reduce(torch.ones(4))
+
+
+def test_ring_all_reduce_on_one_process_sends_nothing_and_keeps_the_tensor(one_process_group):
+    import torch
+
+    from lessonlib.measure.distributed.buckets import ring_all_reduce
+
+    t = torch.arange(6.0)
+    assert ring_all_reduce(t) == 0 and torch.equal(t, torch.arange(6.0))
+
+
 # ------------------------------------------------------------- run_overlap: arguments first
 
 @pytest.mark.parametrize("kwargs, name", [
