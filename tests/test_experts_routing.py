@@ -74,3 +74,5 @@ def test_all_to_alls_counted_in_forward_and_backward():
     runs = run_splits(ep=(dict(tokens=64, hidden=16, experts_per_rank=2, skew=0.0),), world_size=2)
     for r in runs["expert"][0]:
         assert (r["all_to_all_forward"], r["all_to_all_backward"]) == (2, 2)
+    for r in runs["ring"]:  # the ring all-reduce of the same launch: dist.all_reduce's sum, 2(n - 1)/n of the bytes
+        assert r["allclose"] and r["bytes_sent"] == r["tensor_bytes"]

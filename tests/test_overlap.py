@@ -162,6 +162,29 @@ def test_bucket_hooks_need_a_process_group_and_leave_the_model_untouched_without
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_ring_all_reduce_checks_its_argument_and_needs_a_process_group():
+    import torch
+
+    from lessonlib.measure.distributed.buckets import ring_all_reduce
+
+    for bad in ("a tensor", None, [1.0, 2.0]):
+        with pytest.raises((TypeError, ValueError), match="tensor"):
+            ring_all_reduce(bad)
+    with pytest.raises(ValueError, match="tensor: must be contiguous"):
+        ring_all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(ValueError, match="tensor: no process group"):
+        ring_all_reduce(torch.ones(4))
+
+
+def test_ring_all_reduce_on_one_process_sends_nothing_and_keeps_the_tensor(one_process_group):
+    import torch
+
+    from lessonlib.measure.distributed.buckets import ring_all_reduce
+
+    t = torch.arange(6.0)
+    assert ring_all_reduce(t) == 0 and torch.equal(t, torch.arange(6.0))
+
+
 # ------------------------------------------------------------- run_overlap: arguments first
 
 @pytest.mark.parametrize("kwargs, name", [
@@ -202,9 +225,14 @@ def test_table_and_timeline_render_a_measured_run():
     from lessonlib.book.overlap_plots import overlap_table, plot_overlap_timeline
     from lessonlib.measure.distributed.overlap import OverlapRow
 
-    rows = [OverlapRow("ddp", "DDP", step=0.012, comm=0.003, exposed=0.006, hidden=0.0, hidden_raw=-1.0)]
+    rows = [OverlapRow("ddp", "DDP", step=0.012, comm=0.003, exposed=0.006, hidden=0.0, hidden_raw=-1.0,
+                       measured_against="sync_after"),
+            OverlapRow("sync_after", "after", step=0.009, comm=0.003, exposed=0.003, hidden=0.0, hidden_raw=0.0,
+                       measured_against="sync_after"),
+            OverlapRow("fsdp", "FSDP", step=0.02, comm=0.01, exposed=0.014, hidden=0.0, hidden_raw=0.0)]
     html = overlap_table(rows, 0.006)
-    assert "unclipped -100 %" in html and "12.00" in html
+    assert "unclipped -100 %" in html and "12.00" in html and "0 % (the baseline)" in html
+    assert html.count("<td>–</td>") >= 4  # the compute row's three, and FSDP's share: no sequential FSDP step
     step = {"forward": (0.0, 0.001), "backward": (0.001, 0.004), "end": 0.005,
             "comm": [{"bucket": 0, "bytes": 8, "start": 0.002, "end": 0.003}]}
     fig = plot_overlap_timeline([{"a": step, "b": step}, {"a": step, "b": step}])
@@ -214,8 +242,10 @@ def test_table_and_timeline_render_a_measured_run():
 
 
 def test_one_definition_of_the_hidden_share():
-    # The table's share, (compute + comm - step) / comm, is the only one: a second formula for DDP
-    # (against the step that sends after backward) once put -154 % in the table and -73 % in the text.
+    # The table's share, against the measured step that sends after backward, is the only one: a second
+    # formula once put -154 % in the table and -73 % in the text. (It replaced (compute + comm - step) / comm,
+    # whose comm, timed right after a barrier, left out the wait for the slower process, so the step that
+    # hides nothing by construction scored -297 %.)
     from dataclasses import fields
 
     from lessonlib.measure.distributed.overlap import OverlapRow, OverlapRun
@@ -242,10 +272,15 @@ def test_two_processes_same_gradients_buckets_and_bytes():
     assert [r.variant for r in res.rows] == [v for v, _, _ in VARIANTS]
     assert res.compute == min(res.per_round["compute"])  # the fastest round, as the page says
     assert all(len(v) == 2 for v in res.per_round.values())
+    serial = min(res.per_round["sync_after"])
     for r in res.rows:  # the table adds up: exposed = step - compute; hidden from the same fastest rounds
         assert math.isclose(r.exposed, r.step - res.compute)
-        assert math.isclose(r.hidden_raw, (res.compute + r.comm - r.step) / r.comm)
         assert 0.0 <= r.hidden <= 1.0
+        if r.variant.startswith("fsdp"):
+            assert r.measured_against == "" and r.hidden_raw == 0.0
+        elif r.measured_against:
+            assert math.isclose(r.hidden_raw, (serial - r.step) / (serial - res.compute))
+            assert len(r.hidden_rounds) <= 2
     kinds = {k for k, _ in res.fsdp_collectives["fsdp"]}
     assert kinds == {"all_gather", "reduce_scatter"}
     # FSDP2 with weights freed after forward: an all-gather per layer (and root) in forward and backward,

@@ -22,11 +22,16 @@ def overlap_table(rows, compute: float):
     compute = check_amount("compute", compute)
     out = [["forward + backward, no exchange (compute)", f"{1e3 * compute:.2f}", "–", "–", "–"]]
     for r in rows:
-        clipped = "" if r.hidden == r.hidden_raw else f" (unclipped {100 * r.hidden_raw:+.0f} %)"
-        out.append([r.label, f"{1e3 * r.step:.2f}", f"{1e3 * r.comm:.2f}", f"{1e3 * r.exposed:+.2f}",
-                    f"{100 * r.hidden:.0f} %{clipped}"])
+        if not r.measured_against:
+            hidden = "–"
+        elif r.measured_against == r.variant:
+            hidden = "0 % (the baseline)"
+        else:
+            clipped = "" if r.hidden == r.hidden_raw else f" (unclipped {100 * r.hidden_raw:+.0f} %)"
+            hidden = f"{100 * r.hidden:.0f} %{clipped}"
+        out.append([r.label, f"{1e3 * r.step:.2f}", f"{1e3 * r.comm:.2f}", f"{1e3 * r.exposed:+.2f}", hidden])
     return table(["variant", "step (ms)", "communication alone (ms)", "exposed = step − compute (ms)",
-                       "hidden share"], out)
+                  "hidden share, against the step with one all-reduce after backward"], out)
 
 
 @_reads("timeline")

@@ -3,15 +3,16 @@
 :func:`all_reduce_in_buckets` averages a model's gradients over the processes
 of the default group bucket by bucket, each bucket's all-reduce started as
 soon as backward has produced its last gradient (what
-``DistributedDataParallel`` does inside). :func:`layer_stack` is the model the
-overlap page measures: equal layers, so the buckets are easy to count.
-Sizes are bytes.
+``DistributedDataParallel`` does inside). :func:`ring_all_reduce` is the ring
+algorithm under an all-reduce, written out with point-to-point sends, for the
+page that counts its bytes. :func:`layer_stack` is the model the overlap page
+measures: equal layers, so the buckets are easy to count. Sizes are bytes.
 """
 from __future__ import annotations
 
 from ...checks import count as _check_count, instance as _check_instance
 
-__all__ = ["layer_stack", "all_reduce_in_buckets", "MAX_SIZE"]
+__all__ = ["layer_stack", "all_reduce_in_buckets", "ring_all_reduce", "MAX_SIZE"]
 
 #: The largest width and layer count :func:`layer_stack` accepts.
 MAX_SIZE = 4096
@@ -91,3 +92,44 @@ def all_reduce_in_buckets(model, bucket_bytes: int):
         in_flight.clear()
         return sent
     return finish
+
+
+def ring_all_reduce(tensor) -> int:
+    """Sum ``tensor`` over the default group's processes in place, by the ring algorithm; returns bytes sent.
+
+    The algorithm NCCL and gloo use for large all-reduces, written with
+    point-to-point sends for reading. The processes form a ring; the tensor
+    is cut into as many chunks as there are processes. Reduce-scatter: in
+    each of n - 1 steps every process sends one chunk to its right-hand
+    neighbour and adds the chunk arriving from its left; afterwards each
+    holds one chunk fully summed. All-gather: n - 1 more steps pass the summed
+    chunks on until every process has all of them. ``tensor``: a contiguous
+    tensor of the same shape on every process. Returns the bytes this process
+    sent: 2(n - 1)/n of the tensor's bytes when n divides its size.
+    """
+    import torch
+    import torch.distributed as dist
+
+    _check_instance("tensor", tensor, torch.Tensor, "a torch.Tensor")
+    if not tensor.is_contiguous():
+        raise ValueError("tensor: must be contiguous (its chunks are views that the sums are written into)")
+    if not dist.is_initialized():
+        raise ValueError("tensor: no process group to sum it over; call torch.distributed.init_process_group first")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = torch.tensor_split(tensor.view(-1), n)  # n views into tensor
+    right, left = (rank + 1) % n, (rank - 1) % n
+    sent = 0
+    for phase in ("reduce-scatter", "all-gather"):
+        for step in range(n - 1):
+            out = (rank - step + (phase == "all-gather")) % n  # the chunk this process passes on
+            inc = (out - 1) % n  # the chunk arriving from the left
+            arrived = torch.empty_like(chunks[inc])
+            request = dist.isend(chunks[out], right)
+            dist.recv(arrived, left)
+            request.wait()
+            sent += chunks[out].numel() * chunks[out].element_size()
+            if phase == "reduce-scatter":
+                chunks[inc].add_(arrived)  # one more process's share of the sum
+            else:
+                chunks[inc].copy_(arrived)  # a finished sum: keep it
+    return sent

@@ -89,7 +89,8 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
        (``no_sync``) and one all-reduce of a tensor as large as the gradients;
        then one all-reduce of a single float (``latency``: the per-message cost
        that the alpha-beta model of :mod:`lessonlib.calc.comm` calls alpha, paid
-       once per ring step).
+       once per ring step); and ``bucket_copy``: the gradients copied into one
+       flat buffer, averaged and copied back, as DDP does around its all-reduce.
     Rounds are timed by :func:`lessonlib.measure.rounds.time_rounds`; times
     are seconds; the per-round maximum over ranks is kept (a step is done when
     the slowest rank is done).
@@ -108,6 +109,16 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     flat = torch.zeros(n_params, device=device)
     tiny = torch.zeros(1, device=device)  # 4 bytes: an all-reduce that is all latency
+    bucket = torch.zeros(n_params, device=device)
+
+    def bucket_copies():
+        """DDP's bookkeeping around its all-reduce (``gradient_as_bucket_view=False``, the default): the
+        gradients copied into the bucket, averaged, and the averages copied back into ``.grad``."""
+        ps = list(model.parameters())
+        torch.cat([p.grad.reshape(-1) for p in ps], out=bucket)
+        bucket.div_(world_size)
+        for p, g_ in zip(ps, bucket.split([p.numel() for p in ps])):
+            p.grad.copy_(g_.view_as(p))
 
     # --- correctness first: one DDP backward on the first batch size ---------
     b0 = batch_sizes[0]
@@ -156,6 +167,8 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
                 opt.zero_grad(set_to_none=True)
                 with ddp.no_sync():
                     loss_fn(ddp(xs), ys).backward()
+            # 3a'. DDP's copies into its buckets and back, without the all-reduce between them
+            clock.time("bucket_copy", bucket_copies)
             dist.barrier()
             # 3b. the all-reduce of the gradient bytes alone
             clock.time("allreduce", dist.all_reduce, flat)
@@ -197,7 +210,9 @@ class DataParallelRow:
     ``optimizer``, ``allreduce`` (one all-reduce of the gradient bytes) and
     ``predicted`` (= half_compute + optimizer + allreduce, per round) and
     ``latency`` (one all-reduce of a single float, 4 bytes: the fixed cost of
-    an all-reduce's ring steps, whatever its size).
+    an all-reduce's ring steps, whatever its size) and ``bucket_copy`` (the
+    gradients copied into a flat buffer, averaged and copied back: DDP's own
+    bookkeeping around its all-reduce, which ``predicted`` leaves out).
     Ratios, medians of per-round ratios: ``speedup`` (= single / ddp),
     ``predicted_speedup`` (= single / predicted) and ``predicted_over_measured``
     (= predicted / ddp).
@@ -216,6 +231,7 @@ class DataParallelRow:
     predicted_speedup: float
     predicted_over_measured: float
     latency: float
+    bucket_copy: float = 0.0
 
 
 @dataclass
@@ -278,7 +294,7 @@ def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup
     for i, b in enumerate(sizes):
         merged = Rounds.slowest([res["sweep"][i]["rounds"] for res in per_rank])
         med = {k: merged.median(k) for k in ("single", "ddp", "half_compute", "optimizer", "allreduce", "ddp_backward",
-                                             "latency")}
+                                             "latency", "bucket_copy")}
         # Everything below is derived from the medians above, so that the
         # numbers a page shows add up: predicted = the sum of the three
         # medians, each speedup = the ratio of two medians.

@@ -41,7 +41,7 @@ from .collectives import CollectiveLog
 from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
 from .quiet import known_warnings_silenced
 
-__all__ = ["run_overlap", "OverlapRow", "OverlapRun", "VARIANTS"]
+__all__ = ["run_overlap", "OverlapRow", "OverlapRun", "VARIANTS", "SEQUENTIAL"]
 #: The variants timed, in table order: (name in the rounds, label, name of its communication alone).
 VARIANTS = (
     ("sync_after", "DDP no_sync + one all-reduce after backward", "allreduce"),
@@ -226,12 +226,15 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
             return [{"bucket": 0, "bytes": both.numel() * both.element_size(), "start": s,
                      "end": now()}]
 
-        def least_disturbed(trace, tries=3):
-            """The traced step (same on every rank) whose slowest rank took the least time."""
+        def least_disturbed(trace, tries=5):
+            """The traced step (same on every rank) that took least from the first rank's start to the last
+            rank's end: a rank the operating system held back after the barrier makes its step lose."""
             steps = [trace() for _ in range(tries)]
-            took = torch.tensor([st["end"] - st["forward"][0] for st in steps], dtype=torch.float64)
-            dist.all_reduce(took, op=dist.ReduceOp.MAX)
-            return steps[int(took.argmin())]
+            ends = torch.tensor([st["end"] for st in steps], dtype=torch.float64)
+            starts = torch.tensor([-st["forward"][0] for st in steps], dtype=torch.float64)
+            dist.all_reduce(ends, op=dist.ReduceOp.MAX)  # perf_counter is the system's monotonic clock:
+            dist.all_reduce(starts, op=dist.ReduceOp.MAX)  # one time base for every process on a machine
+            return steps[int((ends + starts).argmin())]
 
         def trace_after():
             with traced.no_sync():
@@ -257,15 +260,24 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
     }
 
 
+#: The variant that hides nothing by construction: the hidden share of DDP's variants is measured against it.
+SEQUENTIAL = "sync_after"
+
+
 @dataclass
 class OverlapRow:
     """One variant of :func:`run_overlap` (seconds; per round the slowest process, then the fastest round).
 
     ``step``: forward + backward + the exchange; ``comm``: its communication
-    alone; ``exposed`` = step − compute (the time the exchange added);
-    ``hidden`` = (compute + comm − step) / comm clipped to [0, 1], and
-    ``hidden_raw`` unclipped (negative: the step took longer than compute and
-    communication one after the other).
+    alone; ``exposed`` = step − compute (the time the exchange added).
+    The hidden share is measured against the step that sends everything after
+    backward (:data:`SEQUENTIAL`, named in ``measured_against``): ``hidden_raw``
+    = (sequential − step) / (sequential − compute), the share of the
+    sequential step's exchange time that this step saved (negative: it took
+    longer than the sequential step), ``hidden`` that clipped to [0, 1], and
+    ``hidden_rounds`` the raw share round by round (for its spread). FSDP's
+    variants have no measured sequential counterpart: for them
+    ``measured_against`` is ``""`` and the shares are 0, not a measurement.
     """
 
     variant: str
@@ -275,6 +287,8 @@ class OverlapRow:
     exposed: float
     hidden: float
     hidden_raw: float
+    measured_against: str = ""
+    hidden_rounds: tuple = ()
 
 
 @dataclass
@@ -284,16 +298,16 @@ class OverlapRun:
     ``hidden``, ``layers``: the width and depth of :func:`layer_stack` that ran.
     ``compute``: seconds of forward + backward with no exchange (fastest round).
     ``rows``: one :class:`OverlapRow` per variant (:data:`VARIANTS`).
-    The hidden share has one definition, each row's (see :class:`OverlapRow`);
-    there is no second one for DDP. ``param_bytes``: bytes of the parameters (float32);
+    The hidden share has one definition, each row's (see :class:`OverlapRow`): against the
+    measured sequential step. ``param_bytes``: bytes of the parameters (float32);
     ``ddp_bucket_bytes``: the bytes of each bucket DDP all-reduced in one step
     (recorded by a comm hook); ``hook_bucket_bytes``: the same for
     :func:`all_reduce_in_buckets`. ``grad_max_diff``: per variant, the largest
     difference of its averaged gradient from DDP's (``grad_max``: the largest
     gradient entry, for scale). ``fsdp_collectives``: per FSDP variant, the
     ``(kind, bytes)`` of each collective of one step. ``timeline``: rank by
-    rank, per DDP variant, one traced step (of three, the one whose slowest
-    rank was fastest), seconds from the step's start: ``forward``,
+    rank, per DDP variant, one traced step (of five, the one with the least time from the first rank's
+    start to the last rank's end), seconds from the earliest rank's start: ``forward``,
     ``backward`` (until the last gradient was ready), ``end`` and ``comm``
     (per bucket, in the order they started: ``start``, ``end``, ``bytes``). ``per_round``: all the rounds.
     """
@@ -344,7 +358,8 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     ``bucket_cap_mb`` MiB (2**20 bytes). ``rounds`` timed rounds after
     ``warmup`` (see the module's docstring for the cases). Returns an
     :class:`OverlapRun`; every row is computed from the fastest rounds' times, so the table's
-    numbers add up: exposed = step − compute, hidden = (compute + comm − step) / comm.
+    numbers add up: exposed = step − compute, hidden = (sequential − step) / (sequential − compute)
+    for DDP's variants, where sequential is the step that sends everything after backward.
     """
     world_size = _check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
     hidden = _check_count("hidden", hidden, minimum=2 * world_size, maximum=MAX_SIZE)
@@ -364,11 +379,18 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     fastest = {k: min(v) for k, v in merged.seconds.items()}
     compute = fastest["compute"]
     rows = []
+    serial = fastest[SEQUENTIAL]
     for name, label, comm_name in VARIANTS:
         step, comm = fastest[name], fastest[comm_name]
-        h = hidden_share(compute + comm, step, comm)
+        share = raw = 0.0
+        against, per_round = "", ()
+        if comm_name == "allreduce" and serial > compute:  # DDP's family: the sequential step was measured
+            h = hidden_share(serial, step, serial - compute)
+            share, raw, against = h.share, h.raw, SEQUENTIAL
+            per_round = tuple((s - t) / (s - c) for s, t, c in zip(merged.seconds[SEQUENTIAL], merged.seconds[name],
+                                                                    merged.seconds["compute"]) if s > c)
         rows.append(OverlapRow(variant=name, label=label, step=step, comm=comm, exposed=step - compute,
-                               hidden=h.share, hidden_raw=h.raw))
+                               hidden=share, hidden_raw=raw, measured_against=against, hidden_rounds=per_round))
     r0 = per_rank[0]
     return OverlapRun(
         world_size=world_size, backend=r0["backend"], device=r0["device"], hidden=hidden, layers=layers,

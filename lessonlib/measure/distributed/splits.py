@@ -226,11 +226,29 @@ def run_expert_parallel(tokens: int = 256, hidden: int = 32, experts_per_rank: i
                   args=(tokens, hidden, experts_per_rank, skew), timeout=timeout)
 
 
+def _ring_check(rank, world_size, device, values=4096):
+    """:func:`~lessonlib.measure.distributed.buckets.ring_all_reduce` against ``dist.all_reduce``, with its bytes."""
+    import torch
+    import torch.distributed as dist
+
+    from .buckets import ring_all_reduce
+
+    g = torch.Generator().manual_seed(20 + rank)  # each process its own "gradient"
+    mine = torch.randn(values, generator=g).to(device)
+    ring, reference = mine.clone(), mine.clone()
+    sent = ring_all_reduce(ring)
+    dist.all_reduce(reference)
+    return {"rank": rank, "tensor_bytes": mine.numel() * mine.element_size(), "bytes_sent": sent,
+            "max_diff": (ring - reference).abs().max().item(), "equal": torch.equal(ring, reference),
+            "allclose": torch.allclose(ring, reference, rtol=1e-5, atol=1e-5)}
+
+
 def _splits_worker(rank, world_size, device, progress, tp_args, ep_args_list):
-    """Tensor-parallel check and expert-parallel runs in one process group."""
+    """The ring all-reduce, the tensor-parallel check and the expert-parallel runs in one process group."""
+    ring = _ring_check(rank, world_size, device)
     tp = _tensor_parallel_worker(rank, world_size, device, progress, *tp_args)
     eps = [_expert_parallel_worker(rank, world_size, device, progress, *a) for a in ep_args_list]
-    return {"tensor": tp, "expert": eps}
+    return {"ring": ring, "tensor": tp, "expert": eps}
 
 
 def run_splits(tp=dict(batch=64, d_in=256, d_out=512),
@@ -239,7 +257,10 @@ def run_splits(tp=dict(batch=64, d_in=256, d_out=512),
     """:func:`run_tensor_parallel` and several :func:`run_expert_parallel` runs in one launch.
 
     Starting processes costs seconds (each imports torch), so a page that
-    shows both runs them together. Returns ``{"tensor": [per-rank dicts],
+    shows both runs them together; the same launch first sums a 4,096-value
+    float32 tensor with :func:`~lessonlib.measure.distributed.buckets.ring_all_reduce`
+    and with ``dist.all_reduce``. Returns ``{"ring": [per-rank dicts: tensor_bytes,
+    bytes_sent, max_diff, equal, allclose], "tensor": [per-rank dicts],
     "expert": [[per-rank dicts] for each ep config]}``.
     """
     world_size = _check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
@@ -264,6 +285,7 @@ def run_splits(tp=dict(batch=64, d_in=256, d_out=512),
     per_rank = launch(_splits_worker, world_size, args=(tp_args, ep_list), timeout=timeout,
                       progress_total=world_size * (1 + len(ep_list)), desc="split runs")
     return {
+        "ring": [r["ring"] for r in per_rank],
         "tensor": [r["tensor"] for r in per_rank],
         "expert": [[r["expert"][i] for r in per_rank] for i in range(len(ep_list))],
     }
