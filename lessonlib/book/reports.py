@@ -238,8 +238,10 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     parts += [f"master copy {per.master_weights}"] if per.master_weights else ["no master copy"]
     parts += [f"optimizer {per.optimizer_state}"]
     e = activation_bytes_per_value(precision)
-    extra = {"none": "", "full": ", + one forward pass recomputed",
-             "selective": ", + attention scores recomputed"}[recompute]
+    # the rate is of executed (hardware) FLOPs: a recomputed forward adds time, not model FLOPs (page 3.14)
+    extra = {"none": "", "full": ", + one forward pass recomputed: hardware FLOPs, not model FLOPs",
+             "selective": "; selective: the fused attention kernel already recomputes its scores, "
+                          "so nothing changes"}[recompute]
     rows = [
         (f"state: {' + '.join(parts)} = {per.total} bytes/parameter", gb(r.state_bytes)),
         (f"activations at batch {batch_per_device} x {seq_len} tokens (fused attention), {e} bytes per value, "
@@ -256,13 +258,15 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     answer = r.answer
     if r.failure == "activations":
         if r.max_batch_that_fits >= 1:
-            answer += f" Here a batch per device of {r.max_batch_that_fits} already fits."
+            answer += (f" Here a batch per device of {r.max_batch_that_fits} already fits: run micro-batches that "
+                       f"size and accumulate their gradients to keep {batch_per_device} per update.")
         else:
             fixes = [m for m in RECOMPUTE_CHOICES[RECOMPUTE_CHOICES.index(recompute) + 1:]
                      if plan(p["n_params"], optimizer, precision, 1, seq_len, p["layers"], p["hidden"], p["heads"],
                              m, int(device_GB * 1e9), vocab=GPT2_VOCAB).failure == "none"]
             answer += (f" Even batch 1 does not fit; with '{fixes[0]}' recomputation it would." if fixes else
-                       " Even batch 1 with full recomputation does not fit: split the layers across devices.")
+                       " Even batch 1 with full recomputation does not fit: split the activations across devices "
+                       "(tensor parallelism with sequence parallelism, or context parallelism).")
     layouts = propose(p["n_params"], optimizer, precision, batch_per_device, seq_len, p["layers"], p["hidden"],
                       p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days, vocab=GPT2_VOCAB)
     return (f"{table(None, rows)}<p><b class='wtc-verdict-{r.failure}'>{label}.</b> {answer}</p>"
