@@ -295,16 +295,25 @@ def proposal_html(layouts) -> str:
             + table(["change", "devices", "state per device", "activations per device", "time", ""], rows))
 
 
-@_reads("ledgers", "formula")
-def ledger_table(ledgers, formula: dict | None = None):
+@_reads("ledgers", "formula", "second")
+def ledger_table(ledgers, formula: dict | None = None, second: dict | None = None):
     """An HTML table of one ledger or a ``{name: ledger}`` dict (sizes in binary units).
 
     ``formula`` optionally maps a row name to a predicted byte count to show beside it.
+    ``second`` optionally maps the same names to the ledgers of a second step: their peaks
+    are shown as a last row (the steady state, once an optimizer has made its state).
     """
     if isinstance(ledgers, MemoryLedger):
         ledgers = {"measured": ledgers}
     for k, v in _check_mapping("ledgers", ledgers).items():
         _check_instance(f"ledgers[{k!r}]", v, MemoryLedger, "a MemoryLedger")
+    if second is not None:
+        second = _check_mapping("second", second)
+        if set(second) != set(ledgers):
+            raise ValueError(f"second must name the same ledgers as ledgers ({', '.join(map(str, ledgers))}), "
+                             f"got {', '.join(map(str, second))}")
+        for k, v in second.items():
+            _check_instance(f"second[{k!r}]", v, MemoryLedger, "a MemoryLedger")
     if formula is not None:
         for k, v in _check_mapping("formula", formula, allow_empty=True).items():
             if v is not None:
@@ -314,7 +323,10 @@ def ledger_table(ledgers, formula: dict | None = None):
         cells = ["n/a" if v is None else format_bytes(v) for v in (getattr(l, r) for l in ledgers.values())]
         if formula:
             cells.append("" if formula.get(r) is None else format_bytes(formula[r]))
-        rows.append([r] + cells)
+        rows.append([r if second is None or r != "peak" else "peak, first step"] + cells)
+    if second is not None:
+        cells = ["n/a" if second[k].peak is None else format_bytes(second[k].peak) for k in ledgers]
+        rows.append(["peak, second step"] + cells + ([""] if formula else []))
     note = ""
     if any(l.peak is not None for l in ledgers.values()):
         note = ("peak: on a GPU the allocator's peak; on a CPU tensors only, a lower bound "
