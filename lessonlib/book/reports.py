@@ -258,8 +258,9 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     answer = r.answer
     if r.failure == "activations":
         if r.max_batch_that_fits >= 1:
-            answer += (f" Here a batch per device of {r.max_batch_that_fits} already fits: run micro-batches that "
-                       f"size and accumulate their gradients to keep {batch_per_device} per update.")
+            answer += (f" Here a batch per device of up to {r.max_batch_that_fits} fits: run micro-batches of at "
+                       f"most that size and accumulate their gradients to keep {batch_per_device} per update "
+                       f"(the proposal below takes the largest that divides {batch_per_device}).")
         else:
             fixes = [m for m in RECOMPUTE_CHOICES[RECOMPUTE_CHOICES.index(recompute) + 1:]
                      if plan(p["n_params"], optimizer, precision, 1, seq_len, p["layers"], p["hidden"], p["heads"],
