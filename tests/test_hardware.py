@@ -72,3 +72,18 @@ def test_pages_take_the_rate_from_the_table_and_type_none(page):
     code = "\n".join(c.source for c in nbformat.read(ROOT / page, as_version=4).cells if c.cell_type == "code")
     assert "sustained_flops_per_s(" in code  # the table's rate, at the stated utilisation or a named share
     assert not re.search(r"\b(rate|peak)\s*=\s*[\d._]+(e\d+)?\b", code), "a device rate typed into the page"
+
+
+def test_fp8_peaks_are_twice_the_bf16_peaks_where_the_datasheet_gives_one():
+    # the H100's datasheet: FP8 3,958 TFLOPS with sparsity (1,979 dense), twice its BF16; the A100 has no FP8
+    for name, dev in D.DEVICES.items():
+        assert dev.fp8_peak_flops_per_s == 0.0 or dev.fp8_peak_flops_per_s == pytest.approx(2 * dev.peak_flops_per_s, rel=1e-3), name  # the sheets round
+    assert D.device("H100 SXM 80GB").fp8_peak_flops_per_s == 1979e12
+    assert D.device("A100 SXM 80GB").fp8_peak_flops_per_s == 0.0
+
+
+def test_chinchilla_gives_twenty_tokens_per_parameter():
+    from lessonlib.calc import published
+    c = published.CHINCHILLA
+    assert round(c["tokens"].value / c["params"].value) == 20
+    assert published.LLAMA3_8B["tokens"].value / published.LLAMA3_8B["params"].value > 1000

@@ -255,6 +255,12 @@ def test_ledger_table_mentions_every_row():
     text = ledger_table(_measure(layers=1))
     for row in ("weights", "gradients", "optimizer_state", "activations", "peak"):
         assert row in text
+    # a second step's peak: one more row; the names must match
+    one, two = _measure(layers=1), _measure(layers=1)
+    text = ledger_table({"a": one}, second={"a": two})
+    assert "peak, first step" in text and "peak, second step" in text
+    with pytest.raises(ValueError, match="second"):
+        ledger_table({"a": one}, second={"b": two})
 
 
 def test_plot_ledger_has_title_and_units():

@@ -115,13 +115,16 @@ def test_recomputation_adds_its_forward_to_the_time():
               device_flops_per_s=4e14)
     none = planner.plan(**kw, recompute="none")
     full = planner.plan(**kw, recompute="full")
-    sel = planner.plan(**kw, recompute="selective")
+    sel = planner.plan(**kw, recompute="selective", attention="stored")
     # full recomputation: forward 2 + recomputed forward 2 + backward 4 = 8 N T instead of 6 N T
     assert full.days / none.days == pytest.approx(8 / 6)
     assert full.flops == 8 * 7.5e9 * 150e9
     # selective: only the attention scores, 4 s h FLOPs per token and layer (about 2.7 % here)
     assert sel.flops - none.flops == pytest.approx(4 * 2048 * 4096 * 32 * 150e9)
     assert 1.02 < sel.days / none.days < 1.04
+    # under a fused attention kernel (the default) the scores are recomputed already: selective changes nothing
+    fused_sel = planner.plan(**kw, recompute="selective")
+    assert (fused_sel.flops, fused_sel.activation_bytes) == (none.flops, none.activation_bytes)
     html_none = plan_html("7.5B", "adam", "bf16_master", 1, 1024, "none", 141)
     html_full = plan_html("7.5B", "adam", "bf16_master", 1, 1024, "full", 141)
     assert "one forward pass recomputed" in html_full and html_none != html_full
@@ -165,13 +168,29 @@ def test_a_plan_that_fits_needs_no_change():
     assert len(out) == 1 and out[0].fits and out[0].change == ""
 
 
-def test_activations_that_do_not_fit_get_recomputation_first():
+def test_activations_that_do_not_fit_get_a_smaller_micro_batch_first():
     shape = _shape("1.3B")
-    out = propose(**shape, batch_per_device=8, seq_len=4096, device_bytes=80e9, attention="stored")
+    kw = dict(batch_per_device=8, seq_len=4096, device_bytes=80e9, attention="stored")
+    plan_, fix = propose(**shape, **kw)
+    assert not plan_.fits_memory and fix.fits_memory and fix.world_size == 1 and fix.recompute == "none"
+    assert (fix.accumulation, fix.change) == (8, "micro-batch 1, gradient accumulation × 8")
+    assert fix.activation_bytes == activation_bytes(4096, 1, shape["hidden"], shape["heads"], shape["layers"],
+                                                    attention="stored")
+    assert fix.days == plan_.days  # the same FLOPs
+    # the largest micro-batch that divides the batch and fits: 7 of 14 (8 would fit, but does not divide 14)
+    pr = _shape("124M (GPT-2 small)")
+    big = dict(batch_per_device=14, seq_len=4096, device_bytes=24e9, precision="fp32")
+    assert planner.plan(**pr, **big).max_batch_that_fits == 8
+    assert propose(**pr, **big)[1].accumulation == 2
+
+
+def test_activations_that_do_not_fit_at_any_micro_batch_get_recomputation():
+    shape = _shape("1.3B")
+    out = propose(**shape, batch_per_device=2, seq_len=8192, device_bytes=80e9, attention="stored")
     plan_, fix = out
     assert not plan_.fits_memory and fix.fits_memory
     assert (fix.world_size, fix.recompute, fix.change) == (1, "selective", "selective recomputation")
-    assert fix.activation_bytes == activation_bytes(4096, 8, shape["hidden"], shape["heads"], shape["layers"],
+    assert fix.activation_bytes == activation_bytes(8192, 2, shape["hidden"], shape["heads"], shape["layers"],
                                                     "selective")  # selective: no score term either way
     assert fix.state_bytes == plan_.state_bytes  # recomputation leaves the state alone
 

@@ -54,6 +54,16 @@ def test_roofline_figure_is_log_log_with_labelled_axes(roof):
     assert all(p.name in labels for p in points)
     # every point is also named beside itself, so overlapping points (QKV and MLP products) can be told apart
     assert sorted(t.get_text() for t in ax.texts) == sorted(p.name for p in points)
+    # beside another device: a second panel with both roofs as shares of their peaks, every op under the other's
+    from lessonlib.calc import hardware
+    h100 = hardware.device("H100 SXM 80GB")
+    other = plot_roofline(roof, points, compare=h100).axes[1]
+    assert other.get_xscale() == other.get_yscale() == "log" and "peak" in other.get_ylabel()
+    assert len(other.collections) == len(points) and len(other.lines) == 2
+    shares = [c.get_offsets()[0][1] for c in other.collections]
+    assert shares == [min(1.0, h100.memory_bandwidth * p.intensity / h100.peak_flops_per_s) for p in points]
+    with pytest.raises(TypeError, match="compare"):
+        plot_roofline(roof, points, compare="H100")
 
 
 def test_the_flat_roof_is_the_fastest_of_the_squares_and_the_blocks_own_products():

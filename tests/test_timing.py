@@ -84,6 +84,15 @@ def test_plot_timing_draws_the_measured_medians():
     assert tops[1] == pytest.approx(1e3 * t.account["step"], rel=1e-9)
     assert t.account["step"] == pytest.approx(sum(t.account[p] for p in timing.PHASES), rel=1e-12)
     plots.show(fig, alt="timing bars")
+    # in units of the prediction: the bars are the ratios the table prints (prediction 1, the step its ratio)
+    ax = plots.plot_timing({"mlp": t}, unit="x prediction").axes[0]
+    tops = {}
+    for bar in ax.patches:
+        x = round(bar.get_x() + bar.get_width() / 2)
+        tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
+    assert "prediction" in ax.get_ylabel()
+    assert tops[0] == pytest.approx(t.ratios["prediction"], rel=1e-9)
+    assert tops[1] == pytest.approx(t.ratios["step"], rel=1e-9)
 
 
 def test_time_rounds_interleaves_and_takes_ratios_within_a_round():

@@ -82,7 +82,8 @@ def multiplier_figure(ratios: dict, slogan: float = 3.0):
                 f"bar), on a log axis, each bar "
                 f"labelled with its value ({values}). They run from {ratios[lo_case]:.1f} for "
                 f"{lo_case.replace(chr(10), ', ')} to {ratios[hi_case]:.1f} for {hi_case.replace(chr(10), ', ')}; "
-                f"the dashed line of the slogan, {slogan:g} times the weights, matches none in particular.")
+                f"the dashed line of the slogan, {slogan:g} times the weights, "
+                f"{'lies below every bar' if min(ratios.values()) > slogan else 'matches none in particular'}.")
 
 
 @_reads("results", "sweeps")

@@ -98,20 +98,25 @@ def plot_ledger(ledgers: dict, title: str = "Memory held in one training step", 
 @_reads("timings")
 def plot_timing(timings: dict, title: str = "Time of a training step by phase", unit: str = "ms"):
     """Stacked bars of :attr:`StepTiming.account` (ratio x median prediction), ``{case: StepTiming}``,
-    with prediction alongside: a bar's height is the step's ratio the table and text give."""
+    with prediction alongside: a bar's height is the step's ratio the table and text give.
+
+    ``unit``: "s", "ms" or "us" for times, or "x prediction" for the ratios themselves (each case's
+    prediction is 1), which puts models of very different speeds on one scale."""
     from ..measure.timing import StepTiming
 
     for k, v in mapping("timings", timings).items():
         instance(f"timings[{k!r}]", v, StepTiming, "a StepTiming")
     _check_title(title)
-    choice("unit", unit, ("s", "ms", "us"))
-    scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[unit]
+    choice("unit", unit, ("s", "ms", "us", "x prediction"))
+    scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "x prediction": 1.0}[unit]
     data = {}
     for k, t in timings.items():
-        a = t.account
+        a = t.ratios if unit == "x prediction" else t.account
         data[f"{k}\nprediction"] = {"prediction": a["prediction"]}
         data[f"{k}\ntraining step"] = {p: a[p] for p in ("forward", "loss", "backward", "optimizer")}
-    fig = stacked_bars(data, title, f"time ({unit}): median ratio × median prediction", scale=scale)
+    label = ("time (× prediction): median over rounds of phase / prediction" if unit == "x prediction"
+             else f"time ({unit}): median ratio × median prediction")
+    fig = stacked_bars(data, title, label, scale=scale)
     fig.axes[0].set_xlabel("what is timed")
     return fig
 

@@ -238,8 +238,10 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     parts += [f"master copy {per.master_weights}"] if per.master_weights else ["no master copy"]
     parts += [f"optimizer {per.optimizer_state}"]
     e = activation_bytes_per_value(precision)
-    extra = {"none": "", "full": ", + one forward pass recomputed",
-             "selective": ", + attention scores recomputed"}[recompute]
+    # the rate is of executed (hardware) FLOPs: a recomputed forward adds time, not model FLOPs (page 3.14)
+    extra = {"none": "", "full": ", + one forward pass recomputed: hardware FLOPs, not model FLOPs",
+             "selective": "; selective: the fused attention kernel already recomputes its scores, "
+                          "so nothing changes"}[recompute]
     rows = [
         (f"state: {' + '.join(parts)} = {per.total} bytes/parameter", gb(r.state_bytes)),
         (f"activations at batch {batch_per_device} x {seq_len} tokens (fused attention), {e} bytes per value, "
@@ -256,13 +258,16 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     answer = r.answer
     if r.failure == "activations":
         if r.max_batch_that_fits >= 1:
-            answer += f" Here a batch per device of {r.max_batch_that_fits} already fits."
+            answer += (f" Here a batch per device of up to {r.max_batch_that_fits} fits: run micro-batches of at "
+                       f"most that size and accumulate their gradients to keep {batch_per_device} per update "
+                       f"(the proposal below takes the largest that divides {batch_per_device}).")
         else:
             fixes = [m for m in RECOMPUTE_CHOICES[RECOMPUTE_CHOICES.index(recompute) + 1:]
                      if plan(p["n_params"], optimizer, precision, 1, seq_len, p["layers"], p["hidden"], p["heads"],
                              m, int(device_GB * 1e9), vocab=GPT2_VOCAB).failure == "none"]
             answer += (f" Even batch 1 does not fit; with '{fixes[0]}' recomputation it would." if fixes else
-                       " Even batch 1 with full recomputation does not fit: split the layers across devices.")
+                       " Even batch 1 with full recomputation does not fit: split the activations across devices "
+                       "(tensor parallelism with sequence parallelism, or context parallelism).")
     layouts = propose(p["n_params"], optimizer, precision, batch_per_device, seq_len, p["layers"], p["hidden"],
                       p["heads"], recompute, int(device_GB * 1e9), tokens, device_flops_per_s, max_days, vocab=GPT2_VOCAB)
     return (f"{table(None, rows)}<p><b class='wtc-verdict-{r.failure}'>{label}.</b> {answer}</p>"
@@ -291,16 +296,25 @@ def proposal_html(layouts) -> str:
             + table(["change", "devices", "state per device", "activations per device", "time", ""], rows))
 
 
-@_reads("ledgers", "formula")
-def ledger_table(ledgers, formula: dict | None = None):
+@_reads("ledgers", "formula", "second")
+def ledger_table(ledgers, formula: dict | None = None, second: dict | None = None):
     """An HTML table of one ledger or a ``{name: ledger}`` dict (sizes in binary units).
 
     ``formula`` optionally maps a row name to a predicted byte count to show beside it.
+    ``second`` optionally maps the same names to the ledgers of a second step: their peaks
+    are shown as a last row (the steady state, once an optimizer has made its state).
     """
     if isinstance(ledgers, MemoryLedger):
         ledgers = {"measured": ledgers}
     for k, v in _check_mapping("ledgers", ledgers).items():
         _check_instance(f"ledgers[{k!r}]", v, MemoryLedger, "a MemoryLedger")
+    if second is not None:
+        second = _check_mapping("second", second)
+        if set(second) != set(ledgers):
+            raise ValueError(f"second must name the same ledgers as ledgers ({', '.join(map(str, ledgers))}), "
+                             f"got {', '.join(map(str, second))}")
+        for k, v in second.items():
+            _check_instance(f"second[{k!r}]", v, MemoryLedger, "a MemoryLedger")
     if formula is not None:
         for k, v in _check_mapping("formula", formula, allow_empty=True).items():
             if v is not None:
@@ -310,7 +324,10 @@ def ledger_table(ledgers, formula: dict | None = None):
         cells = ["n/a" if v is None else format_bytes(v) for v in (getattr(l, r) for l in ledgers.values())]
         if formula:
             cells.append("" if formula.get(r) is None else format_bytes(formula[r]))
-        rows.append([r] + cells)
+        rows.append([r if second is None or r != "peak" else "peak, first step"] + cells)
+    if second is not None:
+        cells = ["n/a" if second[k].peak is None else format_bytes(second[k].peak) for k in ledgers]
+        rows.append(["peak, second step"] + cells + ([""] if formula else []))
     note = ""
     if any(l.peak is not None for l in ledgers.values()):
         note = ("peak: on a GPU the allocator's peak; on a CPU tensors only, a lower bound "

@@ -8,19 +8,32 @@ from ..measure.roofline import Roofline
 
 
 @reads("roofline", "points")
-def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this device, with the course's ops"):
+def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this device, with the course's ops",
+                  compare=None):
     """Log-log: attainable GFLOP/s against arithmetic intensity (FLOPs per byte), the measured
-    ops as points (named in the legend), and the ridge where the two roofs meet. Returns the figure."""
+    ops as points (named in the legend), and the ridge where the two roofs meet. Returns the figure.
+
+    ``compare``: a device of :mod:`lessonlib.calc.hardware` (a ``Device`` with a bandwidth). A second
+    panel then draws both roofs as shares of each device's own peak, and the ops at the share of the
+    other device's peak that their intensity allows there (min(1, bandwidth x intensity / peak))."""
+    from ..calc.hardware import Device
+
     if not isinstance(roofline, Roofline):
         raise TypeError(f"roofline must be a Roofline, got {type(roofline).__name__}")
     points = list(points)
     if not points:
         raise ValueError("points must name at least one measured op")
     text("title", title)
+    if compare is not None and (not isinstance(compare, Device) or not compare.memory_bandwidth > 0):
+        raise TypeError("compare must be a hardware Device with a memory bandwidth (lessonlib.calc.hardware.device())")
     lo = min(min(p.intensity for p in points), roofline.ridge) / 3
     hi = max(max(p.intensity for p in points), roofline.ridge) * 3
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    if compare is None:
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    else:
+        fig, (ax, other) = plt.subplots(1, 2, figsize=(13, 4.8))
+        _normalised(other, roofline, points, compare)
     ax.plot(xs, [roofline.attainable(x) / 1e9 for x in xs], color="black", label="roofline: min(peak, bandwidth × intensity)")
     ax.axvline(roofline.ridge, color="grey", linestyle=":", label=f"ridge: {roofline.ridge:.3g} FLOPs/byte")
     markers = "osD^vP*Xh<>"  # a colour and a shape per op: told apart without colour too
@@ -41,3 +54,25 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
     ax.set_ylim(top=ax.get_ylim()[1] * 6)  # room for the legend above the roof
     ax.legend(loc="upper left", fontsize=8, ncol=2)
     return fig
+
+
+def _normalised(ax, roofline: Roofline, points, dev) -> None:
+    """Both roofs as shares of their own peaks; the ops at the share of ``dev``'s peak their intensity allows."""
+    ridge = dev.peak_flops_per_s / dev.memory_bandwidth
+    lo = min(min(p.intensity for p in points), roofline.ridge) / 3
+    hi = max(max(p.intensity for p in points), ridge) * 3
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(xs, [roofline.attainable(x) / roofline.peak_flops_per_s for x in xs], color="black",
+            label=f"this device (ridge {roofline.ridge:.3g})")
+    ax.plot(xs, [min(1.0, dev.memory_bandwidth * x / dev.peak_flops_per_s) for x in xs], color="#C44E52",
+            linestyle="--", label=f"{dev.name}, datasheet (ridge {ridge:,.0f})")
+    markers = "osD^vP*Xh<>"
+    for i, p in enumerate(points):
+        ax.scatter([p.intensity], [min(1.0, dev.memory_bandwidth * p.intensity / dev.peak_flops_per_s)], zorder=3,
+                   marker=markers[i % len(markers)], s=40, alpha=0.85)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+    ax.set_ylabel("attainable share of the device's peak")
+    ax.set_title(f"The same ops under the {dev.name}'s roof")
+    ax.legend(loc="lower right", fontsize=8)

@@ -29,6 +29,7 @@ class Device:
     source: str
     memory_bandwidth: float = 0.0
     power_watts: float = 0.0
+    fp8_peak_flops_per_s: float = 0.0  # dense FP8 tensor-core peak (0: the device has no FP8 tensor cores)
 
 
 _H100_SHEET = "NVIDIA H100 Tensor Core GPU datasheet"
@@ -38,16 +39,17 @@ DEVICES = {
     "H100 SXM 80GB": Device(
         "H100 SXM 80GB", 989.4e12, 80e9,
         f"{_H100_SHEET} (SXM): BF16 Tensor Core 1,979 TFLOPS with sparsity, so 989.4 TFLOPS dense; "
-        "80 GB HBM3 at 3.35 TB/s; max TDP 700 W", 3.35e12, 700.0),
+        "FP8 Tensor Core 3,958 TFLOPS with sparsity, so 1,979 dense; 80 GB HBM3 at 3.35 TB/s; max TDP 700 W",
+        3.35e12, 700.0, 1979e12),
     "H100 PCIe 80GB": Device(
         "H100 PCIe 80GB", 756.5e12, 80e9,
         f"{_H100_SHEET} (PCIe): BF16 Tensor Core 1,513 TFLOPS with sparsity, so 756.5 TFLOPS dense; "
-        "80 GB HBM2e at 2.0 TB/s; max TDP 350 W", 2.0e12, 350.0),
+        "FP8 3,026 with sparsity, 1,513 dense; 80 GB HBM2e at 2.0 TB/s; max TDP 350 W", 2.0e12, 350.0, 1513e12),
     "H800 SXM 80GB": Device(
         "H800 SXM 80GB", 989.4e12, 80e9,
         "NVIDIA H800 Tensor Core GPU datasheet (SXM): the H100 SXM's compute (BF16 Tensor Core 1,979 TFLOPS with "
         "sparsity, 989.4 dense) and memory (80 GB HBM3, 3.35 TB/s) with a narrower NVLink (400 GB/s); TDP 700 W. "
-        "The device of DeepSeek-V3's run", 3.35e12, 700.0),
+        "The device of DeepSeek-V3's run (FP8 as the H100 SXM's: 1,979 TFLOPS dense)", 3.35e12, 700.0, 1979e12),
     "A100 SXM 80GB": Device(
         "A100 SXM 80GB", 312e12, 80e9,
         f"{_A100_SHEET}: BF16 Tensor Core 312 TFLOPS dense (624 with sparsity); 80 GB HBM2e at 2,039 GB/s; "

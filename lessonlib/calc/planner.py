@@ -1,28 +1,16 @@
 """Plan a training run on one kind of device: the two numbers and the three failures.
 
-Before choosing how to split a run, compute two numbers and compare them with
-what a device holds:
-
-1. the training state: weights, gradients, master copy and optimizer state
-   (16 bytes per parameter for Adam in mixed precision);
-2. the activations at the batch you want *per device*.
-
-Then one of three failures (or none) applies, each with its own answer:
-
-* ``"state"`` - the state alone does not fit. Data parallelism does not help
-  (every device keeps a full copy); split the state itself across devices.
-* ``"activations"`` - the state fits, state + activations do not. First a
-  smaller batch per device, then activation recomputation, then splitting the
-  layers across devices.
-* ``"time"`` - everything fits but one device would take too long. Use more
-  devices doing the same work on different data (data parallelism).
-
-Each answer comes with numbers: :func:`propose` finds the smallest change
-that fits (a ZeRO stage, a tensor-parallel degree, a recompute setting or a
-device count) and :func:`layout` gives the bytes per device and the time of
-any such layout.
-
-Pure Python: no torch needed.
+Compare two numbers with what a device holds: the training state (16 bytes per
+parameter for Adam in mixed precision) and the activations at the batch *per
+device*. Then one of three failures (or none) applies, each with its answer
+(:data:`ANSWERS`): "state" (split the state itself: data parallelism copies it),
+"activations" (a smaller micro-batch with gradient accumulation, then
+recomputation, selective before full, then tensor parallelism with sequence
+parallelism or context parallelism; a 1F1B pipeline's first stage keeps one
+micro-batch of its layers per stage, as many activations as one device would),
+and "time" (more devices on different data). :func:`propose` finds the smallest
+change that fits, with its numbers; :func:`layout` gives the bytes per device
+and the time of any layout. Pure Python: no torch needed.
 """
 from __future__ import annotations
 
@@ -126,10 +114,8 @@ def single_device_seconds(total_flops, device_flops_per_s) -> float:
 
 @dataclass(frozen=True)
 class Plan:
-    """The two numbers (bytes), the single-device time (days, or None), and the verdict.
-
-    failure: "state", "activations", "time" or "none"; answer: what to do about it.
-    """
+    """The two numbers (bytes), the single-device time (days, or None), and the verdict
+    (failure: "state", "activations", "time" or "none"; answer: what to do about it)."""
 
     state_bytes: int
     activation_bytes: int
@@ -145,9 +131,12 @@ ANSWERS = {
     "state": ("The training state alone does not fit. Data parallelism will not help: every device "
               "would keep a full copy of the state. Split the state itself across devices."),
     "activations": ("The state fits but the activations at this batch per device do not. Try, in order: "
-                    "a smaller batch per device; activation recomputation; splitting the layers across devices."),
+                    "a smaller batch per device (accumulate gradients over several to keep the batch per update); "
+                    "activation recomputation, selective before full; then splitting the activations themselves "
+                    "with tensor parallelism plus sequence parallelism, or context parallelism (a pipeline does "
+                    "not: its first stage keeps one micro-batch in flight per stage)."),
     "time": ("Everything fits, but one device would take too long. Nothing is broken: use more devices "
-             "doing the same work on different data (data parallelism)."),
+             "doing the same work on different data (data parallelism), up to the critical batch size."),
     "none": "Everything fits on one device and the run finishes within the time limit.",
 }
 
@@ -168,7 +157,9 @@ def plan(n_params, optimizer: str = "adam", precision: str = "bf16_master", batc
     activations and adds its forward work to the time (:func:`training_flops`).
     ``attention`` ("fused", the default, or "stored": the paper's stored scores),
     ``sequence_parallel`` and ``vocab`` (adds the loss's logits; None: the layers
-    only) go to :func:`lessonlib.calc.memory.activation_bytes`.
+    only) go to :func:`lessonlib.calc.memory.activation_bytes`. With fused attention,
+    ``recompute="selective"`` changes nothing: the kernel already recomputes the
+    scores in backward, so it keeps no score term and adds no FLOPs.
     """
     return _plan(*_checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads,
                            recompute, device_bytes, train_tokens, device_flops_per_s, max_days, attention,
@@ -209,7 +200,9 @@ def _plan(n_params, optimizer, precision, batch_per_device, seq_len, layers, hid
     act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute, e, **conv)
     days = flops = None
     if train_tokens is not None:
-        flops = _training_flops(n_params, train_tokens, recompute, seq_len, hidden, layers)
+        # a fused attention kernel already recomputes its scores in backward: "selective" adds no work there
+        counted = "none" if recompute == "selective" and conv["attention"] == "fused" else recompute
+        flops = _training_flops(n_params, train_tokens, counted, seq_len, hidden, layers)
     if flops is not None and device_flops_per_s is not None:
         days = check_result(flops / device_flops_per_s, "train_tokens and device_flops_per_s",
                             "a time in seconds") / SECONDS_PER_DAY
@@ -226,12 +219,9 @@ def _plan(n_params, optimizer, precision, batch_per_device, seq_len, layers, hid
     return Plan(state, act, dev, days, failure, ANSWERS[failure], int(max_batch), flops)
 
 
-# --------------------------------------------------------------------------
-# The three answers with numbers: the smallest change that fits
-
+# The three answers with numbers: the smallest change that fits.
 #: Tensor-parallel degrees tried, smallest first (within one node of 8 devices).
 TP_DEGREES = (2, 4, 8)
-
 #: Device counts tried when more devices are the answer.
 DEVICE_COUNTS = tuple(2 ** k for k in range(1, 17))
 
@@ -246,7 +236,9 @@ class Layout:
     device; ``days`` is the run's time if every device computes all the time
     (the one-device time / devices: a lower bound, communication left out),
     or None without a time check. ``change`` says what differs from the plan
-    it was proposed for ("" for the plan itself).
+    it was proposed for ("" for the plan itself). ``accumulation`` > 1: each
+    device runs micro-batches of 1/accumulation of the plan's batch per device
+    and adds up their gradients before the update (same FLOPs, same batch per update).
     """
 
     world_size: int
@@ -259,6 +251,7 @@ class Layout:
     days: float | None
     max_days: float
     change: str = ""
+    accumulation: int = 1  # gradient-accumulation steps: the micro-batch is the plan's batch per device / this
 
     @property
     def fits_memory(self) -> bool:
@@ -312,10 +305,7 @@ def _layout(one: Plan, checked: tuple, world_size, zero_stage, tensor_parallel, 
     return Layout(d, t, zero_stage, recompute, state, act, one.device_bytes, days, checked[12], change)
 
 
-#: What each setting costs, for choosing between layouts on the same devices: ZeRO stages 1 and 2
-#: send no more than data parallelism; selective recomputation adds a little compute; ZeRO stage 3
-#: sends 1.5 times the bytes; a tensor-parallel split adds all-reduces inside every layer; full
-#: recomputation adds a third to the compute.
+#: What each setting costs, to choose between layouts on the same devices (see :func:`propose`).
 _COST = {"zero": {0: 0, 1: 0, 2: 0, 3: 2}, "recompute": {"none": 0, "selective": 1, "full": 3}, "tp": 2}
 
 
@@ -326,14 +316,18 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
     """The smallest change that makes a run fit, with its numbers: a list of :class:`Layout`.
 
     The first entry is the plan as given. If it does not fit in memory, the
-    next is the smallest change that does, over four settings: a ZeRO stage,
-    a tensor-parallel degree (2, 4 or 8), a recompute setting and a device
-    count (powers of two). "Smallest" means, in this order: the fewest
-    devices; then the fewest settings changed; then the cheapest (ZeRO
-    stages 1-2 send no extra bytes; selective recomputation adds a little
-    compute; ZeRO stage 3 and tensor parallelism add traffic; full
-    recomputation adds a third to the compute). Settings only move towards
-    more saving (recomputation is never turned off, for instance).
+    next is the smallest change that does. The cheapest comes first: a
+    smaller micro-batch (the largest divisor of ``batch_per_device`` that
+    fits on the devices as given) with gradient accumulation over the rest,
+    which keeps the batch per update and adds no FLOPs and no traffic. Failing
+    that, the search runs over four settings: a ZeRO stage, a tensor-parallel
+    degree (2, 4 or 8), a recompute setting and a device count (powers of
+    two). "Smallest" means, in this order: the fewest devices; then the fewest
+    settings changed; then the cheapest (ZeRO stages 1-2 send no extra bytes;
+    selective recomputation adds a little compute; ZeRO stage 3 and tensor
+    parallelism add traffic; full recomputation adds a third to the compute).
+    Settings only move towards more saving (recomputation is never turned
+    off, for instance).
 
     If that layout (or the plan) fits in memory but is too slow, a last
     entry gives the smallest device count that brings the ideal time under
@@ -349,18 +343,27 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
     tensor_parallel = check_count("tensor_parallel", tensor_parallel)
     if world_size % tensor_parallel:
         raise ValueError(f"tensor_parallel ({tensor_parallel}) must divide world_size ({world_size})")
-    hidden, heads, recompute = checked[6], checked[7], checked[8]
+    batch, hidden, heads, recompute = checked[3], checked[6], checked[7], checked[8]
     ones = {}  # the one-device plan for each recompute setting (its time depends on it)
 
-    def at(rc, d, z, t):
+    def at(rc, d, z, t, micro=batch):
         args = checked[:8] + (rc,) + checked[9:]
         if rc not in ones:
-            ones[rc] = _plan(*args)
-        return _layout(ones[rc], args, d, z, t)
+            ones[rc] = _plan(*args)  # its time does not depend on the micro-batch
+        return _layout(ones[rc], args[:3] + (micro,) + args[4:], d, z, t)
 
     current = at(recompute, world_size, zero_stage, tensor_parallel)
     out = [current]
-    if not current.fits_memory:
+    micro = None
+    if not current.fits_memory and at(recompute, world_size, zero_stage, tensor_parallel, 1).fits_memory:
+        # the largest micro-batch that divides the batch and fits (the most accumulation steps tried: 4,096)
+        micro = next((batch // k for k in range(2, min(batch, 4096) + 1) if batch % k == 0
+                      and at(recompute, world_size, zero_stage, tensor_parallel, batch // k).fits_memory), None)
+    if micro is not None:  # the cheapest change: same devices, same FLOPs
+        acc = batch // micro
+        out.append(replace(at(recompute, world_size, zero_stage, tensor_parallel, micro), accumulation=acc,
+                           change=f"micro-batch {micro}, gradient accumulation × {acc}"))
+    elif not current.fits_memory:
         rcs = RECOMPUTE_CHOICES[RECOMPUTE_CHOICES.index(recompute):]
         tps = [tensor_parallel] + [t for t in TP_DEGREES if t > tensor_parallel and heads % t == 0 and hidden % t == 0]
         counts = [world_size] + [d for d in DEVICE_COUNTS if d > world_size]
@@ -394,7 +397,8 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
     if not last.fits_time:
         for d in DEVICE_COUNTS:
             if d > last.world_size and d % last.tensor_parallel == 0:
-                more = at(last.recompute, d, last.zero_stage, last.tensor_parallel)
+                more = replace(at(last.recompute, d, last.zero_stage, last.tensor_parallel,
+                                  batch // last.accumulation), accumulation=last.accumulation)
                 if more.fits:
                     out.append(_described(more, last))
                     break

@@ -181,6 +181,19 @@ PALM_540B = {
                   "Section 4.1 and Table 3", _SECONDARY),
 }
 
+#: Chinchilla: the compute-optimal rule of about 20 training tokens per parameter (70B parameters on 1.4T tokens).
+CHINCHILLA_PAPER = ("Hoffmann et al. (2022). Training Compute-Optimal Large Language Models. arXiv:2203.15556")
+CHINCHILLA = {
+    "params": Figure(70e9, "parameters (Chinchilla)", CHINCHILLA_PAPER, "Section 4 and Table 1", _SECONDARY),
+    "tokens": Figure(1.4e12, "training tokens (Chinchilla)", CHINCHILLA_PAPER, "Section 4 and Table 1", _SECONDARY),
+}
+#: Llama 3 8B, trained far past Chinchilla's ratio: 15T+ tokens (the 405B's 15.6T, LLAMA3_405B['tokens']).
+LLAMA3_CARD = "Meta (2024). Llama 3 model card. github.com/meta-llama/llama3, MODEL_CARD.md"
+LLAMA3_8B = {
+    "params": Figure(8e9, "parameters (the size's name)", LLAMA3_CARD, "model table (8B)", _CARD_READ),
+    "tokens": Figure(15e12, "training tokens ('15T+')", LLAMA3_CARD, "model table, Token count", _CARD_READ),
+}
+
 
 def format_value(figure: Figure) -> str:
     """The value as a reader would write it, with its unit: '126 layers', '30.84 million GPU-hours', '38 %'."""
