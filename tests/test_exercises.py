@@ -737,7 +737,9 @@ def test_3e_prices_the_collectives_over_all_of_a_nodes_ports_and_asks_for_work_n
     n, devices, tokens = PRESETS["70B"]["n_params"], 64, 64 * 512
     nv, ib = LINKS["nvlink"], LINKS["infiniband"]
     ag, rs = (multi_node_seconds(k, 2 * n, devices, 8, nv, ib) for k in ("all_gather", "reduce_scatter"))
-    fwd = 2 * n * tokens / (devices * hardware.sustained_flops_per_s())
+    # the collectives hide behind kernels while they run: compute at the kernels' share of the peak, not a
+    # whole step's MFU (which already counts the waiting), as the layout search does
+    fwd = 2 * n * tokens / (devices * hardware.sustained_flops_per_s(utilisation=hardware.KERNEL_EFFICIENCY))
     exposed = max(0.0, ag - fwd) + max(0.0, ag + rs - 2 * fwd)
     assert exposed > 0, "the given step is short enough that some traffic shows"
     check(decode_answers({"zero3_seconds": 2 * ag + rs, "exposed_seconds": exposed}))
@@ -810,8 +812,7 @@ def test_1a_q3_asks_what_freezing_the_first_layer_saves_and_checks_the_count(tmp
     full = count_flops(model, x, y, torch.nn.MSELoss())
     next(m for m in model.modules() if isinstance(m, torch.nn.Linear)).requires_grad_(False)
     frozen = count_flops(model, x, y, torch.nn.MSELoss()).backward
-    right = "nothing before the second layer needs a gradient: the first layer computes neither product, " \
-            "and the second layer skips the gradient of its input"
+    right = "the first layer computes neither product, and the second skips the gradient of its input"
     check(decode_answers({"frozen_backward_flops": frozen, "skipped_flops": 2 * full.forward - frozen,
                           "reason": right}))
     with pytest.raises(AssertionError, match="reason"):
