@@ -20,6 +20,7 @@ import copy
 from dataclasses import dataclass
 import os
 import time
+import warnings
 from pathlib import Path
 
 from ...checks import count as check_count, path as check_path, positive as check_positive
@@ -82,7 +83,9 @@ def _save_worker(rank, world_size, device, progress, path, steps, global_batch, 
         if async_path is None:
             save_seconds, async_seconds = timed_save(), None
         else:  # rounds of both, in turn; each keeps its fastest round (other programs only add time)
-            rounds = [(timed_async_save(), timed_save()) for _ in range(SAVE_ROUNDS)]
+            with warnings.catch_warnings():  # each round overwrites the last on purpose; torch warns that it does
+                warnings.filterwarnings("ignore", message="Detected an existing checkpoint", category=UserWarning)
+                rounds = [(timed_async_save(), timed_save()) for _ in range(SAVE_ROUNDS)]
             save_seconds = min(t for _, t in rounds)
             async_seconds = min(a for a, _ in rounds)
         local_bytes = sum(v.to_local().numel() * v.element_size() for v in model_sd.values() if hasattr(v, "to_local"))
