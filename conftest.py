@@ -17,19 +17,23 @@ goes whole, in order, to one worker. The notebooks, the book build and
 the browser tests are one group (the lane, ``LANE``): the book renders the
 outputs nbval kept in that process. Every other test module is a group of its
 own (its fixtures are built once), unless its tests name their own
-``xdist_group`` (each Colab-like notebook is one). The lane goes out first, then
+``xdist_group``. The lane goes out first, then
 the groups likely to be long, so that no long one is left to run alone at the end.
 (With ``-n 2`` alone, xdist shares single tests: the lane is split and the book
 build executes the notebooks nbval ran on the other worker: slower, still right.)
 
-Each notebook runs once. nbval is the notebook test; this file keeps the
-outputs of every notebook whose cells all passed under nbval in this run, and
-the book build (``built_book`` in tests/conftest.py) renders those instead of
-executing the notebook again. A notebook that failed, was skipped or did not
-run under nbval is executed by the book build as before, so a failing cell
-fails the run twice rather than never. The notebooks run under nbval as the
-book build runs them (``LESSONLIB_STATIC_BUILD=1``, the static-page mode of
-:mod:`lessonlib.progress`; its live mode is tested in tests/test_progress.py).
+Each notebook runs once, in the Colab-like runtime (``tests/colab_env.py``: a venv
+with only torch, ipykernel, matplotlib and Colab's ipywidgets, built on first use
+inside ``.venv`` and kept). nbval is the notebook test, run in that venv's
+kernel; this file keeps the outputs of every notebook whose cells all passed
+under nbval in this run, and the book build (``built_book`` in
+tests/conftest.py) renders those instead of executing the notebook again, as
+the checks of how plain Jupyter shows a page read them (tests/test_colab_like.py;
+they and the book are the lane's ``book`` phase). A notebook that failed, was
+skipped or did not run under nbval is executed by the book build as before, so
+a failing cell fails the run twice rather than never. The notebooks run under
+nbval as the book build runs them (``LESSONLIB_STATIC_BUILD=1``, the static-page
+mode of :mod:`lessonlib.progress`; its live mode is tested in tests/test_progress.py).
 """
 from __future__ import annotations
 
@@ -68,8 +72,8 @@ def phase_of(item) -> str:
         return "environments"
     if Path(str(item.fspath)).name == "test_browser.py" or item.get_closest_marker("browser"):
         return "browser"
-    if "built_book" in getattr(item, "fixturenames", ()):
-        return "book"
+    if {"built_book", "executed_notebooks"} & set(getattr(item, "fixturenames", ())):
+        return "book"  # needs the outputs nbval kept in the lane's process
     if item.get_closest_marker("notebooks"):
         return "exercises"
     return "unit"
@@ -174,12 +178,18 @@ def pytest_configure(config):
     config._nb_runs = {}             # notebook path -> {"outputs": {cell_num: outputs}, "ok": bool}
     config._nb_files = {}            # notebook path -> (its kernel's TMPDIR, its folder, the folder's listing)
     config._executed_dir = Path(tempfile.mkdtemp(prefix="lessonlib-executed-"))
+    if hasattr(config.option, "nbval_kernel_name"):  # nbval runs the notebooks in the Colab-like runtime's kernel
+        config.option.nbval_kernel_name, config.option.nbval_current_env = _colab_env().KERNEL, False
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    """Start nbval's kernel (in the first cell's setup) with the book build's environment.
+    """Start nbval's kernel (in the first cell's setup) in the Colab-like runtime, with the book build's environment.
 
+    The kernel is the Colab-like runtime's (``tests/colab_env.py``: a venv with only torch,
+    ipykernel, matplotlib and the ipywidgets Colab ships), started as Colab would start it: that
+    venv first on PATH, no PYTHONPATH. So every notebook runs once, there, and its outputs serve
+    nbval, the book build and the checks of how plain Jupyter shows it (tests/test_colab_like.py).
     The kernel also gets a temp folder of its own (``TMPDIR``, which Python's
     ``tempfile`` and the processes a page starts inherit), and the notebook's
     folder is listed: after the last cell, both must be as they were
@@ -190,9 +200,15 @@ def pytest_runtest_setup(item):
     if not _is_nbval(item):
         yield
         return
-    saved = {k: os.environ.get(k) for k in ("LESSONLIB_STATIC_BUILD", "TMPDIR")}
+    saved = {k: os.environ.get(k) for k in ("LESSONLIB_STATIC_BUILD", "TMPDIR", "PATH", "JUPYTER_PATH",
+                                            "PYTHONPATH", "VIRTUAL_ENV")}
     os.environ["LESSONLIB_STATIC_BUILD"] = "1"
     if item.cell_num == 0:
+        colab_env = _colab_env()
+        set_, unset = colab_env.kernel_environment(colab_env.runtime()[0])
+        os.environ.update(set_)
+        for name in unset:
+            os.environ.pop(name, None)
         folder = Path(str(item.parent.fspath)).parent
         tmp = Path(tempfile.mkdtemp(prefix="nbtmp-", dir=item.config._executed_dir))  # removed with it
         item.config._nb_files[Path(str(item.parent.fspath))] = (tmp, folder, _listing(folder))
@@ -205,6 +221,15 @@ def pytest_runtest_setup(item):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _colab_env():
+    """``tests/colab_env.py`` (this file is loaded before tests/ is on the import path)."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    import colab_env
+
+    return colab_env
 
 
 #: Left in a notebook's folder by Python or Jupyter themselves, not by the page.

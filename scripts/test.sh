@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# Run every test: lessonlib unit tests, every notebook under nbval, the exercises
-# through the grader, the book build with warnings as errors (from the notebooks
-# nbval just executed), the built pages in headless Chromium; then the tests that
-# build extra environments (Colab-like venvs, JupyterLab, nbgrader), timed on
-# their own. Two pytest workers share the two cores with pytest-xdist's --dist loadgroup:
+# Run every test in one pytest run: lessonlib unit tests, every notebook under nbval (in a
+# Colab-like runtime), the exercises through the grader, the book build with warnings as
+# errors (from the notebooks nbval just executed), the built pages in headless Chromium, and
+# the tests that build extra environments (JupyterLab, nbgrader, the ipywidgets matrix).
+# Two pytest workers share the two cores with pytest-xdist's --dist loadgroup:
 # the notebooks, the book and the browser tests in order on one, the rest by module on both
 # (conftest.py says how).
-# Each pytest run prints a table of seconds by phase; this script adds the
-# set-up and the totals.
+# The run prints a table of seconds by phase; this script adds the set-up and the total.
 # Usage: bash scripts/test.sh [extra pytest arguments]
-#   with arguments, one pytest run with them; the inner loop:  bash scripts/test.sh -m "not slow"
+#   the inner loop:  bash scripts/test.sh -m "not slow"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -27,23 +26,7 @@ WORKERS=${WORKERS:-2}
 XDIST=(-n "$WORKERS" --dist loadgroup)
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
-if [ $# -gt 0 ]; then
-  rc=0
-  python -m pytest "${XDIST[@]}" "$@" || rc=$?
-  echo "set-up ${setup} s, pytest $((SECONDS - start - setup)) s, total $((SECONDS - start)) s (exit ${rc}; load: $(load))"
-  exit $rc
-fi
-
 rc=0
-t=$SECONDS
-python -m pytest "${XDIST[@]}" -m "not environments" || rc=$?
-suite=$((SECONDS - t))
-echo "the course's suite: set-up ${setup} s + pytest ${suite} s = $((setup + suite)) s (exit ${rc}; load: $(load))"
-rc_env=0
-t=$SECONDS
-python -m pytest "${XDIST[@]}" -m environments || rc_env=$?
-envs=$((SECONDS - t))
-echo "set-up ${setup} s, the course's suite ${suite} s, environments ${envs} s, total $((SECONDS - start)) s" \
-     "(exit ${rc}, ${rc_env}; load: $(load))"
-[ "$rc" = 0 ] && exit "$rc_env"
-exit "$rc"
+python -m pytest "${XDIST[@]}" "$@" || rc=$?
+echo "set-up ${setup} s, pytest $((SECONDS - start - setup)) s, total $((SECONDS - start)) s (exit ${rc}; load: $(load))"
+exit $rc

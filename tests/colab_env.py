@@ -25,6 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TORCH = "torch==2.13.0"
 IPYWIDGETS = {"7": "ipywidgets==7.7.5", "8": "ipywidgets==8.1.9"}
+#: The ipywidgets Colab ships: the notebooks run under it.
+COLAB_WIDGETS = "7"
+#: The kernelspec of a Colab-like venv (:func:`make_venv`).
+KERNEL = "colablike"
 
 
 def run(cmd, **kw):
@@ -32,6 +36,43 @@ def run(cmd, **kw):
     if proc.returncode:
         raise RuntimeError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc.stdout
+
+
+def pip_settings() -> dict[str, list[str]]:
+    """This machine's pip settings that say where packages come from (index, extra indexes, wheel
+    folders, constraints, certificate): the environment's first, then the configuration files'."""
+    listing = run([sys.executable, "-m", "pip", "config", "list"])
+    found: dict[str, list[str]] = {}
+    for scope in (":env:", "global"):
+        for key, value in re.findall(rf"^{re.escape(scope)}\.([\w-]+)='(.*)'$", listing, re.M):
+            found.setdefault(key, value.split())
+    return found
+
+
+def install(python: Path, *requirements: str, timeout: float = 1200) -> None:
+    """Install ``requirements`` into the venv of ``python``.
+
+    With uv where the course's venv has it (``scripts/setup.sh`` installs it there): the same
+    versions as pip in seconds instead of minutes, since uv links the files from its cache. uv
+    reads none of pip's configuration, so the machine's pip settings are handed to it, as
+    ``scripts/setup.sh`` does. Without uv, pip.
+    """
+    uv = Path(sys.executable).parent / "uv"
+    if not uv.exists():
+        run([str(python), "-m", "pip", "install", "-q", *requirements], timeout=timeout)
+        return
+    settings, args = pip_settings(), []
+    args += [a for v in settings.get("index-url", []) for a in ("--index-url", v)]
+    args += [a for v in settings.get("extra-index-url", [])
+             if not (v.startswith("file://") and not Path(v[len("file://"):]).is_dir())  # as pip skips it
+             for a in ("--extra-index-url", v)]
+    args += [a for v in settings.get("find-links", []) for a in ("--find-links", v)]
+    args += [a for v in settings.get("constraint", []) for a in ("-c", v)]
+    env = dict(os.environ)
+    if settings.get("cert"):
+        env["SSL_CERT_FILE"] = settings["cert"][0]
+    run([str(uv), "pip", "install", "-q", "--python", str(python), "--index-strategy", "unsafe-best-match",
+         *args, *requirements], timeout=timeout, env=env)
 
 
 def make_venv(where: Path, widgets: str, extra: tuple[str, ...] = (), torch: bool = True) -> Path:
@@ -43,17 +84,51 @@ def make_venv(where: Path, widgets: str, extra: tuple[str, ...] = (), torch: boo
     run([sys.executable, "-m", "venv", str(where)])
     py = where / "bin" / "python"
     runtime = (TORCH, "ipykernel", "matplotlib") if torch else ()
-    run([str(py), "-m", "pip", "install", "-q", *runtime, IPYWIDGETS[widgets], *extra], timeout=1200)
+    install(py, *runtime, IPYWIDGETS[widgets], *extra)
     if torch:
-        run([str(py), "-m", "ipykernel", "install", "--prefix", str(where), "--name", "colablike"])
+        run([str(py), "-m", "ipykernel", "install", "--prefix", str(where), "--name", KERNEL])
     return where
+
+
+def runtime() -> tuple[Path, dict]:
+    """The Colab-like runtime every notebook runs in under nbval: ``(venv, its versions)``.
+
+    Built on first use inside the environment that runs the tests (``.venv/colab-like``) and kept:
+    later runs reuse it while what it should hold is unchanged (a stamp). pytest's workers share it
+    behind a file lock. Nothing ever installs lessonlib into it: a notebook run from the checkout
+    imports the checkout's (its setup cell's first branch), and the test of the Colab branch,
+    which installs lessonlib, builds a venv of its own.
+    """
+    import fcntl
+
+    where = Path(sys.prefix) / "colab-like"
+    stamp = json.dumps([sys.version, TORCH, "ipykernel", "matplotlib", IPYWIDGETS[COLAB_WIDGETS]])
+    with open(f"{where}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        known = where / "versions.json"
+        if known.exists() and (where / "stamp.json").exists() and (where / "stamp.json").read_text() == stamp:
+            return where, json.loads(known.read_text())
+        shutil.rmtree(where, ignore_errors=True)
+        make_venv(where, COLAB_WIDGETS)
+        found = versions(where)
+        known.write_text(json.dumps(found))
+        (where / "stamp.json").write_text(stamp)
+        return where, found
+
+
+def kernel_environment(venv: Path) -> tuple[dict, tuple[str, ...]]:
+    """``(set, unset)``: the environment a kernel of ``venv`` starts with, as on Colab: that venv's
+    commands first on PATH, its kernelspec findable, and no PYTHONPATH or VIRTUAL_ENV of the tests'."""
+    return ({"PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '')}", "JUPYTER_PATH": str(venv / "share" / "jupyter")},
+            ("PYTHONPATH", "VIRTUAL_ENV"))
 
 
 def versions(venv: Path) -> dict:
     """torch and ipywidgets versions installed in ``venv``, and whether lessonlib is there."""
     code = ("import json, importlib.util, torch, ipywidgets; print(json.dumps({'torch': torch.__version__, "
             "'ipywidgets': ipywidgets.__version__, 'lessonlib': importlib.util.find_spec('lessonlib') is not None}))")
-    return json.loads(run([str(venv / "bin" / "python"), "-c", code], cwd="/"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return json.loads(run([str(venv / "bin" / "python"), "-c", code], cwd="/", env=env))
 
 
 def bare_repository(where: Path) -> str:
@@ -77,7 +152,7 @@ def execute(path: Path, venv: Path, workdir: Path, source: str, timeout: int = 6
     workdir.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(path, as_version=4)
     ksm = KernelSpecManager(kernel_dirs=[str(venv / "share" / "jupyter" / "kernels")])
-    km = KernelManager(kernel_name="colablike", kernel_spec_manager=ksm)
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=ksm)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LESSONLIB_STATIC_BUILD")}
     env.update(LESSONLIB_SOURCE=source, PATH=f"{venv / 'bin'}:{env.get('PATH', '')}",
                MPLBACKEND="module://matplotlib_inline.backend_inline")

@@ -1,85 +1,52 @@
 """Every notebook once in a Colab-like runtime, and the live widgets under each ipywidgets version.
 
-The Colab-like runtime is one fresh venv with only torch (the pinned CPU
-wheel), ipykernel, matplotlib and the ipywidgets Colab ships (7.7). Each
-chapter and exercise notebook is copied to a folder outside the checkout and
-executed there; its setup cell installs lessonlib the way it does on Colab,
-from a local bare repository standing in for the GitHub URL
-(LESSONLIB_SOURCE). The result is rendered as plain Jupyter renders it
-(nbconvert, no myst-nb), and the test asserts: no quiz answer in the visible
-text; numbers written from the run appear (Markdown output); torch and
-ipywidgets unchanged. (No raw ``{glue}`` role: tests/test_pages.py checks the
-sources.)
+The Colab-like runtime is one venv with only torch (the pinned CPU wheel),
+ipykernel, matplotlib and the ipywidgets Colab ships (7.7): ``colab_env.runtime``.
+Every notebook runs once, there: nbval runs it in that venv's kernel (the
+repository's conftest.py), and the book build renders those outputs. The tests
+here read the same outputs, rendered as plain Jupyter renders them (nbconvert,
+no myst-nb), and assert: no quiz answer in the visible text; numbers written
+from the run appear (Markdown output); the runtime's torch and ipywidgets
+unchanged and no lessonlib installed into it. (No raw ``{glue}`` role:
+tests/test_pages.py checks the sources.)
+
+Run from the checkout, a notebook's setup cell imports the checkout's lessonlib.
+Its other branch, the one Colab takes, is the same cell on every page
+(tests/test_notebook_setup.py): ``test_a_page_outside_a_clone_installs_lessonlib_as_on_colab``
+runs one page from a folder outside the checkout in a fresh Colab-like venv, where
+the setup cell installs lessonlib from a local bare repository standing in for the
+GitHub URL (LESSONLIB_SOURCE).
 
 The ipywidgets matrix runs only what differs between the versions: no page
 calls ``.widget()`` (a page's quizzes and calculators are HTML and JavaScript,
 the same under both), so ``test_live_widgets_work_with_this_ipywidgets`` builds
 ``quiz.widget()`` and ``Explorer.widget()`` in a venv holding only that
 ipywidgets, once for 7.7 and once for 8.
-
-With ``pytest -n 2`` each notebook is its own unit, so both workers share
-them; the runtime is built once, by whichever worker needs it first (a file
-lock), and the other reuses it.
 """
 from __future__ import annotations
 
-import fcntl
-import os
 import re
 import textwrap
 
+import nbformat
 import pytest
 
 import colab_env as ce
 from conftest import ROOT, course_notebooks
 import sync_pages
 
-#: The ipywidgets Colab ships: the notebooks run under it.
-COLAB_WIDGETS = "7"
-# one unit each under `pytest -n 2 --dist loadgroup` (conftest.py), so that both workers share them
-NOTEBOOKS = [pytest.param(p, id=p.stem, marks=pytest.mark.xdist_group(f"colab-like {p.stem}"))
-             for p in course_notebooks()]
+NOTEBOOKS = [pytest.param(p, id=p.stem) for p in course_notebooks()]
+#: The page run as on Colab: a short one (a few seconds), with quizzes and numbers in its outputs.
+ON_COLAB = ROOT / "exercises" / "3c-bubbles-and-paid-capacity.ipynb"
 
 # Quiz definitions in visible code give the answer away.
 DEFINITION = re.compile(r"correct\s*=\s*True|\banswer\s*=|explanation\s*=")
 
-pytestmark = [pytest.mark.environments, pytest.mark.slow]
 
-
-@pytest.fixture(scope="session")
-def runtime(tmp_path_factory):
-    """(venv, versions before anything ran, pip requirement of the course): built once a run.
-
-    Under xdist the workers share one (in the run's common temporary folder, behind a file lock:
-    pytest-xdist's documented way to run a session fixture once).
-    """
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    base = tmp_path_factory.getbasetemp()
-    base = (base.parent if worker else base) / "colab-like"
-    base.mkdir(exist_ok=True)
-    with open(base / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (base / "ready").exists():
-            ce.bare_repository(base / "course.git")
-            ce.make_venv(base / "venv", COLAB_WIDGETS)
-            (base / "ready").write_text("")
-    venv = base / "venv"
-    return venv, ce.versions(venv), f"git+file://{base / 'course.git'}", base
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS)
-def test_notebook_in_a_colab_like_runtime(runtime, path, tmp_path):
-    venv, before, source, _ = runtime
-    assert before["ipywidgets"].startswith(COLAB_WIDGETS + ".") and not before["lessonlib"]
-    nb = ce.execute(path, venv, tmp_path / path.stem, source)
-    after = ce.versions(venv)
-    html = ce.render_html(nb)
-    text = ce.visible_text(html)
+def shown_as_plain_jupyter_shows_it(nb, path) -> list[str]:
+    """What is wrong with an executed notebook as plain Jupyter shows it (``[]``: nothing)."""
+    text = ce.visible_text(ce.render_html(nb))
     problems = []
-    if (after["torch"], after["ipywidgets"]) != (before["torch"], before["ipywidgets"]):
-        problems.append(f"the setup cell changed the runtime: {before} -> {after}")
-    if not after["lessonlib"]:
-        problems.append("lessonlib was not installed from the repository")
     defs = sorted({m.group(0) for m in DEFINITION.finditer(text)})
     if defs:
         problems.append(f"quiz definitions visible in code: {defs}")
@@ -93,11 +60,48 @@ def test_notebook_in_a_colab_like_runtime(runtime, path, tmp_path):
     if not numbers:
         problems.append("no numbers from the run appear " + ("in the prose (no Markdown output carries one)"
                                                              if chapter else "in the outputs"))
-    print(f"{path.relative_to(ROOT)} ipywidgets {after['ipywidgets']}: "
-          f"{len(defs)} definitions, {len(shown)} answers shown, {len(numbers)} numbers from the run")
-    assert not problems, f"{path.relative_to(ROOT)} with ipywidgets {before['ipywidgets']}:\n- " + "\n- ".join(problems)
+    print(f"{path.relative_to(ROOT)}: {len(defs)} definitions, {len(shown)} answers shown, "
+          f"{len(numbers)} numbers from the run")
+    return problems
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS)
+def test_notebook_run_in_the_colab_like_runtime_shows_no_answer_and_its_numbers(executed_notebooks, path):
+    rel = path.relative_to(ROOT).as_posix()
+    if rel not in executed_notebooks:
+        pytest.skip(f"nbval did not run {rel} to the end in this session (run it with the notebooks)")
+    problems = shown_as_plain_jupyter_shows_it(nbformat.read(executed_notebooks[rel], as_version=4), path)
+    assert not problems, f"{rel}:\n- " + "\n- ".join(problems)
+
+
+def test_the_notebooks_left_the_colab_like_runtime_as_it_was(executed_notebooks):
+    """After every notebook ran in it: the same torch and ipywidgets, and still no lessonlib."""
+    if not executed_notebooks:
+        pytest.skip("no notebook ran in this session")
+    venv, built = ce.runtime()
+    assert built["ipywidgets"].startswith(ce.COLAB_WIDGETS + ".") and not built["lessonlib"]
+    assert ce.versions(venv) == built
+
+
+@pytest.mark.environments
+@pytest.mark.slow
+def test_a_page_outside_a_clone_installs_lessonlib_as_on_colab(tmp_path):
+    """The setup cell's Colab branch: lessonlib from the repository (here a local bare one), torch and
+    ipywidgets untouched; the page then runs and shows no answer, as every page does under nbval."""
+    venv = ce.make_venv(tmp_path / "venv", ce.COLAB_WIDGETS)
+    before = ce.versions(venv)
+    assert not before["lessonlib"]
+    source = ce.bare_repository(tmp_path / "course.git")
+    nb = ce.execute(ON_COLAB, venv, tmp_path / "work", source)
+    after = ce.versions(venv)
+    assert after["lessonlib"], "lessonlib was not installed from the repository"
+    assert (after["torch"], after["ipywidgets"]) == (before["torch"], before["ipywidgets"]), (before, after)
+    problems = shown_as_plain_jupyter_shows_it(nb, ON_COLAB)
+    assert not problems, "\n- ".join(problems)
+
+
+@pytest.mark.environments
+@pytest.mark.slow
 @pytest.mark.parametrize("widgets", list(ce.IPYWIDGETS))
 def test_live_widgets_work_with_this_ipywidgets(widgets, tmp_path):
     """quiz.widget() and Explorer.widget(): build, answer wrong then right, move a slider.
@@ -130,9 +134,11 @@ def test_live_widgets_work_with_this_ipywidgets(widgets, tmp_path):
     assert out.strip().startswith(widgets + ".")
 
 
-def test_setup_cell_in_a_clone_uses_the_checkout(runtime):
+@pytest.mark.environments
+@pytest.mark.slow
+def test_setup_cell_in_a_clone_uses_the_checkout():
     """Run from a folder of the checkout, the setup cell imports the checkout's lessonlib."""
-    venv = runtime[0]
+    venv = ce.runtime()[0]
     code = sync_pages.setup_cell_source() + "\nimport lessonlib; print('FROM', lessonlib.__file__)"
     out = ce.run([str(venv / "bin" / "python"), "-c", code], cwd=ROOT / "chapters",
                  env={"PATH": "/usr/bin:/bin", "LESSONLIB_SOURCE": "/nonexistent"})

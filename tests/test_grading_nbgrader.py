@@ -18,6 +18,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import colab_env as ce
+
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISE = ROOT / "exercises" / "3c-bubbles-and-paid-capacity.ipynb"
 
@@ -35,10 +37,8 @@ def nbgrader_python(tmp_path_factory) -> Path:
     # processed like a site folder: this environment's own .pth files (the editable lessonlib) apply
     lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in site.getsitepackages())
     Path(purelib, "course-environment.pth").write_text(lines)
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "nbgrader>=0.9"],
-                             capture_output=True, text=True, timeout=1200)
-    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
-    alembic = venv / "bin" / "alembic"  # nbgrader runs `alembic`; pip skips its script when
+    ce.install(python, "nbgrader>=0.9")
+    alembic = venv / "bin" / "alembic"  # nbgrader runs `alembic`; an installer skips its script when
     if not alembic.exists():             # alembic was already installed where the .pth points
         alembic.write_text(f"#!/bin/sh\nexec {python} -m alembic \"$@\"\n")
         alembic.chmod(0o755)

@@ -264,7 +264,7 @@ def bare_lab(tmp_path_factory):
     venv = Path(os.environ.get("LAB_VENV") or base / "venv")
     if not (venv / "bin" / "jupyter-lab").exists():
         ce.run([sys.executable, "-m", "venv", str(venv)])
-        ce.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "jupyterlab", "ipykernel"], timeout=1200)
+        ce.install(venv / "bin" / "python", "jupyterlab", "ipykernel")
     _settings(venv)
     work = base / "work"
     work.mkdir()

@@ -30,7 +30,7 @@ def _run(cells: list[str]) -> subprocess.CompletedProcess:
         nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
         nbformat.write(nb, folder / "toy.ipynb")
         return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
-                               "--nbval-lax", "--nbval-current-env", str(folder / "toy.ipynb")],
+                               "--nbval-lax", str(folder / "toy.ipynb")],
                               cwd=ROOT, capture_output=True, text=True, timeout=300)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
