@@ -94,3 +94,14 @@ def test_a_cpu_copy_has_a_bound_that_names_copy_mib():
 
     with pytest.raises(ValueError, match="copy_mib: at most 256 on a CPU"):
         R.measure_roofline("cpu", sizes=(16,), copy_mib=257, rounds=1)
+
+
+def test_bf16_intensity_is_twice_the_fp32_one_and_checks_its_point():
+    from types import SimpleNamespace
+
+    from lessonlib.book.roofline_plots import bf16_intensity
+
+    assert bf16_intensity(SimpleNamespace(intensity=36.5)) == 73.0
+    for bad in (SimpleNamespace(intensity=0), SimpleNamespace(intensity=float("nan")), None):
+        with pytest.raises((ValueError, TypeError), match="point.intensity"):
+            bf16_intensity(bad)
