@@ -138,6 +138,26 @@ def test_the_crossover_figure_draws_a_proportion_as_a_straight_line():
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
 
 
+def test_the_crossover_alt_text_says_between_which_measured_batches_the_lines_cross():
+    import matplotlib
+    matplotlib.use("Agg")
+    from types import SimpleNamespace
+    from lessonlib.book import memory_plots
+    alts = []
+    real_show = memory_plots.show
+    memory_plots.show = lambda fig, alt: alts.append(alt)
+    try:
+        for first in (4, 1, None):
+            c = SimpleNamespace(batches=[1, 2, 4], activations=[1e6, 2e6, 4e6], state_bytes=3e6, serving_bytes=5e5,
+                                n_params=1000, first_batch_above=first)
+            memory_plots.crossover_figure(c, 16)
+    finally:
+        memory_plots.show = real_show
+    assert "between batch 2 and batch 4" in alts[0]
+    assert "from the smallest batch measured, 1" in alts[1]
+    assert "stays below" in alts[2]
+
+
 def test_the_bf16_master_losses_change_only_when_the_bf16_copy_does():
     """1.2's text: the late spikes of the bf16_master curve are the bf16 copy stepping, not instability."""
     import torch
