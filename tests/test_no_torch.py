@@ -19,6 +19,7 @@ CALLS = {
     "checks": "assert M.count('devices', 4) == 4",
     "progress": "assert list(M.progress([1, 2], desc='x')) == [1, 2]",
     "calc.memory": "assert M.training_state_bytes(7_500_000_000).total == 120_000_000_000",
+    "calc.presets": "assert M.transformer_params(12, 768, positions=1024) == 124439808",
     "calc.planner": "assert M.plan(1_000_000, 'adam', 'bf16_master', 1, 128, 2, 64, 4, 'none', 10**10).failure == 'none'",
     "calc.amdahl": "assert M.amdahl_speedup(20, 80, 4) == 2.5",
     "calc.sequence": "assert M.causal_block_counts(2, 'contiguous') == [3, 7]",

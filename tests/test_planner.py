@@ -18,7 +18,26 @@ def test_activation_failure_and_batch():
     r = planner.plan(**P7, batch_per_device=8, seq_len=2048, device_bytes=141e9)
     assert r.activation_bytes == activation_bytes(2048, 8, 4096, 32, 32)
     assert r.failure == "activations" and "smaller batch" in r.answer
-    assert r.max_batch_that_fits == (141_000_000_000 - r.state_bytes) // activation_bytes(2048, 1, 4096, 32, 32)
+    # the default reserve keeps 10 % of the device back: the batch must fit in the rest
+    assert r.usable_bytes == 141_000_000_000 - 14_100_000_000
+    assert r.max_batch_that_fits == (r.usable_bytes - r.state_bytes) // activation_bytes(2048, 1, 4096, 32, 32)
+    ideal = planner.plan(**P7, batch_per_device=8, seq_len=2048, device_bytes=141e9, reserve=0)
+    assert ideal.max_batch_that_fits == (141_000_000_000 - r.state_bytes) // activation_bytes(2048, 1, 4096, 32, 32)
+
+
+def test_the_reserve_can_turn_a_fit_into_a_failure():
+    # a state of 120 GB: it fits a 125 GB device with no reserve, not with the default 10 % kept back
+    kw = dict(**P7, batch_per_device=1, seq_len=8, device_bytes=125e9)
+    assert planner.plan(**kw, reserve=0).failure == "none"
+    assert planner.plan(**kw).failure == "state"
+    assert planner.plan(**kw).reserve_bytes == 12_500_000_000
+    assert planner.propose(**kw)[0].fits_memory is False and planner.propose(**kw, reserve=0)[0].fits_memory
+
+
+@pytest.mark.parametrize("reserve", [-0.1, 1, 1.5, float("nan"), "10%", True])
+def test_the_reserve_is_checked(reserve):
+    with pytest.raises((ValueError, TypeError), match="reserve"):
+        planner.plan(**P7, reserve=reserve)
 
 
 def test_time_failure():
@@ -179,7 +198,7 @@ def test_activations_that_do_not_fit_get_a_smaller_micro_batch_first():
     assert fix.days == plan_.days  # the same FLOPs
     # the largest micro-batch that divides the batch and fits: 7 of 14 (8 would fit, but does not divide 14)
     pr = _shape("124M (GPT-2 small)")
-    big = dict(batch_per_device=14, seq_len=4096, device_bytes=24e9, precision="fp32")
+    big = dict(batch_per_device=14, seq_len=4096, device_bytes=24e9, precision="fp32", reserve=0)  # the whole device
     assert planner.plan(**pr, **big).max_batch_that_fits == 8
     assert propose(**pr, **big)[1].accumulation == 2
 

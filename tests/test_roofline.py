@@ -61,7 +61,9 @@ def test_roofline_figure_is_log_log_with_labelled_axes(roof):
     assert other.get_xscale() == other.get_yscale() == "log" and "peak" in other.get_ylabel()
     assert len(other.collections) == len(points) and len(other.lines) == 2
     shares = [c.get_offsets()[0][1] for c in other.collections]
-    assert shares == [min(1.0, h100.memory_bandwidth * p.intensity / h100.peak_flops_per_s) for p in points]
+    # the other device's peak is for bf16: each op sits at its bf16 intensity, twice the fp32 one measured here
+    assert shares == [min(1.0, h100.memory_bandwidth * 2 * p.intensity / h100.peak_flops_per_s) for p in points]
+    assert [c.get_offsets()[0][0] for c in other.collections] == [2 * p.intensity for p in points]
     with pytest.raises(TypeError, match="compare"):
         plot_roofline(roof, points, compare="H100")
 
@@ -94,3 +96,14 @@ def test_a_cpu_copy_has_a_bound_that_names_copy_mib():
 
     with pytest.raises(ValueError, match="copy_mib: at most 256 on a CPU"):
         R.measure_roofline("cpu", sizes=(16,), copy_mib=257, rounds=1)
+
+
+def test_bf16_intensity_is_twice_the_fp32_one_and_checks_its_point():
+    from types import SimpleNamespace
+
+    from lessonlib.book.roofline_plots import bf16_intensity
+
+    assert bf16_intensity(SimpleNamespace(intensity=36.5)) == 73.0
+    for bad in (SimpleNamespace(intensity=0), SimpleNamespace(intensity=float("nan")), None):
+        with pytest.raises((ValueError, TypeError), match="point.intensity"):
+            bf16_intensity(bad)

@@ -61,10 +61,16 @@ def crossover_figure(c, bytes_per_param: int):
     ax.set_ylabel("memory (MiB, log scale)")
     ax.set_title(f"Tiny GPT ({c.n_params:,} parameters): activations against the training state")
     ax.legend(fontsize=8)
+    state_line = f"the flat line of the {bytes_per_param}-bytes-per-parameter state"
+    first = c.first_batch_above
+    if first is None:
+        where = f"stays below {state_line} at every batch measured"
+    elif first == c.batches[0]:
+        where = f"lies above {state_line} from the smallest batch measured, {first}"
+    else:  # measured only at these batches: the line crosses between the last one below and the first above
+        where = f"crosses {state_line} between batch {c.batches[c.batches.index(first) - 1]} and batch {first}"
     return show(fig, alt="On logarithmic axes, activation memory rises as a straight line of slope 1 (in proportion "
-                "to the batch) and "
-                f"crosses the flat line of the {bytes_per_param}-bytes-per-parameter state at batch "
-                f"{c.first_batch_above}; the serving weights line is far below.")
+                f"to the batch) and {where}; the serving weights line is far below.")
 
 
 

@@ -250,6 +250,8 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
          gb(logits_bytes(seq_len, batch_per_device, GPT2_VOCAB, e))),
         ("state + activations", gb(r.state_bytes + r.activation_bytes)),
         ("device memory", gb(r.device_bytes)),
+        (f"of which usable, after the planner's reserve ({100 * r.reserve_bytes / r.device_bytes:.0f} % kept back for "
+         "the CUDA context, communication buffers, fragmentation)", gb(r.usable_bytes)),
         ("largest batch per device that fits", str(r.max_batch_that_fits)),
         (f"training compute ({p['n_params'] / 1e9:,.2f}B parameters, {tokens_per_param:g} tokens/param{extra})",
          f"{r.flops:.3g} FLOPs"),

@@ -15,7 +15,8 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
 
     ``compare``: a device of :mod:`lessonlib.calc.hardware` (a ``Device`` with a bandwidth). A second
     panel then draws both roofs as shares of each device's own peak, and the ops at the share of the
-    other device's peak that their intensity allows there (min(1, bandwidth x intensity / peak))."""
+    other device's peak that their intensity allows there (min(1, bandwidth x intensity / peak)). Its peak
+    is for bf16, so there each op sits at its bf16 intensity (:func:`bf16_intensity`: twice its fp32 one)."""
     from ..calc.hardware import Device
 
     if not isinstance(roofline, Roofline):
@@ -56,11 +57,23 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
     return fig
 
 
+def bf16_intensity(point) -> float:
+    """An op's arithmetic intensity in bf16, in FLOPs per byte: twice the measured one of ``point`` (an ``OpPoint``).
+
+    The course's ops (:func:`lessonlib.measure.roofline.block_ops`) run in fp32, 4 bytes a value; the same op in
+    bf16 moves half the bytes for the same FLOPs.
+    """
+    from ..checks import positive
+
+    return 2 * positive("point.intensity", getattr(point, "intensity", None))
+
+
 def _normalised(ax, roofline: Roofline, points, dev) -> None:
-    """Both roofs as shares of their own peaks; the ops at the share of ``dev``'s peak their intensity allows."""
+    """Both roofs as shares of their own peaks; the ops, at their bf16 intensity, at the share of ``dev``'s
+    (bf16) peak that intensity allows."""
     ridge = dev.peak_flops_per_s / dev.memory_bandwidth
     lo = min(min(p.intensity for p in points), roofline.ridge) / 3
-    hi = max(max(p.intensity for p in points), ridge) * 3
+    hi = max(max(bf16_intensity(p) for p in points), ridge) * 3
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     ax.plot(xs, [roofline.attainable(x) / roofline.peak_flops_per_s for x in xs], color="black",
             label=f"this device (ridge {roofline.ridge:.3g})")
@@ -68,11 +81,11 @@ def _normalised(ax, roofline: Roofline, points, dev) -> None:
             linestyle="--", label=f"{dev.name}, datasheet (ridge {ridge:,.0f})")
     markers = "osD^vP*Xh<>"
     for i, p in enumerate(points):
-        ax.scatter([p.intensity], [min(1.0, dev.memory_bandwidth * p.intensity / dev.peak_flops_per_s)], zorder=3,
+        ax.scatter([bf16_intensity(p)], [min(1.0, dev.memory_bandwidth * bf16_intensity(p) / dev.peak_flops_per_s)], zorder=3,
                    marker=markers[i % len(markers)], s=40, alpha=0.85)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
     ax.set_ylabel("attainable share of the device's peak")
-    ax.set_title(f"The same ops under the {dev.name}'s roof")
+    ax.set_title(f"The same ops in bf16 under the {dev.name}'s roof")
     ax.legend(loc="lower right", fontsize=8)

@@ -8,62 +8,31 @@ device*. Then one of three failures (or none) applies, each with its answer
 recomputation, selective before full, then tensor parallelism with sequence
 parallelism or context parallelism; a 1F1B pipeline's first stage keeps one
 micro-batch of its layers per stage, as many activations as one device would),
-and "time" (more devices on different data). :func:`propose` finds the smallest
+and "time" (more devices on different data). A share of each device (:data:`RESERVE`, 10 %) is kept
+back for what the two numbers leave out. :func:`propose` finds the smallest
 change that fits, with its numbers; :func:`layout` gives the bytes per device
 and the time of any layout. Pure Python: no torch needed.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
-from ..checks import (choice as check_choice, count as check_count, flag as check_flag, positive as check_positive,
+from ..checks import (choice as check_choice, count as check_count, flag as check_flag,
+                      fraction_below_one as check_fraction_below_one, positive as check_positive,
                       result as check_result, text as check_text)
 from .memory import (ATTENTION_CHOICES, OPTIMIZER_BYTES_PER_PARAM, RECOMPUTE_CHOICES, activation_bytes,
                      activation_bytes_per_value, check_heads, training_state_bytes)
 from .precision import precision_name
+from .presets import GPT2_VOCAB, PRESETS, transformer_params  # noqa: F401  (planner.PRESETS, as pages use it)
 
 
 SECONDS_PER_DAY = 86_400
 
-#: Vocabulary of the GPT-2 tokenizer, used by the presets' embeddings.
-GPT2_VOCAB = 50_257
-
-
-def transformer_params(layers, hidden, vocab=GPT2_VOCAB, positions=2048) -> int:
-    """Parameters of a GPT-style decoder from its shape (a count).
-
-    Per layer 12*h**2 + 13*h: attention's four h x h matrices and the MLP's
-    two h x 4h matrices, with their biases and two LayerNorms; plus the token
-    and position embeddings ((vocab + positions) x h, the output layer
-    sharing the token embedding) and a final LayerNorm (2h).
-
-    GPT-2 small (12 layers of 768, 1024 positions) has 124,439,808:
-
-    >>> transformer_params(12, 768, positions=1024)
-    124439808
-    """
-    L = check_count("layers", layers)
-    h = check_count("hidden", hidden)
-    v = check_count("vocab", vocab)
-    p = check_count("positions", positions)
-    return 12 * L * h * h + 13 * L * h + (v + p) * h + 2 * h
-
-
-def _preset(layers, hidden, heads, positions=2048):
-    return dict(n_params=transformer_params(layers, hidden, positions=positions),
-                layers=layers, hidden=hidden, heads=heads)
-
-
-#: Model shapes for the interactive planner: parameters, layers, width, heads.
-#: The parameter count is computed from the shape (:func:`transformer_params`);
-#: each name is that count, rounded: 124.4M, 1.32B, 7.46B, 69.7B.
-PRESETS = {
-    "124M (GPT-2 small)": _preset(12, 768, 12, positions=1024),
-    "1.3B": _preset(24, 2048, 16),
-    "7.5B": _preset(36, 4096, 32),
-    "70B": _preset(86, 8192, 64),
-}
-
+#: Share of a device's memory the planner keeps back by default (a fraction): a real job loses some to the CUDA
+#: context, the communication library's buffers (NCCL), the allocator's fragmentation and temporary tensors
+#: such as fp32 logits; 5-10 % is common, so the planner plans on 90 % of the device.
+RESERVE = 0.10
 
 def training_flops(n_params, tokens, recompute: str = "none", seq_len=None, hidden=None, layers=None) -> float:
     """Total training compute in FLOPs for ``tokens`` tokens.
@@ -125,6 +94,12 @@ class Plan:
     answer: str
     max_batch_that_fits: int  # largest batch per device whose activations fit (0: none)
     flops: float | None = None  # total training FLOPs, recomputation included (None without tokens)
+    reserve_bytes: int = 0  # bytes of the device kept back (``reserve`` x device_bytes): the plan uses the rest
+
+    @property
+    def usable_bytes(self) -> int:
+        """Bytes the state and activations may take: the device's, less the reserve."""
+        return self.device_bytes - self.reserve_bytes
 
 
 ANSWERS = {
@@ -144,7 +119,7 @@ ANSWERS = {
 def plan(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
          layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9,
          train_tokens=None, device_flops_per_s=None, max_days: float = 30.0, *, attention: str = "fused",
-         sequence_parallel: bool = False, vocab=None) -> Plan:
+         sequence_parallel: bool = False, vocab=None, reserve: float = RESERVE) -> Plan:
     """Compare the two numbers with ``device_bytes`` and name the failure that applies.
 
     Sizes are counts; ``device_bytes`` is bytes; ``device_flops_per_s`` is the
@@ -160,14 +135,20 @@ def plan(n_params, optimizer: str = "adam", precision: str = "bf16_master", batc
     only) go to :func:`lessonlib.calc.memory.activation_bytes`. With fused attention,
     ``recompute="selective"`` changes nothing: the kernel already recomputes the
     scores in backward, so it keeps no score term and adds no FLOPs.
+
+    ``reserve`` (a fraction from 0 to below 1; :data:`RESERVE`, 10 %, by default) is the share of
+    ``device_bytes`` kept back for what the two numbers leave out (the CUDA context, NCCL's buffers, the
+    allocator's fragmentation, temporary fp32 logits): the state and the activations must fit in the rest,
+    :attr:`Plan.usable_bytes`. ``reserve=0`` is the idealised count, every byte free.
     """
     return _plan(*_checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads,
                            recompute, device_bytes, train_tokens, device_flops_per_s, max_days, attention,
-                           sequence_parallel, vocab))
+                           sequence_parallel, vocab, reserve))
 
 
 def _checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
-             device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab) -> tuple:
+             device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab,
+             reserve=RESERVE) -> tuple:
     """:func:`plan`'s arguments, each checked once under the name the caller used: what :func:`_plan` takes."""
     n_params = check_count("n_params", n_params)
     check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
@@ -187,13 +168,15 @@ def _checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, 
     if device_flops_per_s is not None:
         device_flops_per_s = check_positive("device_flops_per_s", device_flops_per_s)
     max_days = check_positive("max_days", max_days)
+    reserve = check_fraction_below_one("reserve", reserve)
+    reserve_bytes = min(dev, math.ceil(dev * reserve))  # rounded up: the plan never counts a reserved byte as free
     conv = dict(attention=attention, sequence_parallel=sequence_parallel, vocab=vocab)
     return (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute, dev,
-            train_tokens, device_flops_per_s, max_days, conv)
+            train_tokens, device_flops_per_s, max_days, reserve_bytes, conv)
 
 
 def _plan(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute, dev,
-          train_tokens, device_flops_per_s, max_days, conv) -> Plan:
+          train_tokens, device_flops_per_s, max_days, reserve_bytes, conv) -> Plan:
     """:func:`plan` on arguments :func:`_checked` has checked (internal calls trust their caller)."""
     state = training_state_bytes(n_params, optimizer, precision).total
     e = activation_bytes_per_value(precision)
@@ -207,16 +190,17 @@ def _plan(n_params, optimizer, precision, batch_per_device, seq_len, layers, hid
         days = check_result(flops / device_flops_per_s, "train_tokens and device_flops_per_s",
                             "a time in seconds") / SECONDS_PER_DAY
     per_sample = activation_bytes(seq_len, 1, hidden, heads, layers, recompute, e, **conv)
-    max_batch = max(0, (dev - state) // per_sample) if dev > state else 0
-    if state > dev:
+    usable = dev - reserve_bytes
+    max_batch = max(0, (usable - state) // per_sample) if usable > state else 0
+    if state > usable:
         failure = "state"
-    elif state + act > dev:
+    elif state + act > usable:
         failure = "activations"
     elif days is not None and days > max_days:
         failure = "time"
     else:
         failure = "none"
-    return Plan(state, act, dev, days, failure, ANSWERS[failure], int(max_batch), flops)
+    return Plan(state, act, dev, days, failure, ANSWERS[failure], int(max_batch), flops, reserve_bytes)
 
 
 # The three answers with numbers: the smallest change that fits.
@@ -252,10 +236,11 @@ class Layout:
     max_days: float
     change: str = ""
     accumulation: int = 1  # gradient-accumulation steps: the micro-batch is the plan's batch per device / this
+    reserve_bytes: int = 0  # bytes of each device kept back (the planner's ``reserve``)
 
     @property
     def fits_memory(self) -> bool:
-        return self.state_bytes + self.activation_bytes <= self.device_bytes
+        return self.state_bytes + self.activation_bytes <= self.device_bytes - self.reserve_bytes
 
     @property
     def fits_time(self) -> bool:
@@ -269,7 +254,8 @@ class Layout:
 def layout(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
            layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
            device_flops_per_s=None, max_days: float = 30.0, *, world_size=1, zero_stage=0, tensor_parallel=1,
-           change: str = "", attention: str = "fused", sequence_parallel: bool = False, vocab=None) -> Layout:
+           change: str = "", attention: str = "fused", sequence_parallel: bool = False, vocab=None,
+           reserve: float = RESERVE) -> Layout:
     """The two numbers per device for a run split over ``world_size`` devices (arguments as :func:`plan`).
 
     Tensor parallelism of degree t splits every weight matrix, and so
@@ -283,7 +269,8 @@ def layout(n_params, optimizer: str = "adam", precision: str = "bf16_master", ba
     from .sharding import check_stage
 
     checked = _checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
-                       device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab)
+                       device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab,
+                       reserve)
     world_size, tensor_parallel = check_count("world_size", world_size), check_count("tensor_parallel", tensor_parallel)
     if world_size % tensor_parallel:
         raise ValueError(f"tensor_parallel ({tensor_parallel}) must divide world_size ({world_size})")
@@ -302,7 +289,8 @@ def _layout(one: Plan, checked: tuple, world_size, zero_stage, tensor_parallel, 
     act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute,
                            activation_bytes_per_value(precision), tensor_parallel=t, **conv)
     days = None if one.days is None else one.days / d
-    return Layout(d, t, zero_stage, recompute, state, act, one.device_bytes, days, checked[12], change)
+    return Layout(d, t, zero_stage, recompute, state, act, one.device_bytes, days, checked[12], change,
+                  reserve_bytes=one.reserve_bytes)
 
 
 #: What each setting costs, to choose between layouts on the same devices (see :func:`propose`).
@@ -312,7 +300,8 @@ _COST = {"zero": {0: 0, 1: 0, 2: 0, 3: 2}, "recompute": {"none": 0, "selective":
 def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
             layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
             device_flops_per_s=None, max_days: float = 30.0, *, world_size=1, zero_stage=0,
-            tensor_parallel=1, attention: str = "fused", sequence_parallel: bool = False, vocab=None) -> list:
+            tensor_parallel=1, attention: str = "fused", sequence_parallel: bool = False, vocab=None,
+            reserve: float = RESERVE) -> list:
     """The smallest change that makes a run fit, with its numbers: a list of :class:`Layout`.
 
     The first entry is the plan as given. If it does not fit in memory, the
@@ -337,7 +326,8 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
     from .sharding import check_stage
 
     checked = _checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
-                       device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab)
+                       device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab,
+                       reserve)
     world_size = check_count("world_size", world_size)
     zero_stage = check_stage("zero_stage", zero_stage)
     tensor_parallel = check_count("tensor_parallel", tensor_parallel)
