@@ -785,7 +785,7 @@ def test_3a_and_3c_do_not_ask_the_worked_examples_their_chapters_print():
     ex3c = (EXERCISES / "3c-bubbles-and-paid-capacity.md").read_text()
     stages = int(re.search(r"^stages = (\d+)$", ex3c, re.M).group(1))
     q2 = ex3c[ex3c.index("## Question 2"):ex3c.index("# Check 3c-q2")]
-    micro = {int(m) for m in re.findall(r"pipeline_schedule\(stages, (\d+),", q2)}
+    micro = {int(m) for m in re.findall(r"\bschedule\(stages, (\d+),", q2)}
     assert drawn and len(micro) == 1, micro
     assert (stages, micro.pop()) != (int(drawn.group(1)), int(drawn.group(2)))
 
