@@ -428,10 +428,10 @@ def test_redefining_the_helper_an_old_hidden_test_used_earns_nothing(graded_real
 # answers that must agree (2a), and options the data can decide (1c)
 # --------------------------------------------------------------------------
 
-def _plan_answers(keep_q3, keep_q2, extra):
+def _plan_answers(keep_q3, keep_q2, extra, extra_early=None):
     from lessonlib.grading.graders import decode_answers
 
-    answers = {"keep": {"$set": keep_q3}, "extra_forward_calls": extra}
+    answers = {"keep": {"$set": keep_q3}, "extra_forward_calls": extra, "extra_forward_calls_early": extra_early}
     if keep_q2 is not None:
         answers["@2a-q2"] = {"$dict": [["keep", {"$set": keep_q2}]]}
     return decode_answers(answers)
@@ -440,11 +440,13 @@ def _plan_answers(keep_q3, keep_q2, extra):
 def test_2a_counts_the_recomputation_of_question_2s_plan_only():
     """Q3's plan was never compared with q2's; keep everything in q3 and 0 extra calls passed."""
     check = reference.load(EXERCISES / "2a-place-the-checkpoints.ipynb", questions=["2a-q3"])["2a-q3"]
-    check(_plan_answers([2, 4], [2, 4], 4))
+    check(_plan_answers([2, 4], [2, 4], 4, 1))  # early stop: one call fewer for each of the 3 segments
     with pytest.raises(AssertionError, match="your plan from question 2"):
-        check(_plan_answers([1, 2, 3, 4, 5, 6], [2, 4], 0))
+        check(_plan_answers([1, 2, 3, 4, 5, 6], [2, 4], 0, 0))
     with pytest.raises(AssertionError, match="nothing was handed in to 2a-q2"):
-        check(_plan_answers([1, 2, 3, 4, 5, 6], None, 0))
+        check(_plan_answers([1, 2, 3, 4, 5, 6], None, 0, 0))
+    with pytest.raises(AssertionError, match="extra_forward_calls_early"):  # early stop taken as whole reruns
+        check(_plan_answers([2, 4], [2, 4], 4, 4))
 
 
 # --------------------------------------------------------------------------
@@ -489,7 +491,7 @@ def test_3a_typed_in_times_are_flagged_measured_ones_pass():
 
 def test_the_measuring_cells_of_3a_and_3b_are_declared_for_the_grader():
     for stem, questions in (("3a-amdahl-for-the-retailer", {"3a-q4"}), ("3b-predict-the-two-process-step",
-                                                                        {"3b-q2", "3b-q3", "3b-q4"}),
+                                                                        {"3b-q2", "3b-q3", "3b-q4", "3b-q5"}),
                             ("3e-shard-the-state", {"3e-q2"})):
         ex = autograde.Exercise.load(EXERCISES / f"{stem}.ipynb")
         assert set(ex.measured) == questions, ex.measured
@@ -785,7 +787,7 @@ def test_3a_and_3c_do_not_ask_the_worked_examples_their_chapters_print():
     ex3c = (EXERCISES / "3c-bubbles-and-paid-capacity.md").read_text()
     stages = int(re.search(r"^stages = (\d+)$", ex3c, re.M).group(1))
     q2 = ex3c[ex3c.index("## Question 2"):ex3c.index("# Check 3c-q2")]
-    micro = {int(m) for m in re.findall(r"pipeline_schedule\(stages, (\d+),", q2)}
+    micro = {int(m) for m in re.findall(r"\bschedule\(stages, (\d+),", q2)}
     assert drawn and len(micro) == 1, micro
     assert (stages, micro.pop()) != (int(drawn.group(1)), int(drawn.group(2)))
 
@@ -865,10 +867,12 @@ def test_2c_q2_needs_the_sweep_and_q1_tells_a_rename_from_replacing_a_file_with_
     q1_check = text[text.index("# Check 2c-q1"):text.index("### BEGIN HIDDEN TESTS", text.index("# Check 2c-q1"))]
     assert '"replace onto itself" if _same else "replace"' in q1_check
     check = reference.load(EXERCISES / "2c-how-often-to-save.ipynb", questions=["2c-q2"])["2c-q2"]
-    c, m, w = (float(re.search(rf"^{n} = ([\d.]+ \* [\d.]+|[\d.]+)", text, re.M).group(1).split(" * ")[0])
-               * (float(re.search(rf"^{n} = [\d.]+ \* ([\d.]+)", text, re.M).group(1))
-                  if re.search(rf"^{n} = [\d.]+ \* ", text, re.M) else 1.0)
-               for n in ("checkpoint_s", "mtbf_one_s", "work_s"))
+    nb = nbformat.read(EXERCISES / "2c-how-often-to-save.ipynb", as_version=4)
+    job = next(cell for cell in nb.cells if cell.cell_type == "code" and "mtbf_one_s =" in cell.source
+               and not handout.is_solution_cell(cell) and not handout.is_check_cell(cell))
+    given: dict = {}
+    exec(compile(job.source, "given", "exec"), given)  # the job's numbers, as the notebook computes them
+    c, m, w = (given[n] for n in ("checkpoint_s", "mtbf_one_s", "work_s"))
     grid = [600 * 1.2 ** k for k in range(20)]
     lost = [reliability.simulate_overhead(t, c, m, w, trials=100, seed=0) for t in grid]
     i = min(range(len(grid)), key=lost.__getitem__)
