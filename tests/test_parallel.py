@@ -181,6 +181,8 @@ def test_tensor_and_expert_parallel_two_processes():
     for r in out["tensor"]:
         assert r["column_allclose"] and r["row_allclose"]
         assert r["column_max_diff"] <= 1e-5 * max(1.0, r["reference_max"])
+        # CollectiveLog counted one all-gather and one all-reduce, each over the whole 16 x 32 float32 output
+        assert r["collectives"] == [("all_gather", 16 * 32 * 4), ("all_reduce", 16 * 32 * 4)]
     balanced, skewed = out["expert"]
     for runs in (balanced, skewed):
         for r in runs:

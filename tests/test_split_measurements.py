@@ -76,6 +76,12 @@ def test_fully_shard_holds_the_formula_over_n(capfd):
     assert sorted(results.ranks) == [2, 4] and [len(v) for v in results.ranks.values()] == [2, 4]
     for world, per_rank in results.ranks.items():
         _check_sharded(results, world, per_rank)
+    # the launch's ring all-reduce on all 4 processes: dist.all_reduce's sum, 2(n - 1)/n of the bytes sent
+    from lessonlib.calc.collectives import ring_allreduce_bytes
+
+    assert len(results.ring) == 4
+    for r in results.ring:
+        assert r["allclose"] and r["bytes_sent"] == ring_allreduce_bytes(r["tensor_bytes"], 4)
     assert "Warning" not in capfd.readouterr().err  # the workers' known warnings stay off the page
 
 

@@ -96,7 +96,7 @@ def data_parallel_figure(rows: list, world_size: int):
     ax1.axhline(1.0, color="black", lw=1, ls="--", label="one-process step")
     ax1.set_xticks(list(xs), labels)
     ax1.set(xlabel="global batch (examples)", ylabel="time / one-process step time (ratio)",
-            title="Two-process step: predicted pieces (left) vs measured (right)")
+            title="Two-process step: predicted pieces (left bar)\nvs measured (right bar), per batch")
     ax1.legend(fontsize=8)
     gb = [r.global_batch for r in rows]
     ax2.plot(gb, [r.speedup for r in rows], marker="o", label="measured")

@@ -84,9 +84,15 @@ class ShardedRank:
 
 @dataclass(frozen=True)
 class ShardingRun:
-    """What :func:`run_sharding` measured: ``ranks[N]`` is the tuple of :class:`ShardedRank` on N processes."""
+    """What :func:`run_sharding` measured: ``ranks[N]`` is the tuple of :class:`ShardedRank` on N processes.
+
+    ``ring``: per rank of the whole launch, :func:`~lessonlib.measure.distributed.buckets.ring_all_reduce`
+    on all its processes against ``dist.all_reduce`` (dicts: rank, world_size, tensor_bytes, bytes_sent,
+    max_diff, allclose); empty where not run.
+    """
 
     ranks: dict
+    ring: tuple = ()
 
     @property
     def n_params(self) -> int:
@@ -256,7 +262,20 @@ def _sharding_worker(rank, world_size, device, progress, world_sizes, steps, glo
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    out = {}
+    import torch
+
+    from .buckets import ring_all_reduce
+
+    # The ring all-reduce of page 4 on every process of this launch: its bytes counted as sent.
+    g = torch.Generator().manual_seed(20 + rank)
+    mine = torch.randn(4096, generator=g).to(device)
+    summed, reference = mine.clone(), mine.clone()
+    sent = ring_all_reduce(summed)
+    dist.all_reduce(reference)
+    ring = {"rank": rank, "world_size": world_size, "tensor_bytes": mine.numel() * mine.element_size(),
+            "bytes_sent": sent, "max_diff": (summed - reference).abs().max().item(),
+            "allclose": torch.allclose(summed, reference, rtol=1e-5, atol=1e-5)}
+    out = {"ring": ring}
     with known_warnings_silenced():
         base = build_model()
         for n in world_sizes:
@@ -300,4 +319,5 @@ def run_sharding(world_sizes=(2, 4), steps: int = 4, global_batch: int = 8, lr: 
     require_all('fully_shard', 'comm_debug_mode')  # before starting processes: one clear error on an older torch
     per_rank = launch(_sharding_worker, sizes[-1], args=(sizes, steps, global_batch, lr), timeout=timeout,
                       progress_total=sum(sizes), desc=f"sharding on {', '.join(map(str, sizes))} processes")
-    return ShardingRun({n: tuple(ShardedRank.from_worker(r[n]) for r in per_rank[:n]) for n in sizes})
+    return ShardingRun({n: tuple(ShardedRank.from_worker(r[n]) for r in per_rank[:n]) for n in sizes},
+                       ring=tuple(r["ring"] for r in per_rank))

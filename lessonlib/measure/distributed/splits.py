@@ -42,22 +42,32 @@ def _tensor_parallel_worker(rank, world_size, device, progress, batch, d_in, d_o
     reference = x @ w  # the unsplit product
     if d_out % world_size or d_in % world_size:
         raise ValueError("d_in and d_out must divide evenly by the number of processes")
-    # column-parallel + all-gather
+    from .collectives import CollectiveLog
+
+    log = CollectiveLog()  # the collectives as issued, each with its full tensor's bytes
+    # column-parallel + all-gather (into one tensor: the logged size is the gathered output's)
     cols = d_out // world_size
     y_local = x @ w[:, rank * cols:(rank + 1) * cols]
-    parts = [torch.empty_like(y_local) for _ in range(world_size)]
-    dist.all_gather(parts, y_local.contiguous())
-    y_col = torch.cat(parts, dim=1)
+    gathered = torch.empty(world_size * batch, cols, dtype=y_local.dtype, device=y_local.device)
+    with log:
+        gather = (  # all_gather_single is the newer torch's name for all_gather_into_tensor (which it deprecates)
+            getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)
+        gather(gathered, y_local.contiguous())
+    counted = list(log.records)
+    y_col = torch.cat(gathered.chunk(world_size, dim=0), dim=1)  # rank r's block of columns
     # row-parallel + all-reduce
     rows = d_in // world_size
     y_row = x[:, rank * rows:(rank + 1) * rows] @ w[rank * rows:(rank + 1) * rows, :]
-    dist.all_reduce(y_row)
+    with log:
+        dist.all_reduce(y_row)
+    counted += list(log.records)
     progress.put(1)
     return {
         "rank": rank,
         "shape": tuple(reference.shape),
         "weight_bytes_per_rank": w.numel() * w.element_size() // world_size,
         "output_bytes": reference.numel() * reference.element_size(),
+        "collectives": [(c.kind, c.n_bytes) for c in counted],  # as CollectiveLog counted them
         "column_max_diff": (y_col - reference).abs().max().item(),
         "column_equal": torch.equal(y_col, reference),
         "column_allclose": torch.allclose(y_col, reference, rtol=1e-5, atol=1e-5),
