@@ -54,10 +54,10 @@ def test_bytes_per_value_is_one_of_the_allowed_set(e):
 
 def test_training_flops_checks_the_shape_whatever_the_recompute_setting():
     for kw in (dict(seq_len=0), dict(hidden=-3), dict(layers=2.5), dict(seq_len="2048")):
-        for rc in ("none", "full", "selective"):
+        for rc in ("none", "full", "attention"):
             with pytest.raises(ValueError, match=next(iter(kw))):
                 training_flops(1000, 1000, rc, **{**dict(seq_len=8, hidden=8, layers=2), **kw})
-    assert training_flops(10, 100, "none", seq_len=8, hidden=8, layers=2) == 6000.0  # read only when selective
+    assert training_flops(10, 100, "none", seq_len=8, hidden=8, layers=2) == 6000.0  # read only when the attention core is rebuilt
 
 
 # --- results with a physical range -----------------------------------------------------------------

@@ -40,7 +40,7 @@ def test_activation_formula():
     s, b, h, a = 2048, 4, 4096, 32
     stored = dict(attention="stored")
     assert activation_bytes_per_layer(s, b, h, a, **stored) == s * b * h * 34 + 5 * a * s * s * b
-    assert activation_bytes_per_layer(s, b, h, a, "selective", **stored) == 34 * s * b * h
+    assert activation_bytes_per_layer(s, b, h, a, "attention", **stored) == 34 * s * b * h
     assert activation_bytes_per_layer(s, b, h, a, "full", **stored) == 2 * s * b * h
     assert memory.activation_bytes(s, b, h, a, 24, **stored) == 24 * activation_bytes_per_layer(s, b, h, a, **stored)
 
@@ -49,7 +49,7 @@ def test_fused_attention_is_the_default_and_has_no_score_term():
     """Attention is run fused today (SDPA's flash kernel): the 5as/h term is gone by default,
     and the stored-scores case is the explicit historical one."""
     s, b, h, a = 2048, 4, 4096, 32
-    for rc in ("none", "selective"):
+    for rc in ("none", "attention"):
         assert activation_bytes_per_layer(s, b, h, a, rc) == 34 * s * b * h
         assert activation_bytes_per_layer(s, b, h, a, rc, attention="fused") == 34 * s * b * h
     assert activation_bytes_per_layer(s, b, h, a, "full") == 2 * s * b * h
@@ -391,7 +391,7 @@ def test_tensor_parallel_activation_formula():
     for t in (1, 2, 4, 8, 16, 32):
         assert activation_bytes_per_layer(s, b, h, a, tensor_parallel=t, **st) * t == \
             s * b * h * (10 * t + 24) + 5 * a * s * s * b
-        assert activation_bytes_per_layer(s, b, h, a, "selective", tensor_parallel=t, **st) * t == \
+        assert activation_bytes_per_layer(s, b, h, a, "attention", tensor_parallel=t, **st) * t == \
             s * b * h * (10 * t + 24)
         assert activation_bytes_per_layer(s, b, h, a, tensor_parallel=t) * t == s * b * h * (10 * t + 24)  # fused
         assert activation_bytes_per_layer(s, b, h, a, "full", tensor_parallel=t, **st) == 2 * s * b * h

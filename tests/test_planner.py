@@ -116,7 +116,7 @@ def test_every_explorer_combination_differs_between_mixed_and_fp32():
     import itertools
 
     for model, opt, batch, seq, rec, dev in itertools.product(
-            planner.PRESETS, ["adam", "sgd"], [1, 8, 64], [1024, 4096], ["none", "selective", "full"], [24, 80, 141]):
+            planner.PRESETS, ["adam", "sgd"], [1, 8, 64], [1024, 4096], ["none", "attention", "full"], [24, 80, 141]):
         assert plan_html(model, opt, "bf16_master", batch, seq, rec, dev) != plan_html(model, opt, "fp32", batch, seq, rec, dev)
 
 
@@ -134,7 +134,7 @@ def test_recomputation_adds_its_forward_to_the_time():
               device_flops_per_s=4e14)
     none = planner.plan(**kw, recompute="none")
     full = planner.plan(**kw, recompute="full")
-    sel = planner.plan(**kw, recompute="selective", attention="stored")
+    sel = planner.plan(**kw, recompute="attention", attention="stored")
     # full recomputation: forward 2 + recomputed forward 2 + backward 4 = 8 N T instead of 6 N T
     assert full.days / none.days == pytest.approx(8 / 6)
     assert full.flops == 8 * 7.5e9 * 150e9
@@ -142,7 +142,7 @@ def test_recomputation_adds_its_forward_to_the_time():
     assert sel.flops - none.flops == pytest.approx(4 * 2048 * 4096 * 32 * 150e9)
     assert 1.02 < sel.days / none.days < 1.04
     # under a fused attention kernel (the default) the scores are recomputed already: selective changes nothing
-    fused_sel = planner.plan(**kw, recompute="selective")
+    fused_sel = planner.plan(**kw, recompute="attention")
     assert (fused_sel.flops, fused_sel.activation_bytes) == (none.flops, none.activation_bytes)
     html_none = plan_html("7.5B", "adam", "bf16_master", 1, 1024, "none", 141)
     html_full = plan_html("7.5B", "adam", "bf16_master", 1, 1024, "full", 141)
@@ -163,7 +163,7 @@ def test_presets_count_matches_shape():
 
 def test_training_flops_selective_needs_the_shape():
     with pytest.raises(ValueError, match="seq_len"):
-        planner.training_flops(10, 100, recompute="selective")
+        planner.training_flops(10, 100, recompute="attention")
     with pytest.raises(ValueError, match="recompute"):
         planner.training_flops(10, 100, recompute="some")
 
@@ -208,16 +208,16 @@ def test_activations_that_do_not_fit_at_any_micro_batch_get_recomputation():
     out = propose(**shape, batch_per_device=2, seq_len=8192, device_bytes=80e9, attention="stored")
     plan_, fix = out
     assert not plan_.fits_memory and fix.fits_memory
-    assert (fix.world_size, fix.recompute, fix.change) == (1, "selective", "selective recomputation")
+    assert (fix.world_size, fix.recompute, fix.change) == (1, "attention", "attention-core recomputation (Korthikanti's selective)")
     assert fix.activation_bytes == activation_bytes(8192, 2, shape["hidden"], shape["heads"], shape["layers"],
-                                                    "selective")  # selective: no score term either way
+                                                    "attention")  # the attention core rebuilt: no score term either way
     assert fix.state_bytes == plan_.state_bytes  # recomputation leaves the state alone
 
 
 def _brute_force_fewest_devices(shape, **kw):
     """The fewest devices of any layout in the search space that fits in memory (None if none)."""
     for d in (1,) + DEVICE_COUNTS:
-        for t, z, rc in product((1,) + TP_DEGREES, range(4), ("none", "selective", "full")):
+        for t, z, rc in product((1,) + TP_DEGREES, range(4), ("none", "attention", "full")):
             if d % t or (z and d // t < 2) or shape["heads"] % t or shape["hidden"] % t:
                 continue
             if layout(**shape, **kw, recompute=rc, world_size=d, zero_stage=z, tensor_parallel=t).fits_memory:

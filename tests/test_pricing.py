@@ -142,7 +142,7 @@ def test_state_bytes_and_the_layout():
 
 def test_activations_per_device_under_the_layout():
     s, h, a, layers = int(L3["seq_len"]), int(L3["hidden"]), int(L3["heads"]), int(L3["layers"])
-    sel = pricing.activation_bytes_per_device(s, 1, h, a, layers, 8, 16, "selective")
+    sel = pricing.activation_bytes_per_device(s, 1, h, a, layers, 8, 16, "attention")
     # by hand: 34 s b h bytes per layer, ceil(126 / 16) = 8 layers per stage x 16 micro-batches, / tp
     assert sel == 34 * s * h * 8 * 16 / 8
     none = pricing.activation_bytes_per_device(s, 1, h, a, layers, 8, 16, "none")

@@ -157,14 +157,14 @@ def test_page_14_validation_table_compares_no_figure_with_itself():
 def test_recomputation_raises_hfu_and_not_mfu():
     f = {r: M.model_hardware_flops(405e9, 16e6, 126, 8192, 16384, recompute=r) for r in M.RECOMPUTE}
     assert len({x.model for x in f.values()}) == 1                       # model FLOPs: one value
-    assert f["none"].hardware < f["selective"].hardware < f["full"].hardware
+    assert f["none"].hardware < f["attention"].hardware < f["full"].hardware
     # at one step time, MFU is the same and HFU grows; full recomputation adds a third of the dense work
     step = f["none"].model / (16384 * 989.4e12 * 0.4)
     mfus = {r: M.flops_utilisation(x.model, step, 989.4e12, 16384) for r, x in f.items()}
     hfus = {r: M.flops_utilisation(x.hardware, step, 989.4e12, 16384) for r, x in f.items()}
     assert mfus["none"] == pytest.approx(0.4) and len({round(v, 12) for v in mfus.values()}) == 1
     assert hfus["none"] == pytest.approx(0.4)
-    assert hfus["none"] < hfus["selective"] < hfus["full"]
+    assert hfus["none"] < hfus["attention"] < hfus["full"]
     assert M.hfu_from_mfu(0.4, f["full"]) == pytest.approx(hfus["full"])
     assert f["full"].recomputed == pytest.approx(f["none"].dense / 3 + f["none"].attention / 3)
 

@@ -240,7 +240,8 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
     e = activation_bytes_per_value(precision)
     # the rate is of executed (hardware) FLOPs: a recomputed forward adds time, not model FLOPs (page 3.14)
     extra = {"none": "", "full": ", + one forward pass recomputed: hardware FLOPs, not model FLOPs",
-             "selective": "; selective: the fused attention kernel already recomputes its scores, "
+             "attention": "; Korthikanti's selective (attention core rebuilt): the fused attention kernel already "
+                          "recomputes its scores, "
                           "so nothing changes"}[recompute]
     rows = [
         (f"state: {' + '.join(parts)} = {per.total} bytes/parameter", gb(r.state_bytes)),

@@ -34,7 +34,7 @@ OPTIMIZER_BYTES_PER_PARAM = {name: 4 * n for name, n in OPTIMIZER_STATES.items()
 PRECISION_BYTES_PER_PARAM = {r.name: (r.weights, r.gradients, r.master_weights) for r in RECIPES.values()}
 
 
-RECOMPUTE_CHOICES = ("none", "selective", "full")
+RECOMPUTE_CHOICES = ("none", "attention", "full")
 
 
 @dataclass(frozen=True)
@@ -159,12 +159,13 @@ def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "
 
     * ``attention="stored"``, ``"none"``: s*b*h*(10 + 24/t + 5*a*s/(h*t)); with t = 1
       the familiar s*b*h*(34 + 5*a*s/h)
-    * ``"selective"``: s*b*h*(10 + 24/t)  (the attention scores, softmax and its
-      dropout are recomputed, so the s**2 term goes)
+    * ``"attention"``: s*b*h*(10 + 24/t)  (Korthikanti et al.'s selective recomputation: the
+      attention core, its scores, softmax and dropout, is rebuilt, so the s**2 term goes; the
+      course's other "selective", the weight products kept, is :mod:`lessonlib.calc.stage_memory`'s)
     * ``"full"``:      2*s*b*h   (only the layer's input is kept)
     * ``attention="fused"`` (the default): a fused kernel never stores the scores
       (it recomputes them in backward, and regenerates its dropout mask from the
-      random-number state), so "none" keeps what "selective" keeps,
+      random-number state), so "none" keeps what "attention" keeps,
       s*b*h*(10 + 24/t), and the s**2 term is gone whatever ``recompute`` is. The
       kernel's one fp32 number per row and head (4*a*s*b bytes) is left out, as the
       paper leaves out LayerNorm's statistics.

@@ -6,7 +6,7 @@
   a full s x s score matrix: 4 forward, 8 backward).
 * **Hardware FLOPs** are what the devices do: the model FLOPs plus the
   forward work that recomputation repeats (full: the whole forward again;
-  selective: only the attention scores, Korthikanti et al. 2022).
+  "attention": only the attention core's scores, Korthikanti et al.'s selective recomputation).
 * **MFU** = model FLOPs per second / peak; **HFU** = hardware FLOPs per second /
   peak. Recomputation adds hardware FLOPs and time, never model FLOPs: it
   raises HFU at a given step time and leaves MFU where it is (or lowers it,
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..checks import choice, count, flag, positive, result
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "attention", "full")
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ def model_hardware_flops(n_params, tokens, layers, seq_len, hidden, causal=True,
     """The :class:`StepFlops` of training a ``layers``-layer model of ``n_params`` parameters on ``tokens`` tokens.
 
     Sequences are ``seq_len`` tokens, the model dimension ``hidden``; ``causal`` counts
-    half the score matrix; ``recompute`` is ``"none"``, ``"selective"`` (the attention
-    scores' forward again) or ``"full"`` (the whole forward again).
+    half the score matrix; ``recompute`` is ``"none"``, ``"attention"`` (Korthikanti et al.'s selective
+    recomputation: the attention scores' forward again) or ``"full"`` (the whole forward again).
 
     >>> f = model_hardware_flops(1e9, 1, 24, 2048, 2048, causal=False)
     >>> f.dense, f.attention                         # 6 N, 12 L s h
@@ -65,7 +65,7 @@ def model_hardware_flops(n_params, tokens, layers, seq_len, hidden, causal=True,
     dense = 6.0 * n * t
     attention = 12.0 * L * s * h * half * t
     forward_attention = attention / 3          # 4 of the 12: the forward scores and weighted sum
-    recomputed = {"none": 0.0, "selective": forward_attention, "full": dense / 3 + forward_attention}[mode]
+    recomputed = {"none": 0.0, "attention": forward_attention, "full": dense / 3 + forward_attention}[mode]
     return StepFlops(dense=dense, attention=attention, recomputed=recomputed)
 
 

@@ -42,7 +42,8 @@ def training_flops(n_params, tokens, recompute: str = "none", seq_len=None, hidd
     the usual estimate). Recomputation runs forward work a second time:
 
     * ``"full"`` repeats the whole forward: 8 x parameters x tokens;
-    * ``"selective"`` repeats only the attention scores and their product
+    * ``"attention"`` (Korthikanti et al.'s selective recomputation: the attention core rebuilt)
+      repeats only the attention scores and their product
       with the values, 4 x seq_len x hidden FLOPs per token per layer (needs
       ``seq_len``, ``hidden`` and ``layers``).
 
@@ -58,8 +59,8 @@ def training_flops(n_params, tokens, recompute: str = "none", seq_len=None, hidd
     # is a mistake even where this formula does not read it.
     seq_len, hidden, layers = (None if v is None else check_count(k, v)
                                for k, v in (("seq_len", seq_len), ("hidden", hidden), ("layers", layers)))
-    if recompute == "selective" and (seq_len is None or hidden is None or layers is None):
-        raise ValueError("recompute='selective' needs seq_len, hidden and layers")
+    if recompute == "attention" and (seq_len is None or hidden is None or layers is None):
+        raise ValueError("recompute='attention' needs seq_len, hidden and layers")
     return _training_flops(n, t, recompute, seq_len, hidden, layers)
 
 
@@ -70,7 +71,7 @@ def _training_flops(n, t, recompute, seq_len, hidden, layers) -> float:
     flops = 6.0 * float(n) * float(t)
     if recompute == "full":
         flops += 2.0 * n * t
-    elif recompute == "selective":
+    elif recompute == "attention":
         flops += 4.0 * seq_len * hidden * layers * t
     return check_result(flops, "n_params, tokens, seq_len, hidden and layers", "a FLOP count")
 
@@ -133,7 +134,7 @@ def plan(n_params, optimizer: str = "adam", precision: str = "bf16_master", batc
     ``attention`` ("fused", the default, or "stored": the paper's stored scores),
     ``sequence_parallel`` and ``vocab`` (adds the loss's logits; None: the layers
     only) go to :func:`lessonlib.calc.memory.activation_bytes`. With fused attention,
-    ``recompute="selective"`` changes nothing: the kernel already recomputes the
+    ``recompute="attention"`` changes nothing: the kernel already recomputes the
     scores in backward, so it keeps no score term and adds no FLOPs.
 
     ``reserve`` (a fraction from 0 to below 1; :data:`RESERVE`, 10 %, by default) is the share of
@@ -183,8 +184,8 @@ def _plan(n_params, optimizer, precision, batch_per_device, seq_len, layers, hid
     act = activation_bytes(seq_len, batch_per_device, hidden, heads, layers, recompute, e, **conv)
     days = flops = None
     if train_tokens is not None:
-        # a fused attention kernel already recomputes its scores in backward: "selective" adds no work there
-        counted = "none" if recompute == "selective" and conv["attention"] == "fused" else recompute
+        # a fused attention kernel already recomputes its scores in backward: "attention" adds no work there
+        counted = "none" if recompute == "attention" and conv["attention"] == "fused" else recompute
         flops = _training_flops(n_params, train_tokens, counted, seq_len, hidden, layers)
     if flops is not None and device_flops_per_s is not None:
         days = check_result(flops / device_flops_per_s, "train_tokens and device_flops_per_s",
@@ -294,7 +295,7 @@ def _layout(one: Plan, checked: tuple, world_size, zero_stage, tensor_parallel, 
 
 
 #: What each setting costs, to choose between layouts on the same devices (see :func:`propose`).
-_COST = {"zero": {0: 0, 1: 0, 2: 0, 3: 2}, "recompute": {"none": 0, "selective": 1, "full": 3}, "tp": 2}
+_COST = {"zero": {0: 0, 1: 0, 2: 0, 3: 2}, "recompute": {"none": 0, "attention": 1, "full": 3}, "tp": 2}
 
 
 def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
@@ -313,7 +314,7 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
     degree (2, 4 or 8), a recompute setting and a device count (powers of
     two). "Smallest" means, in this order: the fewest devices; then the fewest
     settings changed; then the cheapest (ZeRO stages 1-2 send no extra bytes;
-    selective recomputation adds a little compute; ZeRO stage 3 and tensor
+    recomputing the attention core (Korthikanti et al.'s selective) adds a little compute; ZeRO stage 3 and tensor
     parallelism add traffic; full recomputation adds a third to the compute).
     Settings only move towards more saving (recomputation is never turned
     off, for instance).
@@ -405,5 +406,6 @@ def _described(new: Layout, old: Layout) -> Layout:
     if new.tensor_parallel != old.tensor_parallel:
         words.append(f"tensor-parallel degree {new.tensor_parallel}")
     if new.recompute != old.recompute:
-        words.append(f"{new.recompute} recomputation")
+        words.append({"attention": "attention-core recomputation (Korthikanti's selective)",
+                      "full": "full recomputation"}[new.recompute])
     return replace(new, change=", ".join(words))
