@@ -265,7 +265,9 @@ def test_amdahl_page_weak_scaling_matches_its_run_and_defines_all_reduce():
     text = (CH3 / "01-amdahl.md").read_text()
     # the quiz once said "each about as long as before" while the page measured steps 2.4x longer
     assert "each about as long as before" not in text
-    assert "weak_step_ratio = per_step_weak / per_step_one" in text and "{weak_step_ratio:" in text
+    # the weak step's time over one process's, round by round, with its spread
+    assert "weak_step = round_ratios(" in text and "weak_step_ratio = median(weak_step)" in text
+    assert "{with_spread(weak_step)}" in text
     assert text.index("all-reduce") == text.index("*all-reduce* is") + 1  # defined where first used
 
 

@@ -47,7 +47,7 @@ def test_kept_bytes_match_the_formulas_to_the_byte(gpt):
     got = {rc: selective.kept_after_forward(blocks, x, rc) for rc in want}
     assert got == want
     # the score term (Korthikanti's 5as/h) is gone under both recomputations
-    assert got["selective"] < L * activation_bytes_per_layer(S, B, H, A, "selective", attention="stored")
+    assert got["selective"] < L * activation_bytes_per_layer(S, B, H, A, "attention", attention="stored")
     peaks = [selective.peak_step_bytes(blocks, x, rc) for rc in want]
     assert peaks[0] > peaks[1] > peaks[2]
 
@@ -57,8 +57,8 @@ def test_flops_match_the_formulas_exactly(gpt):
     plain = selective.step_flops(blocks, x, "none")
     assert selective.step_flops(blocks, x, "selective") == plain + L * attention_core_flops_per_layer(S, B, H)
     assert selective.step_flops(blocks, x, "full") == round(plain * predicted_flops_ratio())
-    # the planner's selective FLOPs are the same two products: 4 s h a token and a layer
-    assert training_flops(10**6, B * S, "selective", S, H, L) - training_flops(10**6, B * S) == \
+    # the planner's Korthikanti selective (recompute="attention") rebuilds the same two products: 4 s h a token a layer
+    assert training_flops(10**6, B * S, "attention", S, H, L) - training_flops(10**6, B * S) == \
         L * attention_core_flops_per_layer(S, B, H)
 
 
