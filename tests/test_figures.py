@@ -153,3 +153,16 @@ def test_bill_gap_figure_alt_text_reads_the_parts():
     assert "30.00 M" in shown.alt and "attention 1.20 M" in shown.alt and "other stages 1.80 M" in shown.alt
     with pytest.raises(ValueError, match="computed"):
         speedup_plots.bill_gap_figure({}, 30.0e6, 0.05, 3.0e6)
+
+
+def test_simulated_timelines_title_each_schedule_with_its_equal_stage_idle_share():
+    from lessonlib.book.split_plots import plot_simulated_timelines
+    from lessonlib.calc.pipeline import EQUAL_STAGE_TIMES, schedule_idle_fraction, simulate_actions
+    order = {0: ["0F0", "0F1", "0B0", "0B1"], 1: ["1F0", "1B0", "1F1", "1B1"]}
+    fig = plot_simulated_timelines({"1F1B": order})
+    idle = schedule_idle_fraction(simulate_actions(order, EQUAL_STAGE_TIMES))
+    assert fig.axes[0].get_title() == f"1F1B: idle share {idle:.1%} (gaps = waiting)"
+    assert "time" in fig.axes[0].get_xlabel() and len(fig.axes[0].texts) == 8  # every action labelled
+    plots.show(fig, alt="one panel")
+    with pytest.raises(ValueError, match="orders"):
+        plot_simulated_timelines({})
