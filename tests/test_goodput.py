@@ -95,6 +95,13 @@ def test_reports():
         goodput_report(8, 0.1, 50_000, 30, "sometimes", 120)
     with pytest.raises(ValueError, match="world_size"):
         goodput_report(0, 0.1, 50_000, 30, "every 10 min", 120)
+    # step_efficiency scales the speedup: with serial share 0 the answer is efficiency x useful share
+    g = G.goodput(4096, 4096 * 0.5, 10_000, 300, 1200)
+    assert f"{g.per_device_hour:.2f} one-device hours" in goodput_report(4096, 0.0, 10_000, 300, "exact optimum",
+                                                                         1200, step_efficiency=0.5)
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="step_efficiency"):
+            goodput_report(8, 0.1, 50_000, 30, "every 10 min", 120, step_efficiency=bad)
     a = P.amdahl_report(4, 0.2, 0.0)
     assert "2.5× (not 4×)" in a and "5×" in a
     assert "no limit" in P.amdahl_report(4, 0.0, 0.0)

@@ -163,17 +163,20 @@ INTERVALS = {"exact optimum": None, "Young's sqrt(2CM)": "young", "Daly (2006)":
 WORSE_THAN_OPTIMUM = 0.01
 
 
-def goodput_report(world_size, serial_share, device_mtbf_hours, checkpoint_seconds, interval, restart_seconds) -> str:
+def goodput_report(world_size, serial_share, device_mtbf_hours, checkpoint_seconds, interval, restart_seconds,
+                   step_efficiency=1.0) -> str:
     """The goodput calculator's answer as a short HTML table (for an Explorer).
 
-    ``serial_share`` (0 to 1) gives the speedup by Amdahl's law;
+    ``serial_share`` (0 to 1) gives the speedup by Amdahl's law; ``step_efficiency`` (above 0, at most 1)
+    multiplies it: the share of each step spent computing (a real run's MFU over its kernel efficiency);
     ``interval`` is a key of :data:`INTERVALS` or a number of seconds. The
     time lost is exact for exponential failures
     (:func:`lessonlib.calc.reliability.expected_overhead`); a note appears
     when the chosen interval loses more than :data:`WORSE_THAN_OPTIMUM` of
     wall time above the optimum, naming what the optimum would lose.
     """
-    speed = speedup_from_share(serial_share, world_size)
+    step_efficiency = _check_positive("step_efficiency", step_efficiency, maximum=1.0)
+    speed = speedup_from_share(serial_share, world_size) * step_efficiency
     if isinstance(interval, str):
         interval = INTERVALS[check_choice("interval", interval, INTERVALS)]
         if interval in ("young", "daly"):

@@ -287,13 +287,20 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
                   f"{contrast[1][-1]:.3f} at {ns[-1]:,} devices.")
     if marks:
         extra += f" Points at {ns[-1]:,} devices: " + "; ".join(f"{k} {v:.3f}" for k, v in marks.items()) + "."
+    rates = ", ".join(f"{m:,.0f}" for m in mtbfs)
+    several = len(mtbfs) > 1
+    flat = serial_share == 0
     return show(fig, alt=f"Two panels against the device count, from {ns[0]:,} to {ns[-1]:,} on a log axis, for "
-                "failure rates of " + ", ".join(f"{m:,.0f}" for m in mtbfs) + " hours per device. Left: "
+                + (f"failure rates of {rates} hours per device" if several else
+                   f"one failure rate, {rates} hours per device") + ". Left: "
                 "the share of wall-clock time lost to saves, redone work and restarts; it grows with the device "
-                "count, because a job on n devices fails n times as often, and the less reliable the devices the "
-                f"faster: at {ns[-1]:,} devices {lost}. Right: one-device hours of progress per paid device-hour, "
-                f"on a log axis, with serial share {100 * serial_share:g} %: the dotted no-failure line lies on "
-                "top; each failure curve falls further below it as devices are added." + extra)
+                "count, because a job on n devices fails n times as often"
+                + (", and the less reliable the devices the faster" if several else "")
+                + f": at {ns[-1]:,} devices {lost}. Right: one-device hours of progress per paid device-hour, "
+                f"on a log axis, with serial share {100 * serial_share:g} %: the dotted no-failure line "
+                + ("(perfect scaling, flat at 1) " if flat else "") + "lies on top; "
+                + ("each failure curve falls" if several else "the failure curve falls")
+                + " further below it as devices are added." + extra)
 
 
 @_reads("rows", "no_failure")
@@ -323,7 +330,9 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
     for i, (label, gs) in enumerate(rows.items()):
         left.plot(world_sizes, [100 * (1 - g.useful_fraction) for g in gs], styles[i % 3], marker="o", label=label)
         right.plot(world_sizes, [g.per_device_hour for g in gs], styles[i % 3], marker="o", label=label)
-    right.plot(world_sizes, no_failure, ":", color="black", lw=2, zorder=5, label="no failures (Amdahl alone)")
+    perfect = all(abs(v - 1) < 1e-12 for v in no_failure)  # serial share 0: speedup n on n devices
+    right.plot(world_sizes, no_failure, ":", color="black", lw=2, zorder=5,
+               label="no failures, perfect scaling" if perfect else "no failures (Amdahl alone)")
     if contrast is not None:
         label, values = sequence("contrast", contrast)
         values = [positive(f"contrast[1][{i}]", x) for i, x in enumerate(sequence("contrast[1]", values))]
@@ -339,7 +348,8 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
         ax.minorticks_off()
         ax.set_xlabel("devices (count, log scale)")
         ax.grid(alpha=0.3)
-    left.set_ylim(0, 100)
+    lost_max = max(100 * (1 - g.useful_fraction) for gs in rows.values() for g in gs)
+    left.set_ylim(0, min(100.0, max(1.0, 1.2 * lost_max)))  # fitted to the curves, never past 100 %
     left.set_ylabel("time lost to saves, redone work, restarts (%)")
     left.set_title("What failures take from the wall-clock time", fontsize=10)
     right.set_yscale("log")
@@ -351,3 +361,60 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def bill_gap_parts(computed_hours: float, published_hours: float, attention_share: float,
+                   failures_max_hours: float) -> dict:
+    """Split the gap between a computed bill and the published one (both in GPU-hours) into named parts.
+
+    ``attention_share`` is the attention-score FLOPs over 6N (so the attention part is ``computed_hours`` times it);
+    ``failures_max_hours`` is the most GPU-hours failures, saves and restarts can have taken (the report's lower
+    bound on effective training time). The parts are filled in that order, each at most what is left of the gap,
+    and "other stages" takes the rest. Returns GPU-hours for "computed", "attention", "failures" and "other",
+    which add up to the published bill (or to ``computed_hours`` when it is the larger).
+    """
+    c = positive("computed_hours", computed_hours)
+    p = positive("published_hours", published_hours)
+    a = c * amount("attention_share", attention_share, maximum=10.0)
+    f_max = amount("failures_max_hours", failures_max_hours)
+    gap = max(0.0, p - c)
+    attention = min(a, gap)
+    failures = min(f_max, gap - attention)
+    return {"computed": c, "attention": attention, "failures": failures, "other": gap - attention - failures}
+
+
+def bill_gap_figure(computed: dict, published_hours: float, attention_share: float, failures_max_hours: float,
+                    title: str = "Computed GPU-hours against the published bill"):
+    """Stacked bars: each computed bill (``computed`` maps a label to GPU-hours) with the gap to
+    ``published_hours`` split by :func:`bill_gap_parts`, beside the published bill; in millions of GPU-hours."""
+    computed = mapping("computed", computed)
+    if not computed:
+        raise ValueError("computed must name at least one computed bill")
+    text("title", title)
+    parts = {text("computed", k): bill_gap_parts(v, published_hours, attention_share, failures_max_hours)
+             for k, v in computed.items()}
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    labels = list(parts) + ["published bill"]
+    colours = {"computed": "tab:blue", "attention": "tab:orange", "failures": "tab:red", "other": "tab:grey"}
+    names = {"computed": "6ND at the table's MFU", "attention": "attention scores (if not in the TFLOP/s)",
+             "failures": "failures, saves, restarts (at most)", "other": "other stages and the rest"}
+    for key in colours:
+        bottoms = [sum(p[k] for k in list(colours)[:list(colours).index(key)]) / 1e6 for p in parts.values()]
+        ax.bar(list(parts), [p[key] / 1e6 for p in parts.values()], bottom=bottoms, color=colours[key],
+               label=names[key], hatch=None if key == "computed" else "//", alpha=1.0 if key == "computed" else 0.6)
+    ax.bar(["published bill"], [published_hours / 1e6], color="black", label="published bill")
+    for i, p in enumerate(parts.values()):
+        ax.text(i, p["computed"] / 2e6, f"{p['computed'] / 1e6:.2f} M", ha="center", color="white", fontsize=9)
+    ax.text(len(parts), published_hours / 2e6, f"{published_hours / 1e6:.2f} M", ha="center", color="white",
+            fontsize=9)
+    ax.set_ylabel("GPU-hours (millions)")
+    ax.set_xticks(range(len(labels)), [textwrap.fill(s, 18) for s in labels], fontsize=8)
+    ax.set_ylim(0, 1.3 * max(published_hours, max(computed.values())) / 1e6)
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    ax.set_title(title)
+    fig.tight_layout()
+    alt = (f"Stacked bars in millions of GPU-hours. The published bill is {published_hours / 1e6:.2f} M. "
+           + " ".join(f"{k}: computed {p['computed'] / 1e6:.2f} M, then attention {p['attention'] / 1e6:.2f} M, "
+                      f"failures at most {p['failures'] / 1e6:.2f} M and other stages {p['other'] / 1e6:.2f} M."
+                      for k, p in parts.items()))
+    return show(fig, alt=alt)

@@ -15,7 +15,7 @@ from matplotlib.ticker import NullFormatter
 from ..calc.comm import COLLECTIVES, Link
 from ..checks import (amount as check_amount, choice as check_choice, count as check_count,
                       instance as check_instance, positive as check_positive, sequence as check_sequence,
-                      text as check_text)
+                      mapping as check_mapping, text as check_text)
 from ..calc.memory import activation_bytes_per_layer
 from ..calc.sharding import ZERO_STAGES, zero_state_bytes
 from .plots import COLORS, stacked_bars
@@ -70,7 +70,8 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
     if node_size is not None:
         node_size = check_count("node_size", node_size, maximum=4096)
         if ts[-1] > node_size:
-            ax.axvspan(node_size, ts[-1] * 1.1, color="grey", alpha=0.15,
+            beyond = min(t for t in ts if t > node_size)  # the shading starts past t = node_size, which fits
+            ax.axvspan((node_size * beyond) ** 0.5, ts[-1] * 1.1, color="grey", alpha=0.15,
                        label=f"t > {node_size}: the layer's all-reduces cross nodes")
     ax.legend(fontsize=8)
     return fig
@@ -247,6 +248,50 @@ def step_terms_figure(first, second, names=("first choice", "published"), title:
         "exposed communication": max(0.0, c.step_s - c.compute_s - c.bubble_s)} for n, c in zip(names, (first, second))}
     fig = stacked_bars(data, check_text("title", title), "time per step (s)",
                        colors={"compute": "#4C72B0", "pipeline bubble": "#DD8452", "exposed communication": "#C44E52"})
-    fig.axes[0].set_xlabel("layout")
+    ax = fig.axes[0]
+    ax.set_xlabel("layout")
+    # beside the bars, not on them: inside the axes it covered the first bar's exposed-communication segment
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.set_size_inches(9, 4)
+    fig.tight_layout()
+    return fig
+
+
+def plot_simulated_timelines(orders: dict, title: str = "Equal stages, simulated: where the bubble goes"):
+    """Gantt charts of each schedule's own action order run with equal stages (forward 1, backward 2 time units).
+
+    ``orders`` maps a schedule name to its per-process action lists as torch writes them (``"0F1"``; what
+    :func:`lessonlib.calc.pipeline.read_schedule` returns as ``order``); each is run by
+    :func:`lessonlib.calc.pipeline.simulate_actions` with :data:`lessonlib.calc.pipeline.EQUAL_STAGE_TIMES`,
+    transfers free. One panel per schedule, on one shared time axis (time units), titled with the idle share.
+    Returns the figure.
+    """
+    from ..calc.pipeline import EQUAL_STAGE_TIMES, schedule_idle_fraction, simulate_actions
+
+    orders = check_mapping("orders", orders)
+    if not orders:
+        raise ValueError("orders must hold at least one schedule")
+    check_text("title", title)
+    sims = {check_text("orders", name): simulate_actions(order, EQUAL_STAGE_TIMES) for name, order in orders.items()}
+    end = max(t["end"] for tasks in sims.values() for t in tasks)
+    procs = max(len(order) for order in orders.values())
+    fig, axes = plt.subplots(len(sims), 1, figsize=(9, 0.9 + 1.1 * procs * len(sims)), squeeze=False, sharex=True)
+    cmap = plt.get_cmap("tab10")
+    for ax, (name, tasks) in zip(axes[:, 0], sims.items()):
+        for t in tasks:
+            later = t["stage_index"] >= procs  # a process's later stage (loop or V placement)
+            ax.broken_barh([(t["start"], t["end"] - t["start"])], (t["process"] - 0.4, 0.8),
+                           facecolors=cmap(t["microbatch"] % 10), edgecolor="white",
+                           hatch="///" if later else None, alpha=1.0 if t["kind"] == "F" else 0.6)
+            ax.text((t["start"] + t["end"]) / 2, t["process"], f"{t['kind']}{t['microbatch']}", ha="center",
+                    va="center", fontsize=7)
+        ax.set_yticks(range(procs), [f"process {q}" for q in range(procs)])
+        ax.set_ylim(procs - 0.4, -0.6)
+        ax.set_xlim(0, 1.01 * end)
+        ax.set_title(f"{name}: idle share {schedule_idle_fraction(tasks):.1%} (gaps = waiting)", fontsize=10)
+    axes[-1, 0].set_xlabel("time (units: a stage's forward = 1, its backward = 2, I = W = 1)\nF forward, "
+                           "B backward, I input-gradient backward, W weight-gradient backward, with the "
+                           "micro-batch; hatched = a process's later stage", fontsize=8)
+    fig.suptitle(check_text("title", title))
     fig.tight_layout()
     return fig
