@@ -7,8 +7,10 @@ from .tables import table
 
 
 def ladder_rows(account) -> list:
-    """The rows of :func:`lessonlib.calc.scale.scale_ladder` as text: what, share of the peak, one-device hours."""
-    return [(r.what, f"{100 * r.utilisation:.1f} %", f"{r.per_device_hour:.3f}") for r in scale_ladder(account)]
+    """The rows of :func:`lessonlib.calc.scale.scale_ladder` as text: what, share of the peak, one-device hours.
+    The account's rungs only: the fixed-serial-share contrast, last in the ladder, is no part of the run's story
+    (the goodput page gives it one sentence, as an aside)."""
+    return [(r.what, f"{100 * r.utilisation:.1f} %", f"{r.per_device_hour:.3f}") for r in scale_ladder(account)[:-1]]
 
 
 LADDER_HEADER = ["what a paid GPU-hour is counted over", "share of the peak delivered",

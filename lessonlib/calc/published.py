@@ -29,8 +29,7 @@ LLAMA31_CARD = ("Meta (2024). Llama 3.1 model card. github.com/meta-llama/llama-
 LLAMA2_CARD = "Meta (2023). Llama 2 model card. github.com/meta-llama/llama, MODEL_CARD.md"
 
 _CARD_READ = "read in the model card's text"
-_SECONDARY = ("the value independent summaries quote from this section, and consistent with the course's other "
-              "figures from the same document; confirm it in the document before citing it further")
+_SECONDARY = "as independent summaries quote this section; not yet compared with the document's own text"
 _TABLE4_ROWS = ("the row's value as independent summaries quote Table 4; within a point of the row's TFLOP/s over "
                 "the H100's 989.4 TFLOP/s dense peak, and inside the 38-43 % range quoted for the table")
 _CARD_SECONDARY = ("the 405B row as independent summaries quote the card's emissions table; the page checks that "
