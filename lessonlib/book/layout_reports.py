@@ -31,23 +31,6 @@ def layout_table(costs, published=None) -> str:
                        "step (s)", "MFU"], rows)
 
 
-def cost_parts_table(cost) -> str:
-    """One layout's step, part by part (seconds and share of the step), and its memory (GB)."""
-    if not isinstance(cost, LayoutCost):
-        raise TypeError(f"cost must be a LayoutCost, got {type(cost).__name__}")
-    parts = [("compute", cost.compute_s), ("pipeline bubble", cost.bubble_s),
-             ("tensor-parallel communication", cost.tensor_comm_s),
-             ("context-parallel communication", cost.context_comm_s),
-             ("pipeline sends", cost.pipeline_comm_s), ("data-parallel communication (exposed)", cost.data_comm_s),
-             ("expert all-to-all (exposed)", cost.expert_comm_s)]
-    rows = [[name, f"{s:.3f}", f"{100 * s / cost.step_s:.1f} %"] for name, s in parts]
-    rows.append(["step", f"{cost.step_s:.3f}", "100 %"])
-    rows.append(["memory: training state (GB)", _gb(cost.state_bytes), ""])
-    rows.append(["memory: activations (GB)", _gb(cost.activation_bytes), ""])
-    rows.append(["memory: device (GB)", _gb(cost.capacity_bytes), ""])
-    return table(["part", "seconds", "share of the step"], rows)
-
-
 def side_by_side_table(first, second, names=("first choice", "published")) -> str:
     """Two :class:`~lessonlib.calc.layout.LayoutCost` rows term by term: each part of the step (seconds), the
     step, the compute share, the MFU and the memory margin on the busiest device (GB), with the difference."""
