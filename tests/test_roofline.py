@@ -81,6 +81,21 @@ def test_the_flat_roof_is_the_fastest_of_the_squares_and_the_blocks_own_products
         R.measure_roofline("cpu", sizes=(16,), copy_mib=4, rounds=1, products=[1])
 
 
+def test_measure_ops_reuses_the_roofs_timing_of_a_product_rather_than_timing_it_again():
+    """1.5 timed each block product twice (in the roof's rounds and again in measure_ops) and showed two speeds."""
+    ops = R.block_ops(tokens=64, hidden=32, heads=2, seq_len=32)
+    products = [o for o in ops if o.name.endswith("product")]
+    roof = R.measure_roofline("cpu", sizes=(16,), copy_mib=4, rounds=2, products=products)
+    points = {p.name: p for p in R.measure_ops(ops, roof, rounds=1)}
+    for o in products:  # the same time, hence the same FLOP/s, as the roof's table shows
+        assert points[o.name].seconds == roof.product_times[o.name][1]
+        assert points[o.name].measured == pytest.approx(roof.products[o.name], rel=1e-12)
+    # an op of the same name but another size is not the one the roof timed: it is timed afresh
+    other = R.block_ops(tokens=128, hidden=32, heads=2, seq_len=32)
+    qkv = next(p for p in R.measure_ops(other[:1], roof, rounds=1))
+    assert qkv.seconds != roof.product_times["QKV product"][1] and qkv.flops == 2 * 128 * 32 * 96
+
+
 def test_rooflines_page_states_the_early_stop_share_computed_and_the_partial_block():
     """1.5 said early stop reruns 'a little less than a whole forward' where 2.2 measures half of one."""
     from pathlib import Path

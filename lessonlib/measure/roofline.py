@@ -8,7 +8,8 @@
   at a given size, with their FLOPs and the bytes they move.
 * :func:`measure_ops` - time each op and place it: arithmetic intensity (FLOPs per
   byte moved), measured FLOP/s, and the roofline's prediction ``min(peak, bandwidth x
-  intensity)`` (:class:`OpPoint`).
+  intensity)`` (:class:`OpPoint`). A product the roofline already timed keeps that
+  timing: each op is timed once.
 
 FLOPs of products come from ``FlopCounterMode``; it counts elementwise work as 0, so
 LayerNorm, GELU and softmax get the arithmetic of their formulas per value
@@ -58,6 +59,8 @@ class Roofline:
     copy_bytes:         bytes of the copied tensor
     products:           FLOP/s of the other products timed in the same rounds, {name: FLOP/s}
                         (e.g. a block's own products: a roof no product of the block runs above)
+    product_times:      the same products' {name: (FLOPs per call, seconds per call)}, fastest round:
+                        :func:`measure_ops` reuses them rather than timing those products again
     """
 
     sizes: tuple
@@ -66,6 +69,7 @@ class Roofline:
     bandwidth: float
     copy_bytes: int
     products: dict = field(default_factory=dict)
+    product_times: dict = field(default_factory=dict)
 
     @property
     def ridge(self) -> float:
@@ -133,8 +137,9 @@ def measure_roofline(device=None, sizes=None, copy_mib: int | None = None, round
     rates = tuple(2 * n**3 * reps[n] / min(raw.seconds[n]) for n in sizes)
     bandwidth = 2 * src.numel() * src.element_size() / sum(min(raw.seconds[("copy", i)]) for i in range(SLICES))
     extra = {o.name: o.flops * o.repeat / min(raw.seconds[("product", o.name)]) for o in products}
+    times = {o.name: (o.flops, min(raw.seconds[("product", o.name)]) / o.repeat) for o in products}
     peak = max((*rates, *extra.values()))
-    return Roofline(sizes, rates, peak, bandwidth, src.numel() * src.element_size(), extra)
+    return Roofline(sizes, rates, peak, bandwidth, src.numel() * src.element_size(), extra, times)
 
 
 @dataclass
@@ -221,7 +226,11 @@ class OpPoint:
 
 
 def measure_ops(ops, roofline: Roofline, device=None, rounds: int = 9) -> list:
-    """Time each :class:`Op` of ``ops`` (interleaved rounds) and place it on ``roofline`` (a list of :class:`OpPoint`)."""
+    """Time each :class:`Op` of ``ops`` (interleaved rounds) and place it on ``roofline`` (a list of :class:`OpPoint`).
+
+    An op the roofline already timed (same name and FLOPs in ``roofline.product_times``) is not timed
+    again: its point takes the roofline's time, so one op has one time wherever it is shown.
+    """
     ops = sequence("ops", ops)
     if not all(isinstance(o, Op) for o in ops):
         raise TypeError("ops must be a nonempty list of Op (from block_ops)")
@@ -230,16 +239,20 @@ def measure_ops(ops, roofline: Roofline, device=None, rounds: int = 9) -> list:
     device = as_device("device", device)
     rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
 
+    known = {o.name: roofline.product_times[o.name][1] for o in ops
+             if roofline.product_times.get(o.name, (None,))[0] == o.flops}
+    fresh = [o for o in ops if o.name not in known]
+
     def one_round(clock):
-        for o in ops:
+        for o in fresh:
             with clock(o.name):
                 for _ in range(o.repeat):
                     o.fn(*o.inputs)
 
-    raw = time_rounds(one_round, rounds, warmup=1, device=device)
+    raw = time_rounds(one_round, rounds, warmup=1, device=device).seconds if fresh else {}
     points = []
     for o in ops:
-        s = min(raw.seconds[o.name]) / o.repeat
+        s = known[o.name] if o.name in known else min(raw[o.name]) / o.repeat
         intensity = o.flops / o.bytes_moved
         points.append(OpPoint(o.name, o.flops, o.bytes_moved, s, intensity, o.flops / s, roofline.attainable(intensity)))
     return points
