@@ -193,11 +193,15 @@ def test_no_check_reads_a_name_that_a_solution_defines():
 
 @pytest.fixture(scope="module")
 def check_2b_q2():
-    # the check needs none of the notebook's other cells
-    return reference.load(EXERCISES / "2b-should-they-checkpoint.ipynb", questions=["2b-q2"], given=False)["2b-q2"]
+    # the check reads the given days and chapter 2's price of recomputation from the notebook's given cells
+    return reference.load(EXERCISES / "2b-should-they-checkpoint.ipynb", questions=["2b-q2"])["2b-q2"]
 
 
-GOOD_ANSWERS = [
+# the arithmetic the question asks for, in a sentence that makes none of the key points: 18 days at 4/3
+DAYS = " The run would take about 24 days, inside the 30 allowed."
+
+
+GOOD_ANSWERS_WITHOUT_DAYS = [
     "Yes, I would turn it on here. Memory is what blocks us, and checkpointing keeps fewer activations, so the "
     "memory needed goes down. The price is extra compute, because the dropped activations are recomputed in "
     "backward, so each step takes longer.",
@@ -225,7 +229,7 @@ GOOD_ANSWERS = [
 ]
 # graded examples: verdicts in other words ("enable", "turn it on", "recommend", "use checkpointing"), and a
 # sentence that sets the recovery checkpoint apart instead of confusing the two
-GOOD_ANSWERS += [
+GOOD_ANSWERS_WITHOUT_DAYS += [
     "I would enable it. Checkpointing keeps fewer activations, so the memory needed goes down. "
     "The recomputation adds extra compute, so each step takes longer.",
     "Turn it on. Checkpointing keeps fewer activations, so the memory needed goes down. "
@@ -241,6 +245,7 @@ GOOD_ANSWERS += [
     "inside one step. Checkpointing keeps fewer activations, so memory goes down. The recomputation adds extra "
     "compute, so each step takes longer.",
 ]
+GOOD_ANSWERS = [text + DAYS for text in GOOD_ANSWERS_WITHOUT_DAYS]
 FLAGGED_ANSWERS = {  # not failed: a person reads them (the screen names what it did not find)
     "Yes, it is reasonable because it reduces the memory we need, so the model finally fits.": "time",
     "Yes, it is reasonable here, but every step will take more time because of the recomputation.": "memory",
@@ -325,6 +330,31 @@ def _run(check, text):
 @pytest.mark.parametrize("text", GOOD_ANSWERS)
 def test_free_text_with_each_key_point_in_its_own_sentence_passes(check_2b_q2, text):
     _run(check_2b_q2, text)
+
+
+# the run's length with checkpointing, in days: right within 5 % of 18 x 4/3 (whole days; 1.3 for a step whose
+# update is not rerun); missing or another length is flagged, whatever the key points
+RIGHT_DAYS = ["about 24 days", "23 days", "24.0 days", "roughly 23-24 days", "a 24-day run"]
+WRONG_DAYS = {"about 36 days": "check the arithmetic", "27 days": "check the arithmetic",
+              "40 days": "check the arithmetic", "18 days": "no length of the checkpointed run",
+              "a few more weeks": "no length of the checkpointed run"}
+
+
+@pytest.mark.parametrize("days", RIGHT_DAYS)
+def test_free_text_with_the_checkpointed_days_passes(check_2b_q2, days):
+    _run(check_2b_q2, GOOD_ANSWERS_WITHOUT_DAYS[0] + f" With checkpointing it runs for {days}, inside the deadline.")
+
+
+@pytest.mark.parametrize("days,why", WRONG_DAYS.items())
+def test_free_text_without_the_right_days_is_flagged(check_2b_q2, days, why):
+    with pytest.raises(Flag, match=why):
+        _run(check_2b_q2, GOOD_ANSWERS_WITHOUT_DAYS[0] + f" With checkpointing it runs for {days}, inside the deadline.")
+
+
+@pytest.mark.parametrize("text", GOOD_ANSWERS_WITHOUT_DAYS)
+def test_free_text_with_every_key_point_but_no_days_is_flagged(check_2b_q2, text):
+    with pytest.raises(Flag, match="no length of the checkpointed run"):
+        _run(check_2b_q2, text)
 
 
 @pytest.mark.parametrize("text,why", FLAGGED_ANSWERS.items())
