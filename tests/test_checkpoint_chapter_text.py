@@ -82,3 +82,14 @@ def test_imported_above_as_names_an_imported_name(path):
     for alias in re.findall(r"imported above as `(\w+)`", ex):
         assert re.search(rf"(import\s+{alias}\b|import\s+.*\bas\s+{alias}\b|from\s+\S+\s+import\s+.*\b{alias}\b)", ex), alias
     assert "chapter 2.3" not in ex
+
+
+def test_selective_time_says_what_it_saves_against_full_and_what_it_pays():
+    """2.3's eager timing left readers asking why selective exists: the page times the one thing selective skips
+    against full (the weight products' rerun) beside a plain step, compares the control's cost with it, and says
+    what holds at scale."""
+    page = text(CH2 / "03-selective-recomputation.md")
+    assert 'clock.time("weight products", weight_products)' in page and "parts.ratio(" in page
+    assert 'ctrl_vs = "more than" if pol_pct > w_pct else "less than"' in page
+    assert "skips exactly one thing in backward" in page and "the FLOP accounting is what holds" in page
+    assert "saved-tensor hooks of chapter 1 see nothing" not in page
