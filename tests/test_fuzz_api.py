@@ -517,9 +517,36 @@ def test_bad_input_is_refused_in_bounded_time(qualname, good, tmp_path):
     _fuzz(qualname, good, tmp_path, _examples())
 
 
+def _laid_out_only(fig) -> bytes:
+    """Stands in for :mod:`lessonlib.book.figures`' PNG encoders in the deep fuzz: every artist is still
+    drawn (``draw_without_rendering`` runs the same draw code, so a value that breaks a plot still raises),
+    but no pixels are rasterised and no PNG is encoded."""
+    fig.draw_without_rendering()
+    return b""
+
+
+@pytest.fixture
+def figures_laid_out_not_encoded(qualname):
+    """The deep fuzz, and the fuzz of result structures, lay each accepted figure out without encoding its PNGs.
+
+    It is about what a function accepts and refuses, and for a figure function the PNGs were most
+    of its time (a desktop and a phone PNG, each laid out twice by ``bbox_inches="tight"``): about
+    130 of the run's 430 unit-test seconds went to encoding images no one looked at. The PNGs
+    themselves are still made for every fuzzed input of ``test_bad_input_is_refused_in_bounded_time``
+    (the same functions, fewer examples), for every figure in the notebooks, and checked by
+    tests/test_figures.py and tests/test_plots_phone.py. ``show`` and ``Figure`` are fuzzed as they are."""
+    from lessonlib.book import figures
+
+    with pytest.MonkeyPatch.context() as mp:
+        if not qualname.startswith("lessonlib.book.figures."):
+            mp.setattr(figures, "_png", _laid_out_only)
+            mp.setattr(figures, "_phone_png", _laid_out_only)
+        yield
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("qualname", COVERED)
-def test_bad_input_deep(qualname, good, tmp_path):
+def test_bad_input_deep(qualname, good, tmp_path, figures_laid_out_not_encoded):
     _fuzz(qualname, good, tmp_path, 150)
 
 
@@ -948,7 +975,7 @@ STRUCTURE_TARGETS = [
 
 
 @pytest.mark.parametrize("qualname", STRUCTURE_TARGETS)
-def test_structures_mutated_field_by_field(qualname):
+def test_structures_mutated_field_by_field(qualname, figures_laid_out_not_encoded):
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("the per-call time limit needs SIGALRM in the main thread")
     import random
