@@ -289,6 +289,13 @@ def test_two_processes_same_gradients_buckets_and_bytes():
     assert n_rs == 4
     ranks = res.timeline
     assert len(ranks) == 2
+    # the figure's steps are the table's: on the slower process, from its start to its end
+    for (name, label, _), r in zip(VARIANTS, res.rows):
+        if label in ranks[0]:
+            assert math.isclose(max(ev[label]["end"] - ev[label]["forward"][0] for ev in ranks), r.step)
+        # FSDP's time inside its collectives is part of the same step; the others record none
+        assert (0.0 < r.in_collectives < r.step) if name.startswith("fsdp") else r.in_collectives == 0.0
+    assert sum(label in ranks[0] for _, label, _ in VARIANTS) == 2
     for per_rank in ranks:
         ddp = per_rank["DDP, gradient buckets during backward"]
         assert len(ddp["comm"]) == 4 and ddp["forward"][0] >= 0.0
