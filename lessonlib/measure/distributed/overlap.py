@@ -43,7 +43,7 @@ from ...checks import amount as _check_amount, count as _check_count, positive a
 from ...calc.overlap import hidden_share
 from ..rounds import Rounds, time_rounds
 from .buckets import MAX_SIZE, all_reduce_in_buckets, layer_stack
-from .collectives import CollectiveLog
+from .collectives import CollectiveLog, CollectiveTimer
 from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
 from .quiet import known_warnings_silenced
 
@@ -71,49 +71,6 @@ def _timed_allreduce_hook(record, bucket):
                        "start": start, "end": time.perf_counter()})
         return f.value()
     return fut.then(done)
-
-
-#: The torch.distributed functions FSDP2 issues its collectives through (older torch: the *_tensor names).
-_FSDP_COLLECTIVES = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor")
-
-
-class _CollectiveClock:
-    """Inside ``with``, every all-gather and reduce-scatter issued through torch.distributed is timed.
-
-    ``seconds``: the wall time the calling thread spent inside them, waits for the other processes included
-    (on gloo FSDP2 issues them synchronously, so the call lasts until the collective is done). A call that
-    another timed call makes inside it is counted once.
-    """
-
-    def __init__(self):
-        self.seconds, self._depth, self._saved = 0.0, 0, {}
-
-    def _wrap(self, fn):
-        def timed(*args, **kwargs):
-            self._depth += 1
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._depth -= 1
-                if self._depth == 0:
-                    self.seconds += time.perf_counter() - start
-        return timed
-
-    def __enter__(self):
-        import torch.distributed as dist
-
-        self.seconds = 0.0
-        self._saved = {n: getattr(dist, n) for n in _FSDP_COLLECTIVES if hasattr(dist, n)}
-        for name, fn in self._saved.items():
-            setattr(dist, name, self._wrap(fn))
-        return self
-
-    def __exit__(self, *exc):
-        import torch.distributed as dist
-
-        for name, fn in self._saved.items():
-            setattr(dist, name, fn)
 
 
 def _fsdp(base, mesh, device, prefetch: bool):
@@ -228,9 +185,6 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
             comm = one_allreduce() if sync_after else [dict(r) for r in record]
             return {"forward": (t0, t1), "backward": (t1, max(ready)), "end": now(), "comm": comm}
 
-        def sync_after():
-            return traced_step(True)
-
         def hooks():
             fwd_bwd(hooked)
             return finish()
@@ -241,7 +195,7 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
             fwd_bwd(ddp)
         ddp_buckets = [r["bytes"] for r in sorted(record, key=lambda r: r["bucket"])]
         reference = grads(ddp)
-        sync_after()
+        traced_step(True)  # the step with one all-reduce after backward
         diffs = {"sync_after": (grads(ddp) - reference).abs().max().item()}
         hook_buckets = hooks()
         diffs["hooks"] = (grads(hooked) - reference).abs().max().item()
@@ -261,7 +215,7 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
 
         events = {"sync_after": [], "ddp": []}  # per round, warm-up included: each traced step's events
         in_collectives = {name: [] for name in fsdp}  # per round: seconds inside FSDP2's collectives
-        clocks = {name: _CollectiveClock() for name in fsdp}
+        clocks = {name: CollectiveTimer() for name in fsdp}
 
         def traced(name, clock, sync):
             ev = traced_step(sync)
