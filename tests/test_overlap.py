@@ -289,7 +289,47 @@ def test_two_processes_same_gradients_buckets_and_bytes():
     assert n_rs == 4
     ranks = res.timeline
     assert len(ranks) == 2
+    # the figure's steps are the table's: on the slower process, from its start to its end
+    for (name, label, _), r in zip(VARIANTS, res.rows):
+        if label in ranks[0]:
+            assert math.isclose(max(ev[label]["end"] - ev[label]["forward"][0] for ev in ranks), r.step)
+        # FSDP's time inside its collectives is part of the same step; the others record none
+        assert (0.0 < r.in_collectives < r.step) if name.startswith("fsdp") else r.in_collectives == 0.0
+    assert sum(label in ranks[0] for _, label, _ in VARIANTS) == 2
     for per_rank in ranks:
         ddp = per_rank["DDP, gradient buckets during backward"]
         assert len(ddp["comm"]) == 4 and ddp["forward"][0] >= 0.0
         assert all(c["start"] <= c["end"] for c in ddp["comm"])
+
+
+def test_collective_timer_counts_a_nested_call_once_and_puts_the_functions_back(monkeypatch):
+    # FSDP2's step is split into time inside its collectives and the rest: a call that another timed call
+    # makes (all_gather_single -> all_gather_into_tensor) must count once, and only inside the block
+    import time
+
+    import torch.distributed as dist
+
+    from lessonlib.measure.distributed.collectives import CollectiveTimer
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def inner(*args, **kwargs):
+        clock[0] += 2.0
+
+    def outer(*args, **kwargs):
+        clock[0] += 1.0
+        return dist.all_gather_into_tensor()
+
+    monkeypatch.setattr(dist, "all_gather_into_tensor", inner, raising=False)
+    monkeypatch.setattr(dist, "all_gather_single", outer, raising=False)
+    monkeypatch.setattr(dist, "reduce_scatter_tensor", inner, raising=False)
+    timer = CollectiveTimer()
+    with timer:
+        dist.all_gather_single()  # 3 s, the nested call included once
+        clock[0] += 10.0  # not a collective
+        dist.reduce_scatter_tensor()  # 2 s
+    assert timer.seconds == 5.0
+    assert dist.all_gather_single is outer and dist.all_gather_into_tensor is inner
+    dist.reduce_scatter_tensor()
+    assert timer.seconds == 5.0

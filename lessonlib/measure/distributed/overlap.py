@@ -20,6 +20,11 @@ its gradient exchange, each way:
   without compute (``fsdp_comm``; both FSDP variants issue the same collectives,
   in another order, which the worker checks).
 
+Every ``sync_after`` and ``ddp`` step records its timeline (forward's end, each gradient's
+readiness, each all-reduce's start and end), and its time is that timeline's, so the
+figure's step is a step of the table; every FSDP step records the time it spent
+inside its all-gathers and reduce-scatters (``OverlapRow.in_collectives``).
+
 Times are seconds: per round, the slowest process; over the rounds, the
 fastest round. These steps last milliseconds, so on a shared machine one
 descheduled process can stretch a round several times over; the fastest round
@@ -29,6 +34,7 @@ Workers run in spawned processes, so they live here, not in a notebook.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, field
@@ -37,7 +43,7 @@ from ...checks import amount as _check_amount, count as _check_count, positive a
 from ...calc.overlap import hidden_share
 from ..rounds import Rounds, time_rounds
 from .buckets import MAX_SIZE, all_reduce_in_buckets, layer_stack
-from .collectives import CollectiveLog
+from .collectives import CollectiveLog, CollectiveTimer
 from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
 from .quiet import known_warnings_silenced
 
@@ -122,9 +128,13 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
         base = layer_stack(hidden, layers)
         params = list(base.parameters())
         param_bytes = sum(p.numel() * p.element_size() for p in params)
-        ddp = DDP(copy.deepcopy(base).to(device), device_ids=ids, bucket_cap_mb=bucket_cap_mb)
-        traced, record = DDP(copy.deepcopy(base).to(device), device_ids=ids, bucket_cap_mb=bucket_cap_mb), []
-        traced.register_comm_hook(record, _timed_allreduce_hook)
+        # one DDP model for compute, the step with one all-reduce after backward and the bucketed step; its
+        # comm hook (DDP's own all-reduce, timed) and a hook per parameter (when its gradient was ready) record
+        # the timeline of every timed step, so that the figure's step is one of the table's rounds
+        ddp, record, ready = DDP(copy.deepcopy(base).to(device), device_ids=ids, bucket_cap_mb=bucket_cap_mb), [], []
+        ddp.register_comm_hook(record, _timed_allreduce_hook)
+        for p in ddp.parameters():
+            p.register_post_accumulate_grad_hook(lambda p: ready.append(time.perf_counter()))
         hooked = copy.deepcopy(base).to(device)
         finish = all_reduce_in_buckets(hooked, int(bucket_cap_mb * 2**20))
         mesh = DeviceMesh(device.type, list(range(world_size)))
@@ -140,18 +150,40 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
             model.zero_grad(set_to_none=True)
             loss_fn(model(x), y).backward()
 
+        def now():  # on a GPU, the work queued so far is done first, so that a time means finished work
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter()
+
         def compute():
             with ddp.no_sync():
                 fwd_bwd(ddp)
 
-        def sync_after():
-            compute()
+        def one_allreduce():  # everything at once, after backward: nothing hidden
             ps = list(ddp.parameters())
             both = torch.cat([p.grad.reshape(-1) for p in ps])
-            dist.all_reduce(both)  # everything at once, after backward: nothing hidden
+            start = now()
+            dist.all_reduce(both)
+            comm = [{"bucket": 0, "bytes": both.numel() * both.element_size(), "start": start, "end": now()}]
             both /= world_size
             for p, g_ in zip(ps, both.split([p.numel() for p in ps])):
                 p.grad.copy_(g_.view_as(p))
+            return comm
+
+        def traced_step(sync_after: bool):
+            """One step of DDP, each bucket sent during backward or (``sync_after``) all at once after it.
+
+            Returns its events (perf_counter seconds); the step's time is ``end - forward[0]``."""
+            record.clear()
+            ready.clear()
+            t0 = now()
+            ddp.zero_grad(set_to_none=True)
+            with (ddp.no_sync() if sync_after else contextlib.nullcontext()):
+                out = loss_fn(ddp(x), y)
+                t1 = now()
+                out.backward()
+            comm = one_allreduce() if sync_after else [dict(r) for r in record]
+            return {"forward": (t0, t1), "backward": (t1, max(ready)), "end": now(), "comm": comm}
 
         def hooks():
             fwd_bwd(hooked)
@@ -159,15 +191,14 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
 
         # --- correctness and structure first: the same gradients whatever the exchange -------
         for _ in range(2):  # DDP rebuilds its buckets after the first step
-            fwd_bwd(ddp)
             record.clear()
-            fwd_bwd(traced)
+            fwd_bwd(ddp)
+        ddp_buckets = [r["bytes"] for r in sorted(record, key=lambda r: r["bucket"])]
         reference = grads(ddp)
-        sync_after()
+        traced_step(True)  # the step with one all-reduce after backward
         diffs = {"sync_after": (grads(ddp) - reference).abs().max().item()}
         hook_buckets = hooks()
         diffs["hooks"] = (grads(hooked) - reference).abs().max().item()
-        diffs["ddp_traced"] = (grads(traced) - reference).abs().max().item()
         plans = {}
         for name, model in fsdp.items():
             log = CollectiveLog()
@@ -175,7 +206,6 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
                 fwd_bwd(model)
             plans[name] = [(r.kind, r.n_bytes) for r in log.records]
             diffs[name] = (grads(model) - reference).abs().max().item()
-        ddp_buckets = [r["bytes"] for r in sorted(record, key=lambda r: r["bucket"])]
         # prefetch changes when the all-gathers are issued, not which: one replay times both
         if sorted(plans["fsdp"]) != sorted(plans["fsdp_prefetch"]):
             raise RuntimeError(f"FSDP2 with prefetch issued other collectives: {plans}")
@@ -183,65 +213,34 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
 
         tick = (lambda: progress.put(1)) if rank == 0 else None
 
+        events = {"sync_after": [], "ddp": []}  # per round, warm-up included: each traced step's events
+        in_collectives = {name: [] for name in fsdp}  # per round: seconds inside FSDP2's collectives
+        clocks = {name: CollectiveTimer() for name in fsdp}
+
+        def traced(name, clock, sync):
+            ev = traced_step(sync)
+            events[name].append(ev)
+            clock.add(name, ev["end"] - ev["forward"][0])  # the table's step is the figure's
+
+        def fsdp_step(name, model):
+            with clocks[name]:
+                fwd_bwd(model)
+            in_collectives[name].append(clocks[name].seconds)
+
         def one_round(clock):
-            cases = [("compute", compute), ("sync_after", sync_after), ("ddp", lambda: fwd_bwd(ddp)),
+            cases = [("compute", compute), ("sync_after", lambda: traced("sync_after", clock, True)),
+                     ("ddp", lambda: traced("ddp", clock, False)),
                      ("hooks", hooks), ("allreduce", lambda: dist.all_reduce(flat))]
-            cases += [(name, lambda m=model: fwd_bwd(m)) for name, model in fsdp.items()]
+            cases += [(name, lambda n=name, m=model: fsdp_step(n, m)) for name, model in fsdp.items()]
             cases += list(replays.items())
             for name, fn in cases:
                 dist.barrier()  # every process starts each case together
-                clock.time(name, fn)
+                if name in events:
+                    fn()
+                else:
+                    clock.time(name, fn)
 
         timed = time_rounds(one_round, rounds, warmup, device=device, num_threads=None, after_round=tick)
-
-        # --- one traced step of each DDP variant, for the timeline -------------------------
-        def now():  # on a GPU, the work queued so far is done first, so that a time means finished work
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            return time.perf_counter()
-
-        def events(model, exchange):
-            ready = []
-            handles = [p.register_post_accumulate_grad_hook(lambda p: ready.append(time.perf_counter()))
-                       for p in model.parameters()]
-            dist.barrier()
-            record.clear()
-            t0 = now()
-            model.zero_grad(set_to_none=True)
-            out = loss_fn(model(x), y)
-            t1 = now()
-            out.backward()
-            t2 = now()
-            comm = exchange()
-            t3 = now()
-            for h in handles:
-                h.remove()
-            return {"forward": (t0, t1), "backward": (t1, max(ready)), "end": max(t2, t3), "comm": comm}
-
-        def one_allreduce():
-            ps = list(traced.parameters())
-            both = torch.cat([p.grad.reshape(-1) for p in ps])
-            s = now()
-            dist.all_reduce(both)
-            return [{"bucket": 0, "bytes": both.numel() * both.element_size(), "start": s,
-                     "end": now()}]
-
-        def least_disturbed(trace, tries=5):
-            """The traced step (same on every rank) that took least from the first rank's start to the last
-            rank's end: a rank the operating system held back after the barrier makes its step lose."""
-            steps = [trace() for _ in range(tries)]
-            ends = torch.tensor([st["end"] for st in steps], dtype=torch.float64)
-            starts = torch.tensor([-st["forward"][0] for st in steps], dtype=torch.float64)
-            dist.all_reduce(ends, op=dist.ReduceOp.MAX)  # perf_counter is the system's monotonic clock:
-            dist.all_reduce(starts, op=dist.ReduceOp.MAX)  # one time base for every process on a machine
-            return steps[int((ends + starts).argmin())]
-
-        def trace_after():
-            with traced.no_sync():
-                return events(traced, one_allreduce)
-
-        timeline_after = least_disturbed(trace_after)
-        timeline_ddp = least_disturbed(lambda: events(traced, lambda: [dict(r) for r in record]))
     return {
         "rank": rank,
         "world_size": world_size,
@@ -255,8 +254,8 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
         "grad_max": reference.abs().max().item(),
         "fsdp_collectives": plans,
         "rounds": timed.seconds,
-        "timeline": {"DDP no_sync + one all-reduce after backward": timeline_after,
-                     "DDP, gradient buckets during backward": timeline_ddp},
+        "events": {name: evs[warmup:] for name, evs in events.items()},
+        "in_collectives": {name: secs[warmup:] for name, secs in in_collectives.items()},
     }
 
 
@@ -278,6 +277,8 @@ class OverlapRow:
     ``hidden_rounds`` the raw share round by round (for its spread). FSDP's
     variants have no measured sequential counterpart: for them
     ``measured_against`` is ``""`` and the shares are 0, not a measurement.
+    ``in_collectives`` (FSDP's variants; 0 for the others): the seconds that the same step, on the same
+    process and round as ``step``, spent inside its all-gathers and reduce-scatters, waits included.
     """
 
     variant: str
@@ -289,6 +290,7 @@ class OverlapRow:
     hidden_raw: float
     measured_against: str = ""
     hidden_rounds: tuple = ()
+    in_collectives: float = 0.0
 
 
 @dataclass
@@ -306,8 +308,8 @@ class OverlapRun:
     difference of its averaged gradient from DDP's (``grad_max``: the largest
     gradient entry, for scale). ``fsdp_collectives``: per FSDP variant, the
     ``(kind, bytes)`` of each collective of one step. ``timeline``: rank by
-    rank, per DDP variant, one traced step (of five, the one with the least time from the first rank's
-    start to the last rank's end), seconds from the earliest rank's start: ``forward``,
+    rank, per DDP variant, the step of the round its ``step`` comes from (every such step is traced;
+    on the slower rank, ``end - forward[0]`` is the row's ``step``), seconds from the earliest rank's start: ``forward``,
     ``backward`` (until the last gradient was ready), ``end`` and ``comm``
     (per bucket, in the order they started: ``start``, ``end``, ``bytes``). ``per_round``: all the rounds.
     """
@@ -332,13 +334,16 @@ class OverlapRun:
     per_round: dict = field(default_factory=dict)
 
 
-def _relative_timeline(per_rank):
-    """Each variant's events on every rank, in seconds from that variant's earliest start over ranks."""
+def _relative_timeline(per_rank, chosen):
+    """Each traced variant's events in round ``chosen[name]`` on every rank, in seconds from that step's
+    earliest start over ranks, keyed by the variant's label."""
+    labels = {name: label for name, label, _ in VARIANTS}
     out = [{} for _ in per_rank]
-    for variant in per_rank[0]["timeline"]:
-        t0 = min(r["timeline"][variant]["forward"][0] for r in per_rank)
+    for name in per_rank[0]["events"]:
+        variant, i_round = labels[name], chosen[name]
+        t0 = min(r["events"][name][i_round]["forward"][0] for r in per_rank)
         for i, r in enumerate(per_rank):
-            ev = r["timeline"][variant]
+            ev = r["events"][name][i_round]
             out[i][variant] = {
                 "forward": tuple(t - t0 for t in ev["forward"]),
                 "backward": tuple(t - t0 for t in ev["backward"]),
@@ -380,6 +385,10 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     compute = fastest["compute"]
     rows = []
     serial = fastest[SEQUENTIAL]
+    # the round each step comes from (the fastest), and in it the slower process, whose time the round keeps
+    chosen = {name: merged.seconds[name].index(fastest[name]) for name in merged.seconds}
+    slower = {name: max(range(world_size), key=lambda k: per_rank[k]["rounds"][name][chosen[name]])
+              for name in merged.seconds}
     for name, label, comm_name in VARIANTS:
         step, comm = fastest[name], fastest[comm_name]
         share = raw = 0.0
@@ -389,8 +398,10 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
             share, raw, against = h.share, h.raw, SEQUENTIAL
             per_round = tuple((s - t) / (s - c) for s, t, c in zip(merged.seconds[SEQUENTIAL], merged.seconds[name],
                                                                     merged.seconds["compute"]) if s > c)
+        in_comm = per_rank[slower[name]]["in_collectives"][name][chosen[name]] if name.startswith("fsdp") else 0.0
         rows.append(OverlapRow(variant=name, label=label, step=step, comm=comm, exposed=step - compute,
-                               hidden=share, hidden_raw=raw, measured_against=against, hidden_rounds=per_round))
+                               hidden=share, hidden_raw=raw, measured_against=against, hidden_rounds=per_round,
+                               in_collectives=in_comm))
     r0 = per_rank[0]
     return OverlapRun(
         world_size=world_size, backend=r0["backend"], device=r0["device"], hidden=hidden, layers=layers,
@@ -400,5 +411,5 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
         grad_max_diff={k: max(r["grad_max_diff"][k] for r in per_rank) for k in r0["grad_max_diff"]},
         grad_max=max(r["grad_max"] for r in per_rank), fsdp_collectives=r0["fsdp_collectives"],
         compute=compute, rounds=rounds, rows=rows,
-        timeline=_relative_timeline(per_rank), per_round={k: list(v) for k, v in merged.seconds.items()},
+        timeline=_relative_timeline(per_rank, chosen), per_round={k: list(v) for k, v in merged.seconds.items()},
     )
