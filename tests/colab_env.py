@@ -49,8 +49,13 @@ def pip_settings() -> dict[str, list[str]]:
     return found
 
 
-def install(python: Path, *requirements: str, timeout: float = 1200) -> None:
+def install(python: Path, *requirements: str, timeout: float = 1200, compile_bytecode: bool = False) -> None:
     """Install ``requirements`` into the venv of ``python``.
+
+    ``compile_bytecode``: also write the packages' bytecode (``.pyc``) now, as pip always does and uv
+    does only when asked. Worth it for a venv that starts many processes: a process that imports a
+    package with no bytecode compiles it first, and where bytecode is never written
+    (``PYTHONDONTWRITEBYTECODE``, set on some machines, this one included) it does so every time.
 
     With uv where the course's venv has it (``scripts/setup.sh`` installs it there): the same
     versions as pip in seconds instead of minutes, since uv links the files from its cache. uv
@@ -71,20 +76,23 @@ def install(python: Path, *requirements: str, timeout: float = 1200) -> None:
     env = dict(os.environ)
     if settings.get("cert"):
         env["SSL_CERT_FILE"] = settings["cert"][0]
+    args += ["--compile-bytecode"] if compile_bytecode else []
     run([str(uv), "pip", "install", "-q", "--python", str(python), "--index-strategy", "unsafe-best-match",
          *args, *requirements], timeout=timeout, env=env)
 
 
-def make_venv(where: Path, widgets: str, extra: tuple[str, ...] = (), torch: bool = True) -> Path:
+def make_venv(where: Path, widgets: str, extra: tuple[str, ...] = (), torch: bool = True,
+              compile_bytecode: bool = False) -> Path:
     """A fresh venv (no system site-packages) with one ``widgets`` version of ipywidgets.
 
     With ``torch`` (the default) it is a Colab-like runtime: torch, ipykernel and matplotlib too,
     and a kernelspec named ``colablike``. Without, it holds ipywidgets and what it needs only.
+    ``compile_bytecode``: see :func:`install`.
     """
     run([sys.executable, "-m", "venv", str(where)])
     py = where / "bin" / "python"
     runtime = (TORCH, "ipykernel", "matplotlib") if torch else ()
-    install(py, *runtime, IPYWIDGETS[widgets], *extra)
+    install(py, *runtime, IPYWIDGETS[widgets], *extra, compile_bytecode=compile_bytecode)
     if torch:
         run([str(py), "-m", "ipykernel", "install", "--prefix", str(where), "--name", KERNEL])
     return where
@@ -98,18 +106,22 @@ def runtime() -> tuple[Path, dict]:
     behind a file lock. Nothing ever installs lessonlib into it: a notebook run from the checkout
     imports the checkout's (its setup cell's first branch), and the test of the Colab branch,
     which installs lessonlib, builds a venv of its own.
+
+    Its bytecode is compiled as it is installed (as Colab's packages come): every notebook starts a
+    kernel here, and without it each kernel compiled torch, numpy, matplotlib and ipykernel anew on
+    a machine that never writes bytecode (``PYTHONDONTWRITEBYTECODE``), about 3 s of a page's 4-s start.
     """
     import fcntl
 
     where = Path(sys.prefix) / "colab-like"
-    stamp = json.dumps([sys.version, TORCH, "ipykernel", "matplotlib", IPYWIDGETS[COLAB_WIDGETS]])
+    stamp = json.dumps([sys.version, TORCH, "ipykernel", "matplotlib", IPYWIDGETS[COLAB_WIDGETS], "bytecode"])
     with open(f"{where}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         known = where / "versions.json"
         if known.exists() and (where / "stamp.json").exists() and (where / "stamp.json").read_text() == stamp:
             return where, json.loads(known.read_text())
         shutil.rmtree(where, ignore_errors=True)
-        make_venv(where, COLAB_WIDGETS)
+        make_venv(where, COLAB_WIDGETS, compile_bytecode=True)
         found = versions(where)
         known.write_text(json.dumps(found))
         (where / "stamp.json").write_text(stamp)
