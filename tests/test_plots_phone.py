@@ -64,3 +64,28 @@ def test_the_pipeline_gantt_chart_has_a_phone_version_in_rows():
     shown = pipeline_schedule_figure(tasks, 4, 8, P.schedule_idle_fraction(tasks))
     pw, ph = _size(shown.phone_png)
     assert ph > pw and 350 / pw * shown.phone_font_px >= 8
+
+
+def test_a_legend_beside_the_lowest_plot_goes_under_it_on_a_phone_and_the_plot_keeps_the_width():
+    """A legend anchored right of the plot (as wide bar charts place theirs) would squeeze a phone's plot
+    until its tick labels overlap: the phone version puts it under the tick labels, in one column."""
+    from lessonlib.book.figures import PHONE_WIDTH_IN, _phone_png, for_phone
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.bar(["search's first choice\nTP 8 x PP 8 x DP 256", "Meta's degrees\nTP 8 x PP 16 x DP 128"], [4.4, 4.4],
+           label="compute")
+    ax.bar([0, 1], [0.5, 1.0], bottom=[4.4, 4.4], label="pipeline bubble")
+    ax.set_xlabel("layout")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    assert for_phone(fig)
+    png = _phone_png(fig)
+    fig.draw_without_rendering()
+    legend, plot = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    labels = [t.get_window_extent() for t in ax.get_xticklabels()] + [ax.xaxis.label.get_window_extent()]
+    assert legend.y1 <= min(b.y0 for b in labels)  # under the tick labels and the axis label
+    assert plot.width >= 0.6 * PHONE_WIDTH_IN * fig.dpi  # the plot has the width back
+    a, b = (t.get_window_extent() for t in ax.get_xticklabels())
+    assert a.x1 <= b.x0  # the two tick labels do not overlap
+    assert _size(png)[0] <= PHONE_WIDTH_IN * 110 * 1.02
+    plt.close(fig)

@@ -10,6 +10,7 @@ import textwrap
 
 import matplotlib.pyplot as plt
 from matplotlib.text import Text
+from matplotlib.transforms import offset_copy
 
 from ..checks import instance, positive, text
 
@@ -79,13 +80,30 @@ def _phone_png(fig) -> bytes:
     wider than :data:`PHONE_WIDTH_IN`, and a phone then shrinks all of it, text too: narrow the figure
     until the image fits, keeping its font sizes."""
     target = PHONE_WIDTH_IN * DPI
-    if _tight_width_px(fig) > target * 1.01:  # a legend of several columns is the usual culprit: one column,
-        for ax in fig.axes:                    # under the plot, where it hides no data
-            legend = ax.get_legend()
-            if legend is not None and getattr(legend, "_ncols", 1) > 1:  # matplotlib keeps the count private
-                handles, labels = ax.get_legend_handles_labels()
-                ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1,
-                          fontsize=legend.get_texts()[0].get_fontsize())
+    # Two kinds of legend go under their plot, in one column, where they hide no data: one of several columns
+    # that makes the image too wide (the usual culprit), and one beside the lowest plot, which takes width the
+    # plot needs on a phone (its tick labels end up overlapping).
+    too_wide = _tight_width_px(fig) > target * 1.01
+    moving = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        lowest = all(other.get_position().y0 >= ax.get_position().y0 - 1e-9 for other in fig.axes)
+        beside = lowest and legend.get_window_extent().x0 >= ax.get_window_extent().x1 - 1  # right of the axes
+        if (too_wide and getattr(legend, "_ncols", 1) > 1) or beside:  # matplotlib keeps the column count private
+            moving.append((ax, *ax.get_legend_handles_labels(), legend.get_texts()[0].get_fontsize()))
+            legend.remove()
+    if moving:
+        fig.tight_layout()  # the axes take back the width the legends held
+        fig.draw_without_rendering()
+        for ax, handles, labels, size in moving:
+            box, labelled = ax.get_window_extent(), ax.get_tightbbox()  # the axes, and with its tick labels
+            # a fixed distance under the tick labels and the axis label (points, so it holds as the axes resize)
+            under = offset_copy(ax.transAxes, fig=fig, y=-((box.y0 - labelled.y0) * 72 / fig.dpi + 4), units="points")
+            ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=under,
+                      ncol=1, fontsize=size)
+        fig.tight_layout()  # room for each legend under its plot, before the next panel
     for _ in range(4):
         width_px = _tight_width_px(fig)
         if width_px <= target * 1.01:
