@@ -297,10 +297,27 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
                 "count, because a job on n devices fails n times as often"
                 + (", and the less reliable the devices the faster" if several else "")
                 + f": at {ns[-1]:,} devices {lost}. Right: one-device hours of progress per paid device-hour, "
-                f"on a log axis, with serial share {100 * serial_share:g} %: the dotted no-failure line "
+                + ("on a log axis, " if progress_on_log_axis(
+                    [g.per_device_hour for gs in rows.values() for g in gs] + no_failure
+                    + ([] if contrast is None else list(contrast[1])) + list(marks.values())) else "")
+                + f"with serial share {100 * serial_share:g} %: the dotted no-failure line "
                 + ("(perfect scaling, flat at 1) " if flat else "") + "lies on top; "
                 + ("each failure curve falls" if several else "the failure curve falls")
                 + " further below it as devices are added." + extra)
+
+
+#: The right panel of :func:`plot_goodput_failures` is on a log axis only when its largest value is more than this
+#: many times its smallest: a contrast that falls to a twentieth needs one; curves between 0.55 and 1 read better
+#: on a linear axis.
+LOG_SPAN = 3.0
+
+
+def progress_on_log_axis(values) -> bool:
+    """Whether progress per paid device-hour ``values`` (one-device hours, all > 0) span more than :data:`LOG_SPAN`."""
+    values = [positive(f"values[{i}]", v) for i, v in enumerate(sequence("values", values))]
+    if not values:
+        raise ValueError("values must hold at least one value")
+    return max(values) > LOG_SPAN * min(values)
 
 
 @_reads("rows", "no_failure")
@@ -312,8 +329,8 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
     device MTBF) to a list of :class:`lessonlib.calc.goodput.Goodput`, one
     per device count; ``no_failure`` is speedup / devices alone (Amdahl).
     Left: share of wall-clock time lost to saves, redone work and restarts
-    (%, linear). Right: useful progress per paid device-hour on a log axis,
-    with the no-failure line drawn on top, so the gap that failures open is
+    (%, linear). Right: useful progress per paid device-hour (on a log axis when its values span more than
+    :data:`LOG_SPAN`, linear otherwise), with the no-failure line drawn on top, so the gap that failures open is
     visible beside Amdahl's fall. ``contrast`` is an optional (label, values) curve, one value per count;
     ``marks`` maps labels to values drawn as points at the largest count. Returns the figure.
     """
@@ -352,8 +369,15 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
     left.set_ylim(0, min(100.0, max(1.0, 1.2 * lost_max)))  # fitted to the curves, never past 100 %
     left.set_ylabel("time lost to saves, redone work, restarts (%)")
     left.set_title("What failures take from the wall-clock time", fontsize=10)
-    right.set_yscale("log")
-    right.set_ylabel("one-device hours per paid device-hour (log scale)")
+    shown = [g.per_device_hour for gs in rows.values() for g in gs] + no_failure
+    shown += [] if contrast is None else list(values)
+    shown += [] if marks is None else list(marks.values())
+    if progress_on_log_axis(shown):
+        right.set_yscale("log")
+        right.set_ylabel("one-device hours per paid device-hour (log scale)")
+    else:
+        right.set_ylim(0, 1.08 * max(shown))
+        right.set_ylabel("one-device hours per paid device-hour")
     right.set_title("Useful progress per paid device-hour", fontsize=10)
     left.legend(fontsize=8, loc="upper left")
     right.legend(fontsize=8, loc="lower left")
@@ -396,7 +420,7 @@ def bill_gap_figure(computed: dict, published_hours: float, attention_share: flo
     fig, ax = plt.subplots(figsize=(8, 4.5))
     labels = list(parts) + ["published bill"]
     colours = {"computed": "tab:blue", "attention": "tab:orange", "failures": "tab:red", "other": "tab:grey"}
-    names = {"computed": "6ND at the table's MFU", "attention": "attention scores (if not in the TFLOP/s)",
+    names = {"computed": "6ND at the table's MFU", "attention": "attention scores (if counted in the TFLOP/s)",
              "failures": "failures, saves, restarts (at most)", "other": "other stages and the rest"}
     for key in colours:
         bottoms = [sum(p[k] for k in list(colours)[:list(colours).index(key)]) / 1e6 for p in parts.values()]
