@@ -14,9 +14,10 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
     ops as points (named in the legend), and the ridge where the two roofs meet. Returns the figure.
 
     ``compare``: a device of :mod:`lessonlib.calc.hardware` (a ``Device`` with a bandwidth). A second
-    panel then draws both roofs as shares of each device's own peak, and the ops at the share of the
-    other device's peak that their intensity allows there (min(1, bandwidth x intensity / peak)). Its peak
-    is for bf16, so there each op sits at its bf16 intensity (:func:`bf16_intensity`: twice its fp32 one)."""
+    panel then draws that device's roof as a share of its peak, and the ops at the share of that peak
+    that their intensity allows there (min(1, bandwidth x intensity / peak)). Its peak is for bf16, so
+    there each op sits at its bf16 intensity (:func:`bf16_intensity`: twice its fp32 one); this device's
+    roof, measured in fp32, is left to the first panel rather than drawn beside bf16 intensities."""
     from ..calc.hardware import Device
 
     if not isinstance(roofline, Roofline):
@@ -69,23 +70,21 @@ def bf16_intensity(point) -> float:
 
 
 def _normalised(ax, roofline: Roofline, points, dev) -> None:
-    """Both roofs as shares of their own peaks; the ops, at their bf16 intensity, at the share of ``dev``'s
-    (bf16) peak that intensity allows."""
+    """``dev``'s (bf16) roof as a share of its peak; the ops, at their bf16 intensity, at the share of that
+    peak their intensity allows. The measured (fp32) roof stays in the first panel."""
     ridge = dev.peak_flops_per_s / dev.memory_bandwidth
-    lo = min(min(p.intensity for p in points), roofline.ridge) / 3
+    lo = min(bf16_intensity(p) for p in points) / 3
     hi = max(max(bf16_intensity(p) for p in points), ridge) * 3
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    ax.plot(xs, [roofline.attainable(x) / roofline.peak_flops_per_s for x in xs], color="black",
-            label=f"this device (ridge {roofline.ridge:.3g})")
     ax.plot(xs, [min(1.0, dev.memory_bandwidth * x / dev.peak_flops_per_s) for x in xs], color="#C44E52",
-            linestyle="--", label=f"{dev.name}, datasheet (ridge {ridge:,.0f})")
+            linestyle="--", label=f"{dev.name}, datasheet, dense bf16 (ridge {ridge:,.0f})")
     markers = "osD^vP*Xh<>"
     for i, p in enumerate(points):
         ax.scatter([bf16_intensity(p)], [min(1.0, dev.memory_bandwidth * bf16_intensity(p) / dev.peak_flops_per_s)], zorder=3,
                    marker=markers[i % len(markers)], s=40, alpha=0.85)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+    ax.set_xlabel("arithmetic intensity in bf16 (FLOPs per byte moved)")
     ax.set_ylabel("attainable share of the device's peak")
     ax.set_title(f"The same ops in bf16 under the {dev.name}'s roof")
     ax.legend(loc="lower right", fontsize=8)
