@@ -182,15 +182,15 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
 
     For results of ``run_pipelines`` whose spans carry a stage index: bars are
     coloured by micro-batch, hatched on a process's later stage (its second
-    stage of an interleaved or V placement), and labelled ``F``, ``B``, ``I``
-    (input-gradient backward) or ``W`` (weight-gradient backward) with the
-    micro-batch where they are wide enough; under each timeline the same
-    actions in their order, one equal cell each, every one labelled.
+    stage of an interleaved or V placement), and left unlabelled (short bars cannot
+    hold a label); under each timeline the same actions in their order, one equal
+    cell each, every one labelled ``F``, ``B``, ``I`` (input-gradient backward) or
+    ``W`` (weight-gradient backward) with the micro-batch.
     """
     p, steps = _pipeline_steps(run, microbatches, step, schedules)
     runs = [r for r, _ in steps]
     # each schedule gets two panels: the timeline (bars as long as they took), and the same actions in their
-    # order, one equal cell each, so that the short ones, too short to label on the timeline, can be read
+    # order, one equal cell each, labelled: the strip names the actions, the timeline shows how long they took
     fig, axes = plt.subplots(2 * len(runs), 1, figsize=(8, 1.6 + 1.9 * p * len(runs)), squeeze=False,
                              gridspec_kw={"height_ratios": [1.05, 0.8] * len(runs)})
     cmap = plt.get_cmap("tab10")
@@ -206,8 +206,6 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
                 style = dict(facecolors=cmap(mb % 10), edgecolor="white", hatch="///" if later else None,
                              alpha=1.0 if kind == "F" else 0.6)
                 ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (proc - 0.4, 0.8), **style)
-                if b - a > 0.04 * (t1 - t0):
-                    ax.text(1e3 * (a + b) / 2 - 1e3 * t0, proc, f"{kind}{mb}", ha="center", va="center", fontsize=8)
                 order_ax.broken_barh([(j, 1)], (proc - 0.4, 0.8), **style)
                 order_ax.text(j + 0.5, proc, f"{kind}{mb}", ha="center", va="center", fontsize=8)
             longest = max(longest, len(spans))
