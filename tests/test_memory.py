@@ -516,3 +516,13 @@ def test_batch_norm_running_statistics_are_state_not_activations():
     with with_buffers:
         model(x)
     assert with_buffers.bytes - counter.bytes == 2 * channels * 4
+
+
+def test_checkpoint_bytes_is_the_state_without_gradients():
+    from lessonlib.calc.memory import checkpoint_bytes, training_state_bytes
+    s = training_state_bytes(7_500_000_000)
+    assert checkpoint_bytes(7_500_000_000) == s.weights + s.master_weights + s.optimizer_state == 105 * 10**9
+    assert checkpoint_bytes(10, precision="fp32") == 10 * (4 + 8)  # fp32 weights and Adam's two averages
+    assert checkpoint_bytes(10, optimizer="sgd") == 10 * (2 + 4)
+    with pytest.raises(ValueError, match="n_params"):
+        checkpoint_bytes(0)

@@ -38,10 +38,26 @@ def test_memory_optimal_segment_layers_is_the_minimum_of_boundaries_plus_one_seg
         assert abs(best - k_star) < 1 or (k_star < 1 and best == 1)
     with pytest.raises(ValueError, match="layers"):
         memory_optimal_segment_layers(0, 1, 1)
+    with pytest.raises(ValueError, match="in_flight"):
+        memory_optimal_segment_layers(8, 1, 1, in_flight=0)
     with pytest.raises(ValueError, match="boundary_bytes"):
         memory_optimal_segment_layers(8, 0, 1)
     with pytest.raises(ValueError, match="block_bytes"):
         memory_optimal_segment_layers(8, 1, float("nan"))
+
+
+def test_memory_optimal_segment_layers_counts_the_micro_batches_in_flight():
+    # 1F1B's first stage keeps the boundaries of every micro-batch in flight but rebuilds one segment at a time:
+    # kept = in_flight * n / k * boundary + k * block, brute-forced over whole k
+    for n, boundary, block, m in ((8, 2, 34, 16), (8, 1, 17, 16), (4, 1, 4, 8), (32, 1, 9, 4)):
+        kept = {k: m * -(-n // k) * boundary + k * block for k in range(1, n + 1)}
+        best = min(kept, key=kept.get)
+        k_star = memory_optimal_segment_layers(n, boundary, block, in_flight=m)
+        assert abs(best - k_star) < 1 or (k_star < 1 and best == 1)
+    # one micro-batch in flight per stage would say one block; sixteen in flight say 2 or 3 (16 stages of 8 layers)
+    assert memory_optimal_segment_layers(8, 2, 34) < 1 < 2 < memory_optimal_segment_layers(8, 2, 34, in_flight=16) < 3
+    # the first of p stages with p in flight has the whole model's k*
+    assert memory_optimal_segment_layers(8, 2, 34, in_flight=16) == pytest.approx(memory_optimal_segment_layers(128, 2, 34))
 
 
 def test_chain_memory_units_minimum_near_sqrt_n():

@@ -64,30 +64,42 @@ def chain_memory_units(layers: int, segments: int) -> int:
     return (segments - 1) + -(-layers // segments)  # whole-number ceil: exact for any size
 
 
-def memory_optimal_segment_layers(layers, boundary_bytes, block_bytes) -> float:
+def memory_optimal_segment_layers(layers, boundary_bytes, block_bytes, in_flight=1) -> float:
     """Blocks per checkpointed segment that keep the least activation memory, in blocks (a float):
-    sqrt(layers x boundary_bytes / block_bytes).
+    sqrt(in_flight x layers x boundary_bytes / block_bytes).
 
     A stack of ``layers`` equal blocks is cut into segments of k blocks, each
     checkpointed. The forward keeps one boundary (a segment's input,
-    ``boundary_bytes``) per segment, layers / k of them; backward rebuilds one
-    segment at a time, so k blocks' worth of kept activations (``block_bytes``
-    each, what one block keeps when nothing is recomputed) are alive at once.
-    layers x boundary / k + k x block is smallest at k = sqrt(layers x boundary
-    / block). With boundary equal to block (a chain whose layers keep about
-    their input) that is sqrt(layers) segments of sqrt(layers) layers; a value
-    at or below 1 means one block a segment. Segments are whole blocks: round
-    the result to a neighbouring whole number and compare both.
+    ``boundary_bytes``) per segment, layers / k of them, for each of the
+    ``in_flight`` micro-batches whose forward has run and whose backward has
+    not; backward rebuilds one segment of one micro-batch at a time, so k
+    blocks' worth of kept activations (``block_bytes`` each, what one block
+    keeps when nothing is recomputed) are alive at once.
+    in_flight x layers x boundary / k + k x block is smallest at
+    k = sqrt(in_flight x layers x boundary / block).
+
+    ``in_flight`` is 1 without pipeline parallelism. Under 1F1B the first of
+    p pipeline stages holds p micro-batches in flight (its warm-up), so for a
+    stage of ``layers`` = n / p layers the product in_flight x layers is n
+    again: the first stage's k* is the whole model's.
+
+    With boundary equal to block (a chain whose layers keep about their input)
+    and one micro-batch that is sqrt(layers) segments of sqrt(layers) layers; a
+    value at or below 1 means one block a segment. Segments are whole blocks:
+    round the result to a neighbouring whole number and compare both.
 
     >>> memory_optimal_segment_layers(16, 1, 1)
     4.0
     >>> round(memory_optimal_segment_layers(126, 2, 34), 2)
     2.72
+    >>> round(memory_optimal_segment_layers(8, 2, 34, in_flight=16), 2)
+    2.74
     """
     n = count("layers", layers)
     boundary = positive("boundary_bytes", boundary_bytes)
     block = positive("block_bytes", block_bytes)
-    return result((n * (boundary / block)) ** 0.5, "layers, boundary_bytes and block_bytes",
+    m = count("in_flight", in_flight)
+    return result((m * n * (boundary / block)) ** 0.5, "in_flight, layers, boundary_bytes and block_bytes",
                   "a segment length in blocks")
 
 
