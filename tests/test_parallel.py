@@ -223,6 +223,8 @@ def test_data_parallel_two_processes():
         assert row.speedup == pytest.approx(row.single / row.ddp)
         assert row.predicted_speedup == pytest.approx(row.single / row.predicted)
         assert row.predicted_over_measured == pytest.approx(row.predicted / row.ddp)
+        # the control: both processes ran the one-process step at once; its throughput ratio from the medians
+        assert row.together > 0 and row.concurrent_throughput == pytest.approx(2 * row.single / row.together)
     assert len(res.per_round) == 2 and all(len(v) == 2 for v in res.per_round[0].values())
     _check_table_reconciles(res)
 

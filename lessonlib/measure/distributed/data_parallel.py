@@ -93,6 +93,11 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
        that the alpha-beta model of :mod:`lessonlib.calc.comm` calls alpha, paid
        once per ring step); and ``bucket_copy``: the gradients copied into one
        flat buffer, averaged and copied back, as DDP does around its all-reduce.
+
+    Before the data-parallel step, the control ``together``: every rank runs the
+    one-process step on the whole batch at once, with no communication, so that
+    ``world_size × single / together`` is the throughput the machine gives
+    ``world_size`` independent loops, against one loop alone.
     Rounds are timed by :func:`lessonlib.measure.rounds.time_rounds`; times
     are seconds; the per-round maximum over ranks is kept (a step is done when
     the slowest rank is done).
@@ -157,6 +162,10 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
             else:
                 clock.add("single", 0.0)
             dist.barrier()
+            # 1'. the control: every rank runs its own one-process step on the whole batch at the same time,
+            # with no exchange at all; against "single" it says what this machine's cores deliver together
+            clock.time("together", step_solo, x, y)
+            dist.barrier()
             # 2. data-parallel step: compute + all-reduce in backward, then update
             with clock("ddp_backward"):
                 opt.zero_grad(set_to_none=True)
@@ -219,7 +228,10 @@ class DataParallelRow:
     ``latency`` (the fastest of ``LATENCY_REPEATS`` all-reduces of a single float, 4 bytes, in each round: the fixed cost of
     an all-reduce's ring steps, whatever its size) and ``bucket_copy`` (the
     gradients copied into a flat buffer, averaged and copied back: DDP's own
-    bookkeeping around its all-reduce, which ``predicted`` leaves out).
+    bookkeeping around its all-reduce, which ``predicted`` leaves out) and
+    ``together`` (every process running the one-process step on the whole batch
+    at the same time, no exchange: the control for what the machine's cores
+    deliver together; see :attr:`concurrent_throughput`).
     Ratios, medians of per-round ratios: ``speedup`` (= single / ddp),
     ``predicted_speedup`` (= single / predicted) and ``predicted_over_measured``
     (= predicted / ddp).
@@ -239,6 +251,17 @@ class DataParallelRow:
     predicted_over_measured: float
     latency: float
     bucket_copy: float = 0.0
+    together: float = 0.0
+
+    @property
+    def concurrent_throughput(self) -> float:
+        """``world_size`` independent one-process loops running at once, in steps per second, over one
+        loop alone: ``world_size × single / together`` (from the medians). About ``world_size`` where each
+        process has its own cores and memory; about 1 where they share what one loop already uses up.
+        ``nan`` when ``together`` was not measured (0)."""
+        if not (self.together > 0 and self.per_process_batch > 0):
+            return float("nan")
+        return (self.global_batch // self.per_process_batch) * self.single / self.together
 
 
 @dataclass
@@ -301,7 +324,7 @@ def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup
     for i, b in enumerate(sizes):
         merged = Rounds.slowest([res["sweep"][i]["rounds"] for res in per_rank])
         med = {k: merged.median(k) for k in ("single", "ddp", "half_compute", "optimizer", "allreduce", "ddp_backward",
-                                             "latency", "bucket_copy")}
+                                             "latency", "bucket_copy", "together")}
         # Everything below is derived from the medians above, so that the
         # numbers a page shows add up: predicted = the sum of the three
         # medians, each speedup = the ratio of two medians.
