@@ -66,7 +66,7 @@ def plot_overlap_timeline(timeline):
         ax.set_yticks([y for y, _ in labels], [t for _, t in labels])
         ax.set_title(variant, fontsize=10)
         ax.set_ylim(-0.7, 2 * len(ranks) - 0.3)
-    axes[-1].set_xlabel("time from the step's start (ms); dotted line: the step ends on that rank")
+    axes[-1].set_xlabel("time from the later rank's start (ms); dotted line: the step ends on that rank")
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", fontsize=8, ncol=3, frameon=False)
     fig.suptitle("One step on each rank: compute and gradient communication")
