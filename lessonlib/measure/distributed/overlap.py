@@ -25,12 +25,11 @@ readiness, each all-reduce's start and end), and its time is that timeline's, so
 figure's step is a step of the table; every FSDP step records the time it spent
 inside its all-gathers and reduce-scatters (``OverlapRow.in_collectives``).
 
-Times are seconds: per round, a step that exchanges runs from the later
-process's start (after the barrier before it) to the last process's end, and
-compute alone is the slower process's own time; over the rounds, the fastest round. These steps last milliseconds, so on a shared machine one
-descheduled process can stretch a round several times over; the fastest round
-is the one least disturbed by other work (medians of these cases moved by
-2-5x from run to run on a loaded 2-core machine).
+Times are seconds: per round, a step that exchanges runs from the later process's start (after the
+barrier before it) to the last process's end, compute alone is the slower process's own time; over the
+rounds, the fastest round. These steps last milliseconds, so on a shared machine one descheduled process
+can stretch a round several times over; the fastest round is the one least disturbed by other work
+(medians of these cases moved by 2-5x from run to run on a loaded 2-core machine).
 Workers run in spawned processes, so they live here, not in a notebook.
 """
 from __future__ import annotations
@@ -227,9 +226,7 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
             clock.add(name, ev["end"] - ev["forward"][0])
 
         def spanned(name, clock, fn):  # its start and end on the clock every process here shares
-            start = now()
-            fn()
-            end = now()
+            start, _, end = now(), fn(), now()
             spans.setdefault(name, []).append((start, end))
             clock.add(name, end - start)
 
@@ -255,19 +252,11 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
 
         timed = time_rounds(one_round, rounds, warmup, device=device, num_threads=None, after_round=tick)
     return {
-        "rank": rank,
-        "world_size": world_size,
-        "backend": dist.get_backend(),
-        "device": str(device),
-        "n_params": sum(p.numel() for p in params),
-        "param_bytes": param_bytes,
-        "ddp_bucket_bytes": ddp_buckets,
-        "hook_bucket_bytes": hook_buckets,
-        "grad_max_diff": diffs,
-        "grad_max": reference.abs().max().item(),
-        "fsdp_collectives": plans,
-        "rounds": timed.seconds,
-        "events": {name: evs[warmup:] for name, evs in events.items()},
+        "rank": rank, "world_size": world_size, "backend": dist.get_backend(), "device": str(device),
+        "n_params": sum(p.numel() for p in params), "param_bytes": param_bytes,
+        "ddp_bucket_bytes": ddp_buckets, "hook_bucket_bytes": hook_buckets,
+        "grad_max_diff": diffs, "grad_max": reference.abs().max().item(), "fsdp_collectives": plans,
+        "rounds": timed.seconds, "events": {name: evs[warmup:] for name, evs in events.items()},
         "in_collectives": {name: secs[warmup:] for name, secs in in_collectives.items()},
         "spans": {name: sp[warmup:] for name, sp in spans.items()},
     }
@@ -279,8 +268,7 @@ SEQUENTIAL = "sync_after"
 
 @dataclass
 class OverlapRow:
-    """One variant of :func:`run_overlap` (seconds; per round from the later process's start to the last end,
-    then the fastest round).
+    """One variant of :func:`run_overlap` (seconds, timed as the module's docstring says; the fastest round).
 
     ``step``: forward + backward + the exchange; ``comm``: its communication
     alone; ``exposed`` = step − compute (the time the exchange added).
@@ -292,9 +280,8 @@ class OverlapRow:
     ``hidden_rounds`` the raw share round by round (for its spread). FSDP's
     variants have no measured sequential counterpart: for them
     ``measured_against`` is ``""`` and the shares are 0, not a measurement.
-    ``in_collectives`` (FSDP's variants; 0 for the others): the seconds that the same step, in the same
-    round as ``step``, on the process that started it last, spent inside its all-gathers and reduce-scatters,
-    waits included.
+    ``in_collectives`` (FSDP's variants; 0 for the others): the seconds that the step of ``step``'s round, on the
+    process that started it last, spent inside its all-gathers and reduce-scatters, waits included.
     """
 
     variant: str
@@ -360,13 +347,10 @@ def _relative_timeline(per_rank, chosen):
         t0 = max(r["events"][name][i_round]["forward"][0] for r in per_rank)
         for i, r in enumerate(per_rank):
             ev = r["events"][name][i_round]
-            out[i][variant] = {
-                "forward": tuple(t - t0 for t in ev["forward"]),
-                "backward": tuple(t - t0 for t in ev["backward"]),
-                "end": ev["end"] - t0,
-                "comm": [{"bucket": c["bucket"], "bytes": c["bytes"], "start": c["start"] - t0,
-                          "end": c["end"] - t0} for c in sorted(ev["comm"], key=lambda c: c["start"])],
-            }
+            out[i][variant] = {"forward": tuple(t - t0 for t in ev["forward"]),
+                               "backward": tuple(t - t0 for t in ev["backward"]), "end": ev["end"] - t0,
+                               "comm": [{"bucket": c["bucket"], "bytes": c["bytes"], "start": c["start"] - t0,
+                                         "end": c["end"] - t0} for c in sorted(ev["comm"], key=lambda c: c["start"])]}
     return out
 
 
@@ -397,10 +381,8 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     per_rank = launch(_overlap_worker, world_size, args=(hidden, layers, batch, bucket_cap_mb, rounds, warmup),
                       timeout=timeout, progress_total=rounds + warmup, desc="overlap rounds")
     merged = Rounds.slowest([r["rounds"] for r in per_rank])
-    # A step that exchanges runs from the moment the later process starts it to the moment the last one ends it:
-    # the barrier before it releases the processes a little apart, and the earlier one's wait for the later one
-    # in its first collective is that offset, not communication. (compute, which exchanges nothing, keeps the
-    # slower process's own time.) All processes here read one clock: perf_counter is the system's monotonic clock.
+    # A step that exchanges runs from the later process's start to the last end: the barrier releases the processes
+    # a little apart, and the earlier one's wait for the later one is that offset, not communication (one clock here)
     for name in per_rank[0]["spans"]:
         merged.seconds[name] = [max(s[1] for s in per_round) - max(s[0] for s in per_round)
                                 for per_round in zip(*(r["spans"][name] for r in per_rank))]
@@ -429,8 +411,7 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     r0 = per_rank[0]
     return OverlapRun(
         world_size=world_size, backend=r0["backend"], device=r0["device"], hidden=hidden, layers=layers,
-        n_params=r0["n_params"],
-        param_bytes=r0["param_bytes"], bucket_cap_bytes=int(bucket_cap_mb * 2**20),
+        n_params=r0["n_params"], param_bytes=r0["param_bytes"], bucket_cap_bytes=int(bucket_cap_mb * 2**20),
         ddp_bucket_bytes=r0["ddp_bucket_bytes"], hook_bucket_bytes=r0["hook_bucket_bytes"],
         grad_max_diff={k: max(r["grad_max_diff"][k] for r in per_rank) for k in r0["grad_max_diff"]},
         grad_max=max(r["grad_max"] for r in per_rank), fsdp_collectives=r0["fsdp_collectives"],
