@@ -34,13 +34,14 @@ def overlap_table(rows, compute: float):
                   "hidden share, against the step with one all-reduce after backward"], out)
 
 
-@_reads("timeline")
+@_reads("timeline", signed=("timeline",))  # the earlier rank starts before 0
 def plot_overlap_timeline(timeline):
     """One step of each DDP variant, rank by rank: forward, backward and each bucket's all-reduce (ms).
 
     ``timeline`` is :attr:`OverlapRun.timeline`: a list (one per rank) of
     ``{variant: {"forward": (start, end), "backward": (start, end), "end": t,
-    "comm": [{"start", "end", "bytes", ...}]}}``, seconds from the step's start.
+    "comm": [{"start", "end", "bytes", ...}]}}``, seconds from the later rank's start (the
+    earlier rank's first times are negative).
     """
     ranks = check_sequence("timeline", timeline)
     variants = list(check_mapping("timeline[0]", ranks[0]))
@@ -66,7 +67,7 @@ def plot_overlap_timeline(timeline):
         ax.set_yticks([y for y, _ in labels], [t for _, t in labels])
         ax.set_title(variant, fontsize=10)
         ax.set_ylim(-0.7, 2 * len(ranks) - 0.3)
-    axes[-1].set_xlabel("time from the step's start (ms); dotted line: the step ends on that rank")
+    axes[-1].set_xlabel("time from the later rank's start (ms); dotted line: the step ends on that rank")
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", fontsize=8, ncol=3, frameon=False)
     fig.suptitle("One step on each rank: compute and gradient communication")

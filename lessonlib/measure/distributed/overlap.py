@@ -25,11 +25,11 @@ readiness, each all-reduce's start and end), and its time is that timeline's, so
 figure's step is a step of the table; every FSDP step records the time it spent
 inside its all-gathers and reduce-scatters (``OverlapRow.in_collectives``).
 
-Times are seconds: per round, the slowest process; over the rounds, the
-fastest round. These steps last milliseconds, so on a shared machine one
-descheduled process can stretch a round several times over; the fastest round
-is the one least disturbed by other work (medians of these cases moved by
-2-5x from run to run on a loaded 2-core machine).
+Times are seconds: per round, a step that exchanges runs from the later process's start (after the
+barrier before it) to the last process's end, compute alone is the slower process's own time; over the
+rounds, the fastest round. These steps last milliseconds, so on a shared machine one descheduled process
+can stretch a round several times over; the fastest round is the one least disturbed by other work
+(medians of these cases moved by 2-5x from run to run on a loaded 2-core machine).
 Workers run in spawned processes, so they live here, not in a notebook.
 """
 from __future__ import annotations
@@ -217,10 +217,18 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
         in_collectives = {name: [] for name in fsdp}  # per round: seconds inside FSDP2's collectives
         clocks = {name: CollectiveTimer() for name in fsdp}
 
+        spans = {}  # per communicating case, per round (warm-up included): this process's (start, end)
+
         def traced(name, clock, sync):
             ev = traced_step(sync)
             events[name].append(ev)
-            clock.add(name, ev["end"] - ev["forward"][0])  # the table's step is the figure's
+            spans.setdefault(name, []).append((ev["forward"][0], ev["end"]))  # the table's step is the figure's
+            clock.add(name, ev["end"] - ev["forward"][0])
+
+        def spanned(name, clock, fn):  # its start and end on the clock every process here shares
+            start, _, end = now(), fn(), now()
+            spans.setdefault(name, []).append((start, end))
+            clock.add(name, end - start)
 
         def fsdp_step(name, model):
             with clocks[name]:
@@ -234,28 +242,23 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
             cases += [(name, lambda n=name, m=model: fsdp_step(n, m)) for name, model in fsdp.items()]
             cases += list(replays.items())
             for name, fn in cases:
-                dist.barrier()  # every process starts each case together
+                dist.barrier()  # every process starts each case together, give or take the OS's wake-up
                 if name in events:
                     fn()
-                else:
+                elif name == "compute":  # no exchange: no process waits for another
                     clock.time(name, fn)
+                else:
+                    spanned(name, clock, fn)
 
         timed = time_rounds(one_round, rounds, warmup, device=device, num_threads=None, after_round=tick)
     return {
-        "rank": rank,
-        "world_size": world_size,
-        "backend": dist.get_backend(),
-        "device": str(device),
-        "n_params": sum(p.numel() for p in params),
-        "param_bytes": param_bytes,
-        "ddp_bucket_bytes": ddp_buckets,
-        "hook_bucket_bytes": hook_buckets,
-        "grad_max_diff": diffs,
-        "grad_max": reference.abs().max().item(),
-        "fsdp_collectives": plans,
-        "rounds": timed.seconds,
-        "events": {name: evs[warmup:] for name, evs in events.items()},
+        "rank": rank, "world_size": world_size, "backend": dist.get_backend(), "device": str(device),
+        "n_params": sum(p.numel() for p in params), "param_bytes": param_bytes,
+        "ddp_bucket_bytes": ddp_buckets, "hook_bucket_bytes": hook_buckets,
+        "grad_max_diff": diffs, "grad_max": reference.abs().max().item(), "fsdp_collectives": plans,
+        "rounds": timed.seconds, "events": {name: evs[warmup:] for name, evs in events.items()},
         "in_collectives": {name: secs[warmup:] for name, secs in in_collectives.items()},
+        "spans": {name: sp[warmup:] for name, sp in spans.items()},
     }
 
 
@@ -265,7 +268,7 @@ SEQUENTIAL = "sync_after"
 
 @dataclass
 class OverlapRow:
-    """One variant of :func:`run_overlap` (seconds; per round the slowest process, then the fastest round).
+    """One variant of :func:`run_overlap` (seconds, timed as the module's docstring says; the fastest round).
 
     ``step``: forward + backward + the exchange; ``comm``: its communication
     alone; ``exposed`` = step − compute (the time the exchange added).
@@ -277,8 +280,8 @@ class OverlapRow:
     ``hidden_rounds`` the raw share round by round (for its spread). FSDP's
     variants have no measured sequential counterpart: for them
     ``measured_against`` is ``""`` and the shares are 0, not a measurement.
-    ``in_collectives`` (FSDP's variants; 0 for the others): the seconds that the same step, on the same
-    process and round as ``step``, spent inside its all-gathers and reduce-scatters, waits included.
+    ``in_collectives`` (FSDP's variants; 0 for the others): the seconds that the step of ``step``'s round, on the
+    process that started it last, spent inside its all-gathers and reduce-scatters, waits included.
     """
 
     variant: str
@@ -309,7 +312,7 @@ class OverlapRun:
     gradient entry, for scale). ``fsdp_collectives``: per FSDP variant, the
     ``(kind, bytes)`` of each collective of one step. ``timeline``: rank by
     rank, per DDP variant, the step of the round its ``step`` comes from (every such step is traced;
-    on the slower rank, ``end - forward[0]`` is the row's ``step``), seconds from the earliest rank's start: ``forward``,
+    the latest ``end`` is the row's ``step``), seconds from the later rank's start: ``forward``,
     ``backward`` (until the last gradient was ready), ``end`` and ``comm``
     (per bucket, in the order they started: ``start``, ``end``, ``bytes``). ``per_round``: all the rounds.
     """
@@ -336,21 +339,18 @@ class OverlapRun:
 
 def _relative_timeline(per_rank, chosen):
     """Each traced variant's events in round ``chosen[name]`` on every rank, in seconds from that step's
-    earliest start over ranks, keyed by the variant's label."""
+    latest start over ranks (the earlier rank's first events are negative), keyed by the variant's label."""
     labels = {name: label for name, label, _ in VARIANTS}
     out = [{} for _ in per_rank]
     for name in per_rank[0]["events"]:
         variant, i_round = labels[name], chosen[name]
-        t0 = min(r["events"][name][i_round]["forward"][0] for r in per_rank)
+        t0 = max(r["events"][name][i_round]["forward"][0] for r in per_rank)
         for i, r in enumerate(per_rank):
             ev = r["events"][name][i_round]
-            out[i][variant] = {
-                "forward": tuple(t - t0 for t in ev["forward"]),
-                "backward": tuple(t - t0 for t in ev["backward"]),
-                "end": ev["end"] - t0,
-                "comm": [{"bucket": c["bucket"], "bytes": c["bytes"], "start": c["start"] - t0,
-                          "end": c["end"] - t0} for c in sorted(ev["comm"], key=lambda c: c["start"])],
-            }
+            out[i][variant] = {"forward": tuple(t - t0 for t in ev["forward"]),
+                               "backward": tuple(t - t0 for t in ev["backward"]), "end": ev["end"] - t0,
+                               "comm": [{"bucket": c["bucket"], "bytes": c["bytes"], "start": c["start"] - t0,
+                                         "end": c["end"] - t0} for c in sorted(ev["comm"], key=lambda c: c["start"])]}
     return out
 
 
@@ -381,14 +381,20 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     per_rank = launch(_overlap_worker, world_size, args=(hidden, layers, batch, bucket_cap_mb, rounds, warmup),
                       timeout=timeout, progress_total=rounds + warmup, desc="overlap rounds")
     merged = Rounds.slowest([r["rounds"] for r in per_rank])
+    # A step that exchanges runs from the later process's start to the last end: the barrier releases the processes
+    # a little apart, and the earlier one's wait for the later one is that offset, not communication (one clock here)
+    for name in per_rank[0]["spans"]:
+        merged.seconds[name] = [max(s[1] for s in per_round) - max(s[0] for s in per_round)
+                                for per_round in zip(*(r["spans"][name] for r in per_rank))]
     fastest = {k: min(v) for k, v in merged.seconds.items()}
     compute = fastest["compute"]
     rows = []
     serial = fastest[SEQUENTIAL]
-    # the round each step comes from (the fastest), and in it the slower process, whose time the round keeps
+    # the round each step comes from (the fastest), and in it the process that started last: its own time lies
+    # inside the step's, so what it spent inside its collectives is part of the step
     chosen = {name: merged.seconds[name].index(fastest[name]) for name in merged.seconds}
-    slower = {name: max(range(world_size), key=lambda k: per_rank[k]["rounds"][name][chosen[name]])
-              for name in merged.seconds}
+    later = {name: max(range(world_size), key=lambda k: per_rank[k]["spans"][name][chosen[name]][0])
+             for name in per_rank[0]["spans"]}
     for name, label, comm_name in VARIANTS:
         step, comm = fastest[name], fastest[comm_name]
         share = raw = 0.0
@@ -398,15 +404,14 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
             share, raw, against = h.share, h.raw, SEQUENTIAL
             per_round = tuple((s - t) / (s - c) for s, t, c in zip(merged.seconds[SEQUENTIAL], merged.seconds[name],
                                                                     merged.seconds["compute"]) if s > c)
-        in_comm = per_rank[slower[name]]["in_collectives"][name][chosen[name]] if name.startswith("fsdp") else 0.0
+        in_comm = per_rank[later[name]]["in_collectives"][name][chosen[name]] if name.startswith("fsdp") else 0.0
         rows.append(OverlapRow(variant=name, label=label, step=step, comm=comm, exposed=step - compute,
                                hidden=share, hidden_raw=raw, measured_against=against, hidden_rounds=per_round,
                                in_collectives=in_comm))
     r0 = per_rank[0]
     return OverlapRun(
         world_size=world_size, backend=r0["backend"], device=r0["device"], hidden=hidden, layers=layers,
-        n_params=r0["n_params"],
-        param_bytes=r0["param_bytes"], bucket_cap_bytes=int(bucket_cap_mb * 2**20),
+        n_params=r0["n_params"], param_bytes=r0["param_bytes"], bucket_cap_bytes=int(bucket_cap_mb * 2**20),
         ddp_bucket_bytes=r0["ddp_bucket_bytes"], hook_bucket_bytes=r0["hook_bucket_bytes"],
         grad_max_diff={k: max(r["grad_max_diff"][k] for r in per_rank) for k in r0["grad_max_diff"]},
         grad_max=max(r["grad_max"] for r in per_rank), fsdp_collectives=r0["fsdp_collectives"],
