@@ -50,7 +50,7 @@ def _sharding_run(name: str, value):
                 held = check_instance(f"{at}.{part}", getattr(r, part), HeldBytes, "a HeldBytes")
                 for f in _PARTS:
                     check_count(f"{at}.{part}.{f}", getattr(held, f), minimum=0)
-            for key in ("zero3_collectives", "keep_collectives"):
+            for key in ("zero3_collectives", "keep_collectives", "zero1_collectives", "zero1_step_collectives"):
                 for j, c in enumerate(check_sequence(f"{at}.{key}", getattr(r, key), allow_empty=True)):
                     c = check_sequence(f"{at}.{key}[{j}]", c)
                     if len(c) != 3 or not all(isinstance(x, str) for x in c[:2]):

@@ -13,8 +13,10 @@ a GPU each) and in each of them:
    (:class:`~lessonlib.measure.distributed.collectives.CollectiveLog`), once
    with the weights freed after forward (``reshard_after_forward=True``, the
    ZeRO-3 pattern) and once kept until backward (``False``);
-4. runs ZeRO stage 1 with PyTorch's ``ZeroRedundancyOptimizer`` under DDP
-   and counts the optimizer state each rank holds.
+4. runs ZeRO stage 1 with PyTorch's ``ZeroRedundancyOptimizer`` under DDP,
+   counts the optimizer state each rank holds and logs the collectives of its
+   forward and backward (DDP's all-reduce) and of its optimizer step (the
+   updated parameters broadcast from the rank that owns each).
 
 The worker runs in spawned processes, so it lives here, not in a notebook.
 """
@@ -57,7 +59,9 @@ class ShardedRank:
     are the :class:`HeldBytes` of this rank under ``fully_shard`` and under ``ZeroRedundancyOptimizer``;
     ``losses`` is the sharded run's global loss per step and ``reference_losses`` the unsharded copy's on
     the whole batch; ``zero3_collectives`` / ``keep_collectives`` are ``(kind, phase, bytes)`` for each
-    collective of one forward and backward, weights freed after forward or kept until backward.
+    collective of one forward and backward, weights freed after forward or kept until backward;
+    ``zero1_collectives`` / ``zero1_step_collectives`` are those of ``ZeroRedundancyOptimizer`` under DDP,
+    in forward and backward and in the optimizer step (empty in a record made without them).
     """
 
     rank: int
@@ -72,6 +76,8 @@ class ShardedRank:
     reference_losses: tuple
     zero3_collectives: tuple
     keep_collectives: tuple
+    zero1_collectives: tuple = ()
+    zero1_step_collectives: tuple = ()
 
     @classmethod
     def from_worker(cls, d: dict) -> "ShardedRank":
@@ -79,7 +85,8 @@ class ShardedRank:
         triples = lambda key: tuple(tuple(c) for c in d[key])  # noqa: E731
         return cls(d["rank"], d["world_size"], d["backend"], d["n_params"], tuple(map(tuple, d["shapes"])),
                    d["n_tensors"], HeldBytes(**d["zero3"]), HeldBytes(**d["zero1"]), tuple(d["losses"]),
-                   tuple(d["reference_losses"]), triples("zero3_collectives"), triples("keep_collectives"))
+                   tuple(d["reference_losses"]), triples("zero3_collectives"), triples("keep_collectives"),
+                   *(tuple(tuple(c) for c in d.get(k, ())) for k in ("zero1_collectives", "zero1_step_collectives")))
 
 
 @dataclass(frozen=True)
@@ -238,8 +245,11 @@ def _shard_on(rank, n, mesh, device, base, steps, global_batch, lr):
     ddp = DDP(ddp_model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
     zro = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr, process_group=group)
     zro.zero_grad(set_to_none=True)
-    lm_loss(ddp(xs), ys).backward()
-    zro.step()
+    log_z1, log_z1_step = CollectiveLog(), CollectiveLog()
+    with log_z1:  # DDP: its buffers broadcast in forward, the gradients all-reduced in backward
+        lm_loss(ddp(xs), ys).backward()
+    with log_z1_step:  # each rank updates the tensors it owns, then broadcasts them to the others
+        zro.step()
 
     shapes = [tuple(p.shape) for p in base.parameters()]
     return {
@@ -255,6 +265,8 @@ def _shard_on(rank, n, mesh, device, base, steps, global_batch, lr):
         "reference_losses": ref_losses,
         "zero3_collectives": [(r.kind, r.phase, r.n_bytes) for r in log.records],
         "keep_collectives": [(r.kind, r.phase, r.n_bytes) for r in log_keep.records],
+        "zero1_collectives": [(r.kind, r.phase, r.n_bytes) for r in log_z1.records],
+        "zero1_step_collectives": [(r.kind, r.phase, r.n_bytes) for r in log_z1_step.records],
     }
 
 

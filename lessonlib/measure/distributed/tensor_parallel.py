@@ -184,6 +184,9 @@ def _tp_worker(rank, world_size, device, progress, mlp_cfg, block_cfg):
             "weight_bytes_local": sum(_local(p).numel() * _local(p).element_size() for p in tp.parameters()),
             "output_bytes": y_ref.numel() * y_ref.element_size(),
             "collectives": [(r.kind, r.phase, r.n_bytes) for r in log.records],
+            # each parameter as a DTensor: (name, global shape, placements, this rank's local shape)
+            "layout": [(name, tuple(p.shape), str(tuple(getattr(p, "placements", ()))), tuple(_local(p).shape))
+                       for name, p in tp.named_parameters()],
         }
         progress.put(1)
 
@@ -232,7 +235,8 @@ def run_tensor_parallel(world_size: int = 2, mlp=(4, 64, 128), block=(2, 128, 25
 
     Each dict has ``mlp``: ``output_max_diff`` / ``input_grad_max_diff``
     (against the unsplit block), ``weight_bytes_full`` / ``weight_bytes_local``,
-    ``output_bytes`` and ``collectives`` (``(kind, phase, bytes)``); and
+    ``output_bytes``, ``collectives`` (``(kind, phase, bytes)``) and ``layout`` (per parameter: name,
+    global shape, DTensor placements as text, local shape); and
     ``block``: ``activations[t]`` for t = 1 and t = world_size with ``bytes``
     (kept for backward on this rank), ``items`` and ``collectives``, and
     ``max_diff`` (split layer against unsplit, float32, dropout off) and
