@@ -27,7 +27,7 @@ def candidate_layouts(model, cluster, zero_stages=(1, 2, 3), recompute=RECOMPUTE
 
     ``max_tensor`` caps the tensor degree (default: the node size); ``virtual`` runs over the powers
     of two up to the layers a pipeline stage holds, where :func:`~lessonlib.calc.layout.interleaving_problem`
-    allows it (micro-batches a multiple of the stages, and equal chunks of each stage's layers).
+    allows it (equal chunks of each stage's layers; any number of micro-batches).
     """
     model, cluster = check_model(model), check_cluster(cluster)
     for i, sched in enumerate(sequence("schedules", schedules)):
