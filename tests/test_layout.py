@@ -347,3 +347,16 @@ def test_the_term_by_term_table_has_short_labels():
     labels = re.findall(r"<tr>\s*<t[dh][^>]*>([^<]*)</t[dh]>", html)
     assert len(labels) > 10, html[:300]
     assert all(len(x) <= 18 for x in labels if not x.startswith("*")), labels
+
+
+def test_the_layer_tensors_add_up_to_the_two_activation_counts():
+    """The per-tensor list the layout page prints is the same count as the formulas: 32 bytes a token and
+    hidden value with nothing recomputed (34 less the two dropout masks), 20 with the weight products kept."""
+    from lessonlib.calc.memory import activation_bytes_per_layer
+    from lessonlib.calc.recompute import matmul_outputs_bytes_per_layer
+    from lessonlib.calc.stage_memory import LAYER_ACTIVATIONS
+    s, h, a = 64, 32, 4
+    none = 2 * sum(n for _, n, kept, _ in LAYER_ACTIVATIONS if kept)
+    selective = 2 * sum(n for _, n, _, kept in LAYER_ACTIVATIONS if kept)
+    assert none * s * h == activation_bytes_per_layer(s, 1, h, a) - 2 * s * h
+    assert selective * s * h == matmul_outputs_bytes_per_layer(s, 1, h)

@@ -14,6 +14,25 @@ from .recompute import matmul_outputs_bytes_per_layer
 from .sharding import ZERO_STAGES, zero_state_bytes
 
 RECOMPUTE = ("none", "selective", "full")
+
+#: The tensors one layer keeps for backward, per token, without dropout and with a fused attention kernel
+#: (Korthikanti et al.'s list, masks left out): ``(tensor, values in units of the hidden width h, kept with
+#: nothing recomputed, kept by selective recomputation)``. Nothing recomputed keeps 16 h values a token, 32 bytes
+#: at 16 bits (:func:`lessonlib.calc.memory.activation_bytes_per_layer` less the two dropout masks); selective
+#: recomputation (the weight products' outputs saved) keeps 10 h, 20 bytes
+#: (:func:`lessonlib.calc.recompute.matmul_outputs_bytes_per_layer`), and rebuilds the rest in backward.
+LAYER_ACTIVATIONS = (
+    ("the layer's input (the first LayerNorm's input)", 1, True, True),
+    ("the first LayerNorm's output (the QKV product's input)", 1, True, False),
+    ("queries, keys and values (the QKV product's output)", 3, True, True),
+    ("attention's output (the output projection's input)", 1, True, False),
+    ("the output projection's output", 1, False, True),
+    ("the residual sum (the second LayerNorm's input)", 1, True, False),
+    ("the second LayerNorm's output (the MLP's input)", 1, True, False),
+    ("the MLP's first product (the GELU's input)", 4, True, True),
+    ("the GELU's output (the MLP's second product's input)", 4, True, False),
+    ("the MLP's second product's output", 1, False, True),
+)
 ATTENTION = ("fused", "stored")
 
 
