@@ -179,8 +179,8 @@ PUBLISHED_ASSUMPTIONS = {
     "Llama 3 405B, 128K context": {"virtual": 4, "zero": 2, "recompute": "selective"},
 }
 
-#: What the activation formula leaves out for Llama's layers: the one caveat every page that prices a published
-#: Llama 3 layout's activations prints.
+#: What the activation formula leaves out for Llama's layers: the one caveat the layout page prints (later pages
+#: that price a published Llama 3 layout's activations point back to it).
 ACTIVATION_FORMULA_CAVEAT = (
     "The activation formula, Korthikanti et al.'s, counts a GPT-shaped layer: an MLP of two matrices 4h wide with "
     "a GELU between them, and one key and one value per attention head. Llama 3's layer has a three-matrix SwiGLU "
