@@ -132,24 +132,44 @@ def test_deepseek_v3s_layout_ties_with_the_best_under_dualpipe():
     assert mine.step_s / ranked[0].step_s < 1.02
 
 
-def test_interleaving_needs_micro_batches_a_multiple_of_the_stages_and_even_chunks():
+def test_interleaving_needs_even_chunks_and_prices_a_pipeline_that_cannot_fill():
     from lessonlib.calc.layout_search import candidate_layouts
-    from lessonlib.calc.stage_memory import interleaving_problem
+    from lessonlib.calc.stage_memory import interleaved_bubble_work_fraction, interleaving_problem
     assert interleaving_problem(126, 16, 4, 16) == ""
-    assert "multiple of pipeline" in interleaving_problem(80, 2, 32, 1)   # 1 micro-batch a copy: no interleaving
-    assert "multiple of pipeline" in interleaving_problem(80, 4, 2, 6)
+    # any micro-batch count (PyTorch's ScheduleInterleaved1F1B and Llama 3's schedule relax the multiple of p)
+    assert interleaving_problem(80, 2, 8, 1) == "" and interleaving_problem(80, 4, 2, 6) == ""
     assert "must divide" in interleaving_problem(86, 2, 32, 64)           # 43 layers a stage in 32 chunks
-    # 3f's old winner: 64 sequences over DP 64 is m = 1, which layout_cost must refuse to interleave...
+    # the bubble: (p - 1) / (v m) once the pipeline fills; with m < p each of the v - 1 turns waits p - m slots
+    assert interleaved_bubble_work_fraction(16, 4, 16) == pytest.approx(15 / 64)
+    assert interleaved_bubble_work_fraction(8, 4, 2) == pytest.approx((7 + 3 * 6) / 8)
+    for p, v in ((2, 32), (16, 4)):  # one micro-batch: interleaving cannot help, p - 1 whatever v is
+        assert interleaved_bubble_work_fraction(p, v, 1) == interleaved_bubble_work_fraction(p, 1, 1) == p - 1
+    # 3f's old winner: 64 sequences over DP 64 is m = 1; interleaved, it costs plain 1F1B's bubble and memory
     model = ModelShape("13B", 13e9, 80, 5120, 40, 32768, 64, dropout=False)
-    with pytest.raises(ValueError, match="layout.virtual"):
-        layout_cost(model, Cluster(512), Layout(4, 1, 2, 64, virtual=32, recompute="full"))
-    # ...and price as plain 1F1B, whose bubble is (p - 1) / m = the whole compute again
+    inter = layout_cost(model, Cluster(512), Layout(4, 1, 2, 64, virtual=8, recompute="full"))
     plain = layout_cost(model, Cluster(512), Layout(4, 1, 2, 64, recompute="full"))
-    assert plain.bubble_s == pytest.approx(plain.compute_s * 1 / 1)
+    assert plain.bubble_s == pytest.approx(plain.compute_s * 1 / 1) and inter.bubble_s == pytest.approx(plain.bubble_s)
+    assert inter.activation_bytes == plain.activation_bytes and inter.step_s > plain.step_s  # more sends, no gain
     # the search offers no layout the rules forbid
     for lay in candidate_layouts(model, Cluster(512)):
-        micro = model.global_batch // lay.data
-        assert lay.virtual == 1 or (micro % lay.pipeline == 0 and math.ceil(80 / lay.pipeline) % lay.virtual == 0)
+        assert lay.virtual == 1 or math.ceil(80 / lay.pipeline) % lay.virtual == 0
+
+
+def test_the_interleaved_bubble_matches_a_depth_first_timeline():
+    """An event timeline of the forwards (chunk by chunk, micro-batches in order, one slot each) gives the
+    forward half of the formula: the pipeline's span minus each device's v m busy slots."""
+    from lessonlib.calc.stage_memory import interleaved_bubble_work_fraction
+    for p, v, m in ((4, 2, 1), (4, 2, 2), (4, 2, 4), (8, 4, 3), (8, 2, 8), (16, 4, 5)):
+        if m > p:
+            continue
+        free, done = [0] * p, {}
+        for k in range(v):                       # chunk k of every device: virtual stage k p + r
+            for j in range(m):
+                for r in range(p):
+                    prev = done.get((k * p + r - 1, j), 0)
+                    done[(k * p + r, j)] = free[r] = max(prev, free[r]) + 1
+        span = max(done.values())
+        assert (span - v * m) / (v * m) == pytest.approx(interleaved_bubble_work_fraction(p, v, m)), (p, v, m)
 
 
 def test_interleaved_memory_counts_the_deeper_warm_up():
@@ -307,7 +327,7 @@ def test_a_stages_state_by_part_is_2_plus_2_plus_12_over_n_at_zero_1():
     parts = stage_state_bytes(1e9, 3e9, data=8, expert=4, zero=1, dualpipe=True)
     assert parts.weights == pytest.approx(2 * 4e9) and parts.gradients == pytest.approx(2 * 4e9)
     assert parts.master_weights + parts.optimizer_state == pytest.approx(12 * (1e9 / 8 + 3e9 / 2))
-    assert parts.second_copy == pytest.approx(2 * 4e9)
+    assert parts.second_copy == pytest.approx(parts.weights + parts.gradients)  # DualPipe: weights and gradients again
     model, cluster, published = published_models()["DeepSeek-V3"]
     cost = layout_cost(model, cluster, published)
     dense = (model.params - model.expert_params) / published.pipeline
@@ -327,3 +347,16 @@ def test_the_term_by_term_table_has_short_labels():
     labels = re.findall(r"<tr>\s*<t[dh][^>]*>([^<]*)</t[dh]>", html)
     assert len(labels) > 10, html[:300]
     assert all(len(x) <= 18 for x in labels if not x.startswith("*")), labels
+
+
+def test_the_layer_tensors_add_up_to_the_two_activation_counts():
+    """The per-tensor list the layout page prints is the same count as the formulas: 32 bytes a token and
+    hidden value with nothing recomputed (34 less the two dropout masks), 20 with the weight products kept."""
+    from lessonlib.calc.memory import activation_bytes_per_layer
+    from lessonlib.calc.recompute import matmul_outputs_bytes_per_layer
+    from lessonlib.calc.stage_memory import LAYER_ACTIVATIONS
+    s, h, a = 64, 32, 4
+    none = 2 * sum(n for _, n, kept, _ in LAYER_ACTIVATIONS if kept)
+    selective = 2 * sum(n for _, n, _, kept in LAYER_ACTIVATIONS if kept)
+    assert none * s * h == activation_bytes_per_layer(s, 1, h, a) - 2 * s * h
+    assert selective * s * h == matmul_outputs_bytes_per_layer(s, 1, h)

@@ -23,8 +23,8 @@ from .comm import LINKS, MULTI_NODE_ALGORITHMS, Link, multi_node_seconds
 # KERNEL_EFFICIENCY, a per-kernel share of the peak and not an MFU, lives beside the course's MFU (UTILISATION)
 from .hardware import DEVICES, KERNEL_EFFICIENCY, Device
 from .mfu import model_hardware_flops
-from .pipeline import interleaved_bubble_fraction
-from .stage_memory import first_stage_activation_bytes, interleaving_problem, stage_state_bytes
+from .stage_memory import (first_stage_activation_bytes, interleaved_bubble_work_fraction, interleaving_problem,
+                           stage_state_bytes)
 from .sharding import ZERO_STAGES, zero_step_traffic
 
 RECOMPUTE = ("none", "selective", "full")
@@ -106,7 +106,7 @@ class Layout:
     products' outputs, rebuild the rest) or "full";
     ``schedule`` "1f1b" (interleaved when ``virtual`` > 1) or "dualpipe" (DeepSeek-V3's: two
     micro-batches in opposite directions, each one's communication hidden behind the other's compute,
-    at the price of a second copy of the weights)."""
+    at the price of a second copy of the weights and gradients)."""
 
     tensor: int = 1
     context: int = 1
@@ -277,7 +277,9 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
       the experts' matmuls slow further when each expert gets fewer tokens than the roofline's
       ridge point (:func:`ridge_flops_per_byte`): a few tokens a weight read cannot keep it busy;
     * bubble: compute x (pipeline - 1) / (virtual x micro-batches) for the interleaved 1F1B
-      schedule, (pipeline / 2 - 1) / micro-batches for DualPipe;
+      schedule (more with fewer micro-batches than stages:
+      :func:`~lessonlib.calc.stage_memory.interleaved_bubble_work_fraction`), (pipeline / 2 - 1) /
+      micro-batches for DualPipe;
     * tensor: with sequence parallelism, the equivalent of 4 all-reduces of a micro-batch's
       activations per layer (2 forward, 2 backward), none hidden;
     * context, ``context_method="ring"``: the ring passes each device's keys and values context - 1
@@ -335,7 +337,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     # --- memory on the busiest device: the first pipeline stage ---
     dense = dense_params / (t * p)
     experts = model.expert_params / (e * p)
-    # the state by part (DualPipe: a second copy of the stage's 16-bit weights, for the reverse direction)
+    # the state by part (DualPipe: a second copy of the stage's 16-bit weights and gradients, for the reverse direction)
     state = stage_state_bytes(dense, experts, data=d, expert=e, zero=zero, dualpipe=dualpipe).total
     stage_layers = math.ceil(layers / p)
     # Korthikanti's bytes a layer (sequence parallelism, fused attention) for the micro-batches in flight, the
@@ -355,8 +357,8 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     extra = 4 / 3 if layout.recompute == "full" else 1.0
     rerun = 2 * layers * h * s * tokens if layout.recompute == "selective" else 0.0  # causal attention, again
     compute = ((useful - expert_flops + expert_flops * slow) * extra + rerun) / (cluster.world_size * peak * eff)
-    # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m) of calc.pipeline
-    bubble = compute * ((p / 2 - 1) / micro if dualpipe else interleaved_bubble_fraction(p, micro, v, of="work"))
+    # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m), more when m < p
+    bubble = compute * ((p / 2 - 1) / micro if dualpipe else interleaved_bubble_work_fraction(p, v, micro))
     act_bytes = model.bytes_per_value * (s // c) * h  # one micro-batch's activations at a layer boundary
     tensor_comm = 0.0
     if t > 1:

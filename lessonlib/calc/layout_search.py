@@ -27,7 +27,7 @@ def candidate_layouts(model, cluster, zero_stages=(1, 2, 3), recompute=RECOMPUTE
 
     ``max_tensor`` caps the tensor degree (default: the node size); ``virtual`` runs over the powers
     of two up to the layers a pipeline stage holds, where :func:`~lessonlib.calc.layout.interleaving_problem`
-    allows it (micro-batches a multiple of the stages, and equal chunks of each stage's layers).
+    allows it (equal chunks of each stage's layers; any number of micro-batches).
     """
     model, cluster = check_model(model), check_cluster(cluster)
     for i, sched in enumerate(sequence("schedules", schedules)):
@@ -179,8 +179,8 @@ PUBLISHED_ASSUMPTIONS = {
     "Llama 3 405B, 128K context": {"virtual": 4, "zero": 2, "recompute": "selective"},
 }
 
-#: What the activation formula leaves out for Llama's layers: the one caveat every page that prices a published
-#: Llama 3 layout's activations prints.
+#: What the activation formula leaves out for Llama's layers: the one caveat the layout page prints (later pages
+#: that price a published Llama 3 layout's activations point back to it).
 ACTIVATION_FORMULA_CAVEAT = (
     "The activation formula, Korthikanti et al.'s, counts a GPT-shaped layer: an MLP of two matrices 4h wide with "
     "a GELU between them, and one key and one value per attention head. Llama 3's layer has a three-matrix SwiGLU "

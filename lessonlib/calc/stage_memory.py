@@ -14,23 +14,41 @@ from .recompute import matmul_outputs_bytes_per_layer
 from .sharding import ZERO_STAGES, zero_state_bytes
 
 RECOMPUTE = ("none", "selective", "full")
+
+#: The tensors one layer keeps for backward, per token, without dropout and with a fused attention kernel
+#: (Korthikanti et al.'s list, masks left out): ``(tensor, values in units of the hidden width h, kept with
+#: nothing recomputed, kept by selective recomputation)``. Nothing recomputed keeps 16 h values a token, 32 bytes
+#: at 16 bits (:func:`lessonlib.calc.memory.activation_bytes_per_layer` less the two dropout masks); selective
+#: recomputation (the weight products' outputs saved) keeps 10 h, 20 bytes
+#: (:func:`lessonlib.calc.recompute.matmul_outputs_bytes_per_layer`), and rebuilds the rest in backward.
+LAYER_ACTIVATIONS = (
+    ("the layer's input (the first LayerNorm's input)", 1, True, True),
+    ("the first LayerNorm's output (the QKV product's input)", 1, True, False),
+    ("queries, keys and values (the QKV product's output)", 3, True, True),
+    ("attention's output (the output projection's input)", 1, True, False),
+    ("the output projection's output", 1, False, True),
+    ("the residual sum (the second LayerNorm's input)", 1, True, False),
+    ("the second LayerNorm's output (the MLP's input)", 1, True, False),
+    ("the MLP's first product (the GELU's input)", 4, True, True),
+    ("the GELU's output (the MLP's second product's input)", 4, True, False),
+    ("the MLP's second product's output", 1, False, True),
+)
 ATTENTION = ("fused", "stored")
 
 
 def interleaving_problem(layers, pipeline, virtual, micro_batches) -> str:
     """Why ``virtual`` stages per device cannot interleave this pipeline, or ``""`` when they can.
 
-    The interleaved 1F1B schedule (``virtual`` > 1) cycles each data-parallel copy's ``micro_batches``
-    through the ``pipeline`` devices in rounds of ``pipeline``: it needs ``micro_batches`` to be a
-    multiple of ``pipeline`` (so at least ``pipeline``; Megatron-LM and PyTorch's
-    ``ScheduleInterleaved1F1B`` refuse other counts), and ``virtual`` must split each stage's
-    ``ceil(layers / pipeline)`` layers into equal chunks. With fewer micro-batches than stages the
-    pipeline cannot fill, and its bubble is not ``(pipeline - 1) / (virtual x micro_batches)``.
+    ``virtual`` must split each stage's ``ceil(layers / pipeline)`` layers into equal chunks, and there must
+    be a pipeline to interleave. The micro-batch count is free: the schedule as first published ran them in
+    rounds of ``pipeline`` and needed a multiple of it, but PyTorch's ``ScheduleInterleaved1F1B`` relaxes
+    that rule and Llama 3's modified schedule runs any number. With fewer micro-batches than stages the
+    pipeline cannot fill, which :func:`interleaved_bubble_work_fraction` prices.
 
     >>> interleaving_problem(126, 16, 4, 16)
     ''
-    >>> interleaving_problem(80, 2, 32, 1)[:40]
-    'virtual 32 needs micro_batches (1) to be'
+    >>> interleaving_problem(86, 2, 32, 64)[:30]
+    'virtual 32 must divide each st'
     """
     layers, p = count("layers", layers), count("pipeline", pipeline)
     v, m = count("virtual", virtual), count("micro_batches", micro_batches)
@@ -38,13 +56,27 @@ def interleaving_problem(layers, pipeline, virtual, micro_batches) -> str:
         return ""
     if p == 1:
         return f"virtual {v} needs a pipeline: with pipeline 1 there is nothing to interleave"
-    if m % p:
-        return (f"virtual {v} needs micro_batches ({m}) to be a multiple of pipeline ({p}): the interleaved "
-                f"schedule runs the micro-batches in rounds of one per stage")
     stage_layers = math.ceil(layers / p)
     if stage_layers % v:
         return f"virtual {v} must divide each stage's {stage_layers} layers (ceil(layers {layers} / pipeline {p}))"
     return ""
+
+
+def interleaved_bubble_work_fraction(pipeline, virtual, micro_batches) -> float:
+    """Idle time over compute of (interleaved) 1F1B with ``pipeline`` devices, ``virtual`` chunks a device and
+    ``micro_batches``, for any count of them.
+
+    With at least ``pipeline`` micro-batches it is ``(p - 1) / (v m)``
+    (:func:`lessonlib.calc.pipeline.interleaved_bubble_fraction`). With fewer, a device that has run its
+    ``m`` micro-batches through one chunk waits for the first of them to come round the other devices
+    before its next chunk: ``p - m`` idle slots at each of the ``v - 1`` turns, so
+    ``((p - 1) + (v - 1)(p - m)) / (v m)``, which is ``p - 1`` at one micro-batch whatever ``v`` is.
+
+    >>> interleaved_bubble_work_fraction(16, 4, 16), interleaved_bubble_work_fraction(16, 4, 1)
+    (0.234375, 15.0)
+    """
+    p, v, m = count("pipeline", pipeline), count("virtual", virtual), count("micro_batches", micro_batches)
+    return ((p - 1) + (v - 1) * max(0, p - m)) / (v * m)
 
 
 def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, context=1, pipeline=1, virtual=1,
@@ -64,7 +96,8 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     The stage holds ``ceil(layers / pipeline)`` layers for ``min(pipeline, micro_batches)`` micro-batches
     (1F1B's warm-up), and the interleaved schedule (``virtual`` > 1, which
     :func:`interleaving_problem` must allow) ``1 + (pipeline - 1) / (pipeline x virtual)`` times that
-    (Narayanan et al. 2021; Megatron-LM's warm-up of ``2(p - 1) + (v - 1) p`` chunks).
+    (Narayanan et al. 2021; Megatron-LM's warm-up of ``2(p - 1) + (v - 1) p`` chunks) when it has at least
+    ``pipeline`` micro-batches; with fewer it keeps them all, ``micro_batches`` x the stage's layers.
 
     >>> first_stage_activation_bytes(8192, 16384, 128, 126, tensor=8, pipeline=16, micro_batches=16,
     ...                              dropout=False) == 32 * 8192 * 16384 / 8 * 8 * 16
@@ -96,7 +129,9 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
             per_layer -= 2 * local * h / t
             if attention == "stored":
                 per_layer -= 3 * a * local * local / t
-    interleave = 1 + (p - 1) / (p * v) if v > 1 else 1.0
+    # interleaving with fewer micro-batches than stages runs every micro-batch through all the chunks before
+    # the first backward: all ``m`` micro-batches of the stage's layers, no deeper warm-up than that
+    interleave = 1 + (p - 1) / (p * v) if v > 1 and m >= p else 1.0
     return float(per_layer * math.ceil(layers / p) * min(p, m) * interleave)
 
 
@@ -104,7 +139,8 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
 class StageState:
     """The training state one device of a layout keeps, in bytes, by part: the 16-bit ``weights`` and
     ``gradients``, the fp32 ``master_weights`` and Adam's ``optimizer_state`` (each whole or sharded as the
-    ZeRO stage says), and DualPipe's ``second_copy`` of the 16-bit weights (0 for other schedules)."""
+    ZeRO stage says), and DualPipe's ``second_copy``: the 16-bit weights and gradients of the second
+    copy of the stage (0 for other schedules)."""
 
     weights: float
     gradients: float
@@ -122,8 +158,10 @@ def stage_state_bytes(dense_params, expert_params=0.0, *, data=1, expert=1, zero
     of the experts (both already divided by the tensor and pipeline degrees, and the experts by the expert
     degree), its ``data``-way copies sharding it at ZeRO ``zero`` (the experts over ``data / expert`` copies),
     Adam in mixed precision: :func:`lessonlib.calc.sharding.zero_state_bytes` for each group, 2 + 2 + 12 / N
-    bytes a parameter at ZeRO-1 (N the copies that shard it). ``dualpipe`` adds a second copy of the 16-bit
-    weights (sharded too at ZeRO-3). The one count :func:`lessonlib.calc.layout.layout_cost` uses.
+    bytes a parameter at ZeRO-1 (N the copies that shard it). ``dualpipe`` adds DualPipe's second copy of the stage
+    (DeepSeek-V3's report: twice the parameters): its 16-bit weights and gradients, sharded as the first
+    copy's are; the fp32 master weights and Adam's moments are assumed sharded over both copies.
+    The one count :func:`lessonlib.calc.layout.layout_cost` uses.
 
     >>> stage_state_bytes(1e9, data=8, zero=1).total / 1e9   # 2 + 2 + 12 / 8 bytes a parameter
     5.5
@@ -144,5 +182,7 @@ def stage_state_bytes(dense_params, expert_params=0.0, *, data=1, expert=1, zero
     if experts:
         parts.append(zero_state_bytes(math.ceil(experts), d // e, z))
     names = ("weights", "gradients", "master_weights", "optimizer_state")
-    second = 2 * (dense + experts) * (1 / d if z == 3 else 1) if dualpipe else 0.0
+    # DualPipe's second copy of the stage: its 16-bit weights and gradients, sharded as the first copy's are; the
+    # fp32 master weights and Adam's moments are sharded over both copies, so they do not double
+    second = float(sum(x.weights + x.gradients for x in parts)) if dualpipe else 0.0
     return StageState(*(float(sum(getattr(x, n) for x in parts)) for n in names), second_copy=second)
