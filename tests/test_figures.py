@@ -7,7 +7,7 @@ import pytest
 
 from built_pages import figure_faults
 
-from lessonlib.book import memory_plots, plots, speedup_plots
+from lessonlib.book import bill_plots, memory_plots, plots, speedup_plots
 from lessonlib.calc import amdahl
 from lessonlib.calc.goodput import goodput
 from lessonlib.calc.memory import activation_bytes
@@ -135,24 +135,24 @@ def test_step_terms_figure_stacks_compute_bubble_and_exposed_communication():
 
 
 def test_bill_gap_parts_add_up_and_fill_in_order():
-    p = speedup_plots.bill_gap_parts(24.0, 30.0, 0.05, 3.0)
+    p = bill_plots.bill_gap_parts(24.0, 30.0, 0.05, 3.0)
     assert p == pytest.approx({"computed": 24.0, "attention": 1.2, "failures": 3.0, "other": 1.8})
-    small = speedup_plots.bill_gap_parts(28.0, 30.0, 0.05, 3.0)   # the gap runs out inside the failures' bound
+    small = bill_plots.bill_gap_parts(28.0, 30.0, 0.05, 3.0)   # the gap runs out inside the failures' bound
     assert small["attention"] == pytest.approx(1.4) and small["failures"] == pytest.approx(0.6) and small["other"] == 0
-    assert sum(speedup_plots.bill_gap_parts(31.0, 30.0, 0.05, 3.0).values()) == 31.0  # no gap: nothing added
+    assert sum(bill_plots.bill_gap_parts(31.0, 30.0, 0.05, 3.0).values()) == 31.0  # no gap: nothing added
     for kwargs, name in ((dict(computed_hours=0.0), "computed_hours"), (dict(attention_share=-1.0), "attention_share"),
                          (dict(failures_max_hours=float("nan")), "failures_max_hours")):
         args = dict(computed_hours=24.0, published_hours=30.0, attention_share=0.05, failures_max_hours=3.0)
         args.update(kwargs)
         with pytest.raises(ValueError, match=name):
-            speedup_plots.bill_gap_parts(**args)
+            bill_plots.bill_gap_parts(**args)
 
 
 def test_bill_gap_figure_alt_text_reads_the_parts():
-    shown = speedup_plots.bill_gap_figure({"high MFU": 24.0e6}, 30.0e6, 0.05, 3.0e6)
+    shown = bill_plots.bill_gap_figure({"high MFU": 24.0e6}, 30.0e6, 0.05, 3.0e6)
     assert "30.00 M" in shown.alt and "attention 1.20 M" in shown.alt and "other stages 1.80 M" in shown.alt
     with pytest.raises(ValueError, match="computed"):
-        speedup_plots.bill_gap_figure({}, 30.0e6, 0.05, 3.0e6)
+        bill_plots.bill_gap_figure({}, 30.0e6, 0.05, 3.0e6)
 
 
 def test_simulated_timelines_title_each_schedule_with_its_equal_stage_idle_share():
