@@ -965,3 +965,58 @@ def test_1b_summary_explains_round_half_to_even():
     text = (EXERCISES / "1b-count-the-training-state.md").read_text()
     summary = text[text.index("# @title What this exercise showed"):]
     assert "rounds half to even" in summary and "{ex1b_ties}" in summary
+
+
+def test_every_exercise_says_to_compute_from_the_variables():
+    """An instructor's reading: a rounded value typed in from a print failed a tight tolerance, and no
+    exercise said so. Every exercise states it once, beside its objective."""
+    for path in EXERCISE_PATHS:
+        text = " ".join(path.with_suffix(".md").read_text().split())
+        assert "a rounded value typed in fails the check unless the question states a tolerance" in text, path.name
+
+
+def test_2b_q2_accepts_the_early_stop_length_and_its_worked_examples_hold(check_2b_q2):
+    """Question 5 shows PyTorch's default stops early (18 days x 7/6 = 21); a reply using it is right. The
+    student text's worked examples of a passing and a flagged sentence must be what the check does."""
+    _run(check_2b_q2, GOOD_ANSWERS_WITHOUT_DAYS[0] + " With PyTorch's early stop it runs for about 21 days.")
+    text = " ".join((EXERCISES / "2b-should-they-checkpoint.md").read_text().split())
+    read, hedged, wrong = re.findall(r'"([^"]+\.)" is (?:read as|flagged)', text)
+    _run(check_2b_q2, GOOD_ANSWERS_WITHOUT_DAYS[0] + " " + read + DAYS)
+    for bad, why in ((hedged, "negated or hedged"), (wrong, "misconception")):
+        with pytest.raises(Flag, match=why):
+            _run(check_2b_q2, GOOD_ANSWERS_WITHOUT_DAYS[0].replace(
+                "The price is extra compute, because the dropped activations are recomputed in backward, so each "
+                "step takes longer.", "") + " " + bad + DAYS)
+
+
+def test_3f_q2_accepts_a_layout_within_1_percent_of_the_fastest():
+    """The runner-up is a tie by the page's own words (0.3 % behind): the check takes it, with its own step
+    time and why_part, and still rejects a layout clearly slower."""
+    from lessonlib.calc.layout_search import search_layouts
+    from lessonlib.grading.graders import Answers
+
+    check = reference.load(EXERCISES / "3f-choose-a-layout.ipynb", questions=["3f-q2"])["3f-q2"]
+    src = (EXERCISES / "3f-choose-a-layout.md").read_text()
+    given = src[src.index("from lessonlib.calc.planner import PRESETS"):]
+    ns = {}
+    exec(given[:given.index("```")], ns)
+    model, cluster = ns["model"], ns["cluster"]
+    ranked = search_layouts(model, cluster, top=20, zero_stages=(1,))
+    tp8 = search_layouts(model, cluster, top=1, fixed={"tensor": 8}, zero_stages=(1,))[0]
+    parts = ("compute_s", "bubble_s", "tensor_comm_s", "context_comm_s", "pipeline_comm_s", "data_comm_s",
+             "expert_comm_s")
+
+    def answers(c):
+        return Answers(best=(c.layout.tensor, c.layout.context, c.layout.pipeline, c.layout.data),
+                       best_step_s=c.step_s,
+                       why_part=max(parts, key=lambda part: getattr(tp8, part) - getattr(c, part)))
+
+    degrees = lambda c: (c.layout.tensor, c.layout.context, c.layout.pipeline, c.layout.data)  # noqa: E731
+    tie = next(c for c in ranked[1:] if degrees(c) != degrees(ranked[0]))
+    assert tie.step_s <= 1.01 * ranked[0].step_s, "the page's runner-up is a tie"
+    check(answers(ranked[0]))
+    check(answers(tie))
+    slow = next(c for c in ranked if c.step_s > 1.01 * ranked[0].step_s and degrees(c) not in
+                {degrees(ranked[0]), degrees(tie)})
+    with pytest.raises(AssertionError, match="within 1 %"):
+        check(answers(slow))
