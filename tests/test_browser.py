@@ -45,7 +45,9 @@ _PAGE_AUDIT = """() => ({
   figuresWithoutAlt: Array.from(document.querySelectorAll('.cell_output img'))
       .filter(i => !i.alt || /(^|\/)_images\//.test(i.alt)).map(i => i.src),  // Sphinx's alt: the file's path
   emptyOutputs: Array.from(document.querySelectorAll('.cell_output'))
-      .filter(e => e.innerText.trim() === '' && !e.querySelector('img,svg,canvas,iframe,input,select,details'))
+      // an output folded behind a toggle (a hide-output cell) has no innerText until opened: read its text instead
+      .filter(e => (e.closest('details') ? e.textContent : e.innerText).trim() === ''
+                   && !e.querySelector('img,svg,canvas,iframe,input,select,details'))
       .map(e => e.outerHTML.slice(0, 200)),
 })"""
 
