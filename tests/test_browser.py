@@ -40,7 +40,7 @@ PAGES = book_pages()
 SHOTS = Path(__file__).resolve().parents[1] / "_build" / "screenshots"
 LAYOUT = "layout"  # looked[LAYOUT]: what the contrast and clipping tests read, over every page
 
-_PAGE_AUDIT = """() => ({
+_PAGE_AUDIT = r"""() => ({
   brokenImages: Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src),
   figuresWithoutAlt: Array.from(document.querySelectorAll('.cell_output img'))
       .filter(i => !i.alt || /(^|\/)_images\//.test(i.alt)).map(i => i.src),  // Sphinx's alt: the file's path
