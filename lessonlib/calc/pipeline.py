@@ -192,7 +192,8 @@ def simulate_actions(actions, durations) -> list:
             return [(stage - 1, "F", mb)] if stage > 0 else []
         if kind == "W":  # a weight gradient needs the input gradient pass of its own stage
             return [(stage, "I", mb)]
-        # a backward (B or I) needs its own forward, and the gradient from the next stage's backward (B or I)
+        # a backward (B or I) needs its own forward, and the gradient from the next stage's backward: listed as
+        # "B", which end_of reads as that stage's I when the schedule split its backward
         return [(stage, "F", mb)] + ([(stage + 1, "B", mb)] if stage < last else [])
 
     def end_of(key):  # a later stage's backward is B or I, whichever the schedule ran
