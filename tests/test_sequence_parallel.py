@@ -88,3 +88,19 @@ def test_the_plan_shown_is_the_plan_run():
             assert style.input_layouts == (Shard(1),)
         if "output_layouts=Shard(1)" in shown:
             assert style.output_layouts == (Shard(1),)
+
+
+def test_ulysses_sends_two_over_world_size_of_the_rings_bytes():
+    """A ring receives world_size - 1 K/V blocks; Ulysses' two all-to-alls send (world_size - 1)/world_size of four
+    slices: the ratio is exactly 2/world_size, and both agree at 2 devices."""
+    from lessonlib.calc.sequence import context_parallel_bytes_sent
+
+    for world_size in (2, 4, 8, 16):
+        ring = context_parallel_bytes_sent("ring", 4096, 2, 256, world_size, 4)
+        ulysses = context_parallel_bytes_sent("ulysses", 4096, 2, 256, world_size, 4)
+        assert ring == 2 * 4 * (4096 // world_size) * 2 * 256 * (world_size - 1)
+        assert ulysses * world_size == 2 * ring
+    with pytest.raises(ValueError, match="method"):
+        context_parallel_bytes_sent("tree", 4096, 2, 256, 4)
+    with pytest.raises(ValueError, match="world_size"):
+        context_parallel_bytes_sent("ring", 4096, 2, 256, 3)

@@ -297,9 +297,7 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
                 "count, because a job on n devices fails n times as often"
                 + (", and the less reliable the devices the faster" if several else "")
                 + f": at {ns[-1]:,} devices {lost}. Right: one-device hours of progress per paid device-hour, "
-                + ("on a log axis, " if progress_on_log_axis(
-                    [g.per_device_hour for gs in rows.values() for g in gs] + no_failure
-                    + ([] if contrast is None else list(contrast[1])) + list(marks.values())) else "")
+                + ("on a log axis, " if fig.axes[1].get_yscale() == "log" else "")
                 + f"with serial share {100 * serial_share:g} %: the dotted no-failure line "
                 + ("(perfect scaling, flat at 1) " if flat else "") + "lies on top; "
                 + ("each failure curve falls" if several else "the failure curve falls")

@@ -115,6 +115,37 @@ def ring_attention_saved_bytes(seq_len, batch, hidden, heads, world_size, bytes_
     return (4 * e * s * b * h + 4 * b * a * s) // d
 
 
+#: The two ways :func:`context_parallel_bytes_sent` counts: a ring attention, and DeepSpeed-Ulysses.
+CONTEXT_METHODS = ("ring", "ulysses")
+
+
+def context_parallel_bytes_sent(method, seq_len, batch, hidden, world_size, bytes_per_value: int = 2) -> int:
+    """Bytes each device sends (as many as it receives) for one attention layer's forward under context
+    parallelism over ``world_size``.
+
+    ``"ring"``: the device receives the other ``world_size - 1`` devices' K and V blocks, each ``s/world_size``
+    tokens: ``2*e*(s/world_size)*b*h*(world_size - 1)``, almost the same however many share the sequence.
+    ``"ulysses"``: two all-to-alls per layer (q, k, v before attention, the output after) each keep
+    ``1/world_size`` of a device's ``s/world_size``-token slices and send the rest:
+    ``4*e*(s/world_size)*b*h*(world_size - 1)/world_size``. The ratio is ``2/world_size`` (no grouped-query
+    attention, which shrinks K and V for both).
+
+    >>> context_parallel_bytes_sent("ring", 16384, 1, 4096, 8) // 2**20
+    224
+    >>> context_parallel_bytes_sent("ulysses", 16384, 1, 4096, 8) // 2**20
+    56
+    """
+    method = _check_choice("method", method, CONTEXT_METHODS)
+    s, b, h, _, e = _sizes(seq_len, batch, hidden, 1, bytes_per_value)
+    d = _check_count("world_size", world_size)
+    if s % d:
+        raise ValueError(f"world_size ({d}) must divide seq_len ({s}): each device takes an equal slice")
+    slice_bytes = e * (s // d) * b * h
+    if method == "ring":
+        return 2 * slice_bytes * (d - 1)
+    return 4 * slice_bytes * (d - 1) // d
+
+
 def sequence_layout(world_size, layout: str = "zigzag") -> list:
     """Which chunks of the sequence each device holds, the sequence being cut into ``2 * world_size`` chunks.
 
