@@ -31,11 +31,18 @@ def setup(app):
     for name in ("sphinx_multitoc_numbering", "sphinx-mathjax-offline"):
         if name in app.extensions:
             app.extensions[name].parallel_read_safe = app.extensions[name].parallel_write_safe = True
-    # Sphinx reads the pages in chunks of consecutive names, $JOBS chunks at a time; a
-    # last, smaller chunk starts when the first one ends. Pages without code (the
-    # Markdown pages) go last, so that tail is short.
-    app.connect("env-before-read-docs", lambda app, env, docnames: docnames.sort(
-        key=lambda d: not str(env.doc2path(d)).endswith(".ipynb")))
+    # Sphinx reads the pages in chunks of consecutive names, $JOBS chunks at a time (about 15 pages
+    # a chunk here), so one chunk of long pages could run alone at the end. One page a chunk lets
+    # each process take the next page as soon as it is free (a chunk costs a fork and one pickled
+    # environment, well under a second). The long pages go first, so the last to start are short:
+    # the chapters before the exercises (the shortest notebooks), the last chapter first (its pages
+    # start processes), the Markdown pages last.
+    import sphinx.builders
+    sphinx.builders.make_chunks = lambda docnames, nproc, maxbatch=10: [[d] for d in docnames]
+    def longest_first(app, env, docnames):
+        docnames.sort(reverse=True)
+        docnames.sort(key=lambda d: (not str(env.doc2path(d)).endswith(".ipynb"), d.startswith("exercises/")))
+    app.connect("env-before-read-docs", longest_first)
 PY
 sphinx-build -b html -E -a -j "$JOBS" -W -n --keep-going -d _build/.doctrees . _build/html
 echo
