@@ -111,3 +111,20 @@ def test_bad_arguments_are_refused_by_name(gpt):
         selective.time_ratios(blocks, x, rounds=10**6)
     with pytest.raises(ValueError, match="settings"):
         selective.compare(blocks, x, ["half"])
+
+
+def test_blocks_without_dropout_keep_no_masks_and_draw_no_random_numbers():
+    """dropout=0.0 (2.3's clock, as most LLMs are pretrained): no dropout runs, so no random number is drawn; the
+    default (0.1) draws them, and a rate of 1 or more is refused by name."""
+    blocks, x = selective.gpt_blocks(batch=B, seq_len=S, hidden=H, heads=A, layers=L, device="cpu", dropout=0.0)
+    assert all(m.p == 0.0 for m in blocks.modules() if hasattr(m, "p"))
+    with torch.no_grad():
+        seeded = torch.get_rng_state()
+        blocks.train()(x)
+        assert torch.equal(torch.get_rng_state(), seeded)  # no random numbers drawn
+        with_dropout, _ = selective.gpt_blocks(batch=B, seq_len=S, hidden=H, heads=A, layers=L, device="cpu")
+        seeded = torch.get_rng_state()
+        with_dropout.train()(x)
+        assert not torch.equal(torch.get_rng_state(), seeded)  # the default draws them
+    with pytest.raises(ValueError, match="dropout"):
+        selective.gpt_blocks(batch=1, seq_len=8, hidden=8, heads=2, dropout=1.5)

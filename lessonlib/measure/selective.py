@@ -29,7 +29,7 @@ import torch
 from torch.utils.checkpoint import (CheckpointPolicy, SelectiveCheckpointContext, checkpoint,
                                    create_selective_checkpoint_contexts)
 
-from ..checks import choice, count, flag, sequence
+from ..checks import choice, count, flag, fraction_below_one, sequence
 from .activations import check_shape
 from .compat import feature, require
 from .device import as_device
@@ -95,14 +95,17 @@ def _check(blocks, x, recompute):
 
 
 def gpt_blocks(batch: int = 4, seq_len: int = 128, hidden: int = 64, heads: int = 4, layers: int = 4,
-               device=None, seed: int = 0):
+               device=None, seed: int = 0, dropout: float = 0.1):
     """The course GPT's ``layers`` blocks in bf16 (attention written out, as Korthikanti et al. count it;
-    1-byte dropout masks) and a seeded input ``(batch, seq_len, hidden)`` that needs its gradient."""
+    1-byte dropout masks) and a seeded input ``(batch, seq_len, hidden)`` that needs its gradient.
+    ``dropout`` is the blocks' dropout rate: 0.1 (the paper's model, whose masks its formula counts) or
+    0.0, as large language models are pretrained today (no masks, no random numbers)."""
     batch, seq_len, hidden = check_shape(batch, seq_len, hidden, heads)  # the activation sweeps' limits
     heads, layers, seed = count("heads", heads), count("layers", layers), count("seed", seed, minimum=0)
+    dropout = fraction_below_one("dropout", dropout)
     device = as_device("device", device)
     torch.manual_seed(seed)
-    gpt = TinyGPT(seq_len=seq_len, hidden=hidden, heads=heads, layers=layers).to(device, torch.bfloat16)
+    gpt = TinyGPT(seq_len=seq_len, hidden=hidden, heads=heads, layers=layers, dropout=dropout).to(device, torch.bfloat16)
     x = torch.randn(batch, seq_len, hidden, dtype=torch.bfloat16, device=device).requires_grad_()
     return gpt.blocks, x
 
