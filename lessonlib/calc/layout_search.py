@@ -163,7 +163,8 @@ def published_activation_bytes(name: str = "Llama 3 405B, 8K context", recompute
                                         tensor=layout.tensor, context=layout.context, pipeline=layout.pipeline,
                                         virtual=count("virtual", virtual),
                                         micro_batches=model.global_batch // layout.data, recompute=recompute,
-                                        attention=attention, dropout=model.dropout)
+                                        attention=attention, dropout=model.dropout,
+                                        dualpipe=layout.schedule == "dualpipe")
 
 
 #: What the reports leave out of the published Llama 3 layouts, set as the model's assumptions (not published
