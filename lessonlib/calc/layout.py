@@ -341,10 +341,11 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     state = stage_state_bytes(dense, experts, data=d, expert=e, zero=zero, dualpipe=dualpipe).total
     stage_layers = math.ceil(layers / p)
     # Korthikanti's bytes a layer (sequence parallelism, fused attention) for the micro-batches in flight, the
-    # interleaved schedule's deeper warm-up included: the one formula of calc.stage_memory
+    # interleaved schedule's deeper warm-up and DualPipe's one extra micro-batch included: the one formula of
+    # calc.stage_memory
     activations = first_stage_activation_bytes(s, h, model.heads, layers, tensor=t, context=c, pipeline=p,
                                                virtual=v, micro_batches=micro, recompute=layout.recompute,
-                                               dropout=model.dropout)
+                                               dropout=model.dropout, dualpipe=dualpipe)
 
     # --- a step's time ---
     tokens = model.global_batch * s

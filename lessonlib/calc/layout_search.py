@@ -163,17 +163,20 @@ def published_activation_bytes(name: str = "Llama 3 405B, 8K context", recompute
                                         tensor=layout.tensor, context=layout.context, pipeline=layout.pipeline,
                                         virtual=count("virtual", virtual),
                                         micro_batches=model.global_batch // layout.data, recompute=recompute,
-                                        attention=attention, dropout=model.dropout)
+                                        attention=attention, dropout=model.dropout,
+                                        dualpipe=layout.schedule == "dualpipe")
 
 
 #: What the reports leave out of the published Llama 3 layouts, set as the model's assumptions (not published
 #: figures): ``virtual`` stages a device, the ZeRO stage and the recomputation, the search's best version of
-#: Meta's degrees (tests/test_layout.py keeps them so). The report describes FSDP sharding the gradients and the
-#: optimizer state (ZeRO-2's split) and a modified interleaved schedule that does not need a multiple of the
-#: stages in micro-batches; it does not give the number of chunks a device holds.
+#: Meta's degrees (tests/test_layout.py keeps them so). The report describes FSDP sharding the weights, the
+#: gradients and the optimizer state without resharding the weights after the forward: with a full pipeline each
+#: device then holds its stage's whole 16-bit weights at the peak, the memory ZeRO-2 counts (its weights' gathers,
+#: up to one a micro-batch, lie between this model's ZeRO-2 and ZeRO-3), and a modified interleaved schedule that
+#: does not need a multiple of the stages in micro-batches; it does not give the number of chunks a device holds.
 PUBLISHED_ASSUMPTIONS = {
     "Llama 3 405B, 8K context": {"virtual": 4, "zero": 2, "recompute": "selective"},
-    # ZeRO-2 as at 8K (the report's FSDP shards gradients and optimizer state); ZeRO-1 gives the same step time
+    # ZeRO-2 as at 8K (the memory of the report's FSDP at the peak); ZeRO-1 gives the same step time
     # here (one 128K-token micro-batch's backward hides a reduction run once a step), so the search, which meets
     # ZeRO-1 first, returns that stage for these degrees
     "Llama 3 405B, 128K context": {"virtual": 4, "zero": 2, "recompute": "selective"},

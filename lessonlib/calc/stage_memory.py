@@ -80,7 +80,8 @@ def interleaved_bubble_work_fraction(pipeline, virtual, micro_batches) -> float:
 
 
 def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, context=1, pipeline=1, virtual=1,
-                                 micro_batches=1, recompute="none", attention="fused", dropout=True) -> float:
+                                 micro_batches=1, recompute="none", attention="fused", dropout=True,
+                                 dualpipe=False) -> float:
     """Activation bytes the first pipeline stage keeps at its peak, one sequence of ``seq_len`` tokens a micro-batch.
 
     Per layer, Korthikanti et al. (2022) with sequence parallelism (every term divided by ``tensor``) on
@@ -98,6 +99,8 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     :func:`interleaving_problem` must allow) ``1 + (pipeline - 1) / (pipeline x virtual)`` times that
     (Narayanan et al. 2021; Megatron-LM's warm-up of ``2(p - 1) + (v - 1) p`` chunks) when it has at least
     ``pipeline`` micro-batches; with fewer it keeps them all, ``micro_batches`` x the stage's layers.
+    ``dualpipe=True`` (DeepSeek-V3's schedule, ``virtual`` 1) holds one micro-batch more at its peak,
+    ``min(pipeline + 1, micro_batches)`` (the DeepSeek-V3 report, Table 2: ``PP + 1`` against 1F1B's ``PP``).
 
     >>> first_stage_activation_bytes(8192, 16384, 128, 126, tensor=8, pipeline=16, micro_batches=16,
     ...                              dropout=False) == 32 * 8192 * 16384 / 8 * 8 * 16
@@ -109,6 +112,9 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     choice("recompute", recompute, RECOMPUTE)
     choice("attention", attention, ATTENTION)
     flag("dropout", dropout)
+    flag("dualpipe", dualpipe)
+    if dualpipe and v > 1:
+        raise ValueError(f"dualpipe runs one chunk a direction: virtual must be 1 (got {v})")
     if s % c:
         raise ValueError(f"context ({c}) must divide seq_len ({s})")
     if attention == "stored" and c > 1:
@@ -132,7 +138,8 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     # interleaving with fewer micro-batches than stages runs every micro-batch through all the chunks before
     # the first backward: all ``m`` micro-batches of the stage's layers, no deeper warm-up than that
     interleave = 1 + (p - 1) / (p * v) if v > 1 and m >= p else 1.0
-    return float(per_layer * math.ceil(layers / p) * min(p, m) * interleave)
+    in_flight = min(p + 1, m) if dualpipe else min(p, m)  # DualPipe: one micro-batch more than 1F1B
+    return float(per_layer * math.ceil(layers / p) * in_flight * interleave)
 
 
 @dataclass(frozen=True)
