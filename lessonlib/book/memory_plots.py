@@ -180,7 +180,7 @@ def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
     ax.set_yticks(ticks, [f"{t}×" for t in ticks])
     ax.minorticks_off()
     ax.set_ylim(1, top)
-    ax.set_ylabel("training memory ÷ (parameters × 2 bytes), log scale")
+    ax.set_ylabel("training memory ÷ (parameters × 2 bytes)\n(log scale)")
     ax.set_xlabel("optimizer, precision, batch × sequence length")
     ax.set_title(title)
     ax.tick_params(axis="x", labelsize=8)
