@@ -63,15 +63,16 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
 
 
 # Where a point's name may go, in points from the point, tried in turn: right of it (above, then below), left of
-# it, then the same further above or below.
-_PLACES = [(dx, dy) for step in range(6) for dx in (6, -6) for dy in (7 + 11 * step, -7 - 11 * step)]
+# it, centred above or below it, then the same further away.
+_PLACES = [(dx, dy) for step in range(6) for dx in (6, -6, 0) for dy in (7 + 11 * step, -7 - 11 * step)]
 
 
 class _PointLabels(Artist):
     """Draws nothing: just before the points' names are drawn (a lower zorder), it moves each to the first place
     of :data:`_PLACES` where its box covers no name placed before it, no point and not the legend (which it must),
-    then, as far as it can, stays inside the axes, right beside its point, and off the drawn lines. It runs at
-    every draw, so the names stay apart at any figure size (the phone version too)."""
+    then, as far as it can, stays inside the axes, lies nearer its own point than any other (so that it is read as
+    that point's name), right beside it, and off the drawn lines. It runs at every draw, so the names stay apart
+    at any figure size (the phone version too). ``names[i]`` names the point of ``ax.collections[i]``."""
 
     def __init__(self, ax, names):
         super().__init__()
@@ -82,11 +83,12 @@ class _PointLabels(Artist):
     def draw(self, renderer):
         ax = self._ax
         px = renderer.points_to_pixels(1.0)
-        taken = []
+        taken, centres = [], []
         for coll in ax.collections:  # the points, as squares a little wider than their markers
             r = (coll.get_sizes()[0] ** 0.5 / 2 + 1) * px
             for x, y in coll.get_offset_transform().transform(coll.get_offsets()):
                 taken.append(Bbox.from_extents(x - r, y - r, x + r, y + r))
+                centres.append((x, y))
         if ax.get_legend() is not None:
             taken.append(ax.get_legend().get_window_extent(renderer))
         lines = []  # the roof and the ridge, as points a pixel or two apart
@@ -100,20 +102,25 @@ class _PointLabels(Artist):
 
         def place(name, dx, dy):
             name.xyann = (dx, dy)
-            name.set_ha("left" if dx > 0 else "right")
+            name.set_ha("left" if dx > 0 else "right" if dx < 0 else "center")
             name.set_va("bottom" if dy > 0 else "top")
             return name.get_window_extent(renderer)
 
-        for name in self._names:
+        def gap(box, x, y):  # from a point to the nearest edge of a box, in pixels
+            return np.hypot(max(box.x0 - x, 0, x - box.x1), max(box.y0 - y, 0, y - box.y1))
+
+        for i, name in enumerate(self._names):
             def cost(place_):
                 box = place(name, *place_)
                 covers = any(box.overlaps(t) for t in taken)
                 outside = not (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0
                                and box.y1 <= inside.y1)
+                own = gap(box, *centres[i]) if len(centres) == len(self._names) else 0.0
+                misread = any(gap(box, *c) <= own for j, c in enumerate(centres) if j != i)
+                far = abs(place_[1]) > 7  # not right beside the point: the name is harder to pair with it
                 crosses = bool(np.any((lines[:, 0] > box.x0) & (lines[:, 0] < box.x1) & (lines[:, 1] > box.y0)
                                       & (lines[:, 1] < box.y1)))
-                far = abs(place_[1]) > 7  # not right beside the point: the name is harder to pair with it
-                return covers, outside, far, crosses
+                return covers, outside, misread, far, crosses
             best = None  # the first of the places with the fewest faults, the worst counted first
             for place_ in _PLACES:
                 faults = cost(place_)
