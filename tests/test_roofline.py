@@ -129,3 +129,37 @@ def test_bf16_intensity_is_twice_the_fp32_one_and_checks_its_point():
     for bad in (SimpleNamespace(intensity=0), SimpleNamespace(intensity=float("nan")), None):
         with pytest.raises((ValueError, TypeError), match="point.intensity"):
             bf16_intensity(bad)
+
+
+def test_no_two_point_names_overlap_in_the_roofline_figure():
+    """Last build's figure drew "GELU" over "LayerNorm": two points of the same speed a little apart in intensity.
+    These points repeat that layout (and the QKV and MLP products on one spot); every name's box, as the renderer
+    draws it, must stay clear of every other name and of every point, in the wide figure and in the phone one."""
+    import itertools
+
+    import matplotlib
+    matplotlib.use("Agg")
+    from lessonlib.book.figures import for_phone
+    from lessonlib.book.roofline_plots import plot_roofline
+    from lessonlib.calc import hardware
+
+    roof = R.Roofline((16, 64), (5e9, 9e10), 9e10, 3.2e10, 2**22)
+    spots = {"QKV product": (70, 9.0e10), "MLP product": (74, 8.9e10), "64 × 64 product": (11, 7e10),
+             "attention scores": (16, 6.3e10), "16 × 16 product": (2.7, 6.5e9), "LayerNorm": (0.85, 1.75e10),
+             "GELU": (0.62, 1.75e10), "softmax": (0.62, 9.2e9)}
+    points = [R.OpPoint(name, 1, 1, 1e-9, x, y, roof.attainable(x)) for name, (x, y) in spots.items()]
+    for phone in (False, True):
+        fig = plot_roofline(roof, points, compare=hardware.device("H100 SXM 80GB"))
+        if phone:
+            assert for_phone(fig)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts}
+        assert sorted(boxes) == sorted(spots)
+        for (a, box_a), (b, box_b) in itertools.combinations(boxes.items(), 2):
+            assert not box_a.overlaps(box_b), (phone, a, b)
+        marks = [ax.transData.transform((x / 1, y / 1e9)) for x, y in spots.values()]
+        for name, box in boxes.items():
+            assert not any(box.x0 < mx < box.x1 and box.y0 < my < box.y1 for mx, my in marks), (phone, name)
+        matplotlib.pyplot.close(fig)

@@ -76,7 +76,7 @@ def crossover_figure(c, bytes_per_param: int):
 
 @_reads("ratios")
 def multiplier_figure(ratios: dict, slogan: float = 3.0):
-    """Bars of training memory / weight memory for each case, each labelled with its value (see
+    """Bars of training memory / the 16-bit weights (parameters x 2 bytes) for each case, each labelled with its value (see
     :func:`plot_memory_multiplier`), with the slogan's line."""
     for k, v in mapping("ratios", ratios).items():
         positive(f"ratios[{k!r}]", v)
@@ -84,11 +84,11 @@ def multiplier_figure(ratios: dict, slogan: float = 3.0):
     fig = plot_memory_multiplier(ratios, slogan)
     lo_case, hi_case = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
     values = "; ".join(f"{k.replace(chr(10), ', ')}: {v:.1f}" for k, v in ratios.items())
-    return show(fig, alt=f"Bars of training memory as a multiple of the 16-bit weights (one denominator for every "
-                f"bar), on a log axis, each bar "
+    return show(fig, alt=f"Bars of training memory divided by the parameters × 2 bytes (the 16-bit weights, one "
+                f"denominator for every bar), on a log axis, each bar "
                 f"labelled with its value ({values}). They run from {ratios[lo_case]:.1f} for "
                 f"{lo_case.replace(chr(10), ', ')} to {ratios[hi_case]:.1f} for {hi_case.replace(chr(10), ', ')}; "
-                f"the dashed line of the slogan, {slogan:g} times the weights, "
+                f"the dashed line of the slogan, {slogan:g} times that, "
                 f"{'lies below every bar' if min(ratios.values()) > slogan else 'matches none in particular'}.")
 
 
@@ -156,8 +156,8 @@ def _mib_label(v: float) -> str:
 
 @_reads("ratios")
 def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
-                           title: str = "Training memory as a multiple of the weights: it depends on the choices"):
-    """Bars of training memory / weight memory, one per configuration, each labelled with its value.
+                           title: str = "Training memory in units of the 16-bit weights: it depends on the choices"):
+    """Bars of training memory / the 16-bit weights (parameters x 2 bytes), one per configuration, each labelled with its value.
 
     ``ratios`` maps a configuration label to the ratio (×). The axis is
     logarithmic (the values span more than tenfold) with ticks at 1, 2, 5,
@@ -173,14 +173,14 @@ def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
     for bar, v in zip(bars, vals):
         ax.text(bar.get_x() + bar.get_width() / 2, v * 1.06, f"{v:.1f}×", ha="center", va="bottom", fontsize=9,
                 bbox=dict(facecolor="white", edgecolor="none", pad=1.0), zorder=4)
-    ax.axhline(slogan, color="black", linestyle="--", label=f'the slogan: "{slogan:g} × the weights"')
+    ax.axhline(slogan, color="black", linestyle="--", label=f'the slogan: {slogan:g} × (parameters × 2 bytes)')
     ax.set_yscale("log")
     top = max(vals + [slogan]) * 1.6
     ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top]
     ax.set_yticks(ticks, [f"{t}×" for t in ticks])
     ax.minorticks_off()
     ax.set_ylim(1, top)
-    ax.set_ylabel("training memory / 16-bit weights (×, log scale)")
+    ax.set_ylabel("training memory ÷ (parameters × 2 bytes)\n(log scale)")
     ax.set_xlabel("optimizer, precision, batch × sequence length")
     ax.set_title(title)
     ax.tick_params(axis="x", labelsize=8)

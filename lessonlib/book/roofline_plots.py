@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.artist import Artist
+from matplotlib.transforms import Bbox
 
 from ..checks import reads, text
 from ..measure.roofline import Roofline
@@ -39,15 +42,16 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
     ax.plot(xs, [roofline.attainable(x) / 1e9 for x in xs], color="black", label="roofline: min(peak, bandwidth × intensity)")
     ax.axvline(roofline.ridge, color="grey", linestyle=":", label=f"ridge: {roofline.ridge:.3g} FLOPs/byte")
     markers = "osD^vP*Xh<>"  # a colour and a shape per op: told apart without colour too
-    # Points of similar intensity and speed (the QKV and MLP products; GELU and softmax) overlap: each is also
-    # named beside itself, the labels of neighbours placed above and below in turn, so every point can be read.
-    order = sorted(range(len(points)), key=lambda i: points[i].intensity)
+    # Points of similar intensity and speed (the QKV and MLP products; GELU and LayerNorm) overlap: each is also
+    # named beside itself, and the labels are placed when the figure is drawn (_PointLabels), in the figure's
+    # final size, where no label covers another label, a point or the legend.
+    names = []
     for i, p in enumerate(points):
         ax.scatter([p.intensity], [p.measured / 1e9], zorder=3, marker=markers[i % len(markers)], s=40, label=p.name,
                    alpha=0.85)
-        up = order.index(i) % 2 == 0
-        ax.annotate(p.name, (p.intensity, p.measured / 1e9), xytext=(6, 7 if up else -11), textcoords="offset points",
-                    fontsize=8, va="bottom" if up else "top")
+        names.append(ax.annotate(p.name, (p.intensity, p.measured / 1e9), xytext=(6, 7), textcoords="offset points",
+                                 fontsize=8, va="bottom"))
+    ax.add_artist(_PointLabels(ax, names))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
@@ -56,6 +60,75 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
     ax.set_ylim(top=ax.get_ylim()[1] * 6)  # room for the legend above the roof
     ax.legend(loc="upper left", fontsize=8, ncol=2)
     return fig
+
+
+# Where a point's name may go, in points from the point, tried in turn: right of it (above, then below), left of
+# it, centred above or below it, then the same further away.
+_PLACES = [(dx, dy) for step in range(6) for dx in (6, -6, 0) for dy in (7 + 11 * step, -7 - 11 * step)]
+
+
+class _PointLabels(Artist):
+    """Draws nothing: just before the points' names are drawn (a lower zorder), it moves each to the first place
+    of :data:`_PLACES` where its box covers no name placed before it, no point and not the legend (which it must),
+    then, as far as it can, stays inside the axes, lies nearer its own point than any other (so that it is read as
+    that point's name), right beside it, and off the drawn lines. It runs at every draw, so the names stay apart
+    at any figure size (the phone version too). ``names[i]`` names the point of ``ax.collections[i]``."""
+
+    def __init__(self, ax, names):
+        super().__init__()
+        self.set_zorder(min(t.get_zorder() for t in names) - 0.01)
+        self.set_in_layout(False)
+        self._ax, self._names = ax, names
+
+    def draw(self, renderer):
+        ax = self._ax
+        px = renderer.points_to_pixels(1.0)
+        taken, centres = [], []
+        for coll in ax.collections:  # the points, as squares a little wider than their markers
+            r = (coll.get_sizes()[0] ** 0.5 / 2 + 1) * px
+            for x, y in coll.get_offset_transform().transform(coll.get_offsets()):
+                taken.append(Bbox.from_extents(x - r, y - r, x + r, y + r))
+                centres.append((x, y))
+        if ax.get_legend() is not None:
+            taken.append(ax.get_legend().get_window_extent(renderer))
+        lines = []  # the roof and the ridge, as points a pixel or two apart
+        for line in ax.get_lines():
+            xy = line.get_transform().transform(line.get_xydata())
+            for (x0, y0), (x1, y1) in zip(xy[:-1], xy[1:]):
+                k = max(2, int(np.hypot(x1 - x0, y1 - y0) / 2))
+                lines.append(np.linspace((x0, y0), (x1, y1), k))
+        lines = np.concatenate(lines) if lines else np.empty((0, 2))
+        inside = ax.get_window_extent(renderer)
+
+        def place(name, dx, dy):
+            name.xyann = (dx, dy)
+            name.set_ha("left" if dx > 0 else "right" if dx < 0 else "center")
+            name.set_va("bottom" if dy > 0 else "top")
+            return name.get_window_extent(renderer)
+
+        def gap(box, x, y):  # from a point to the nearest edge of a box, in pixels
+            return np.hypot(max(box.x0 - x, 0, x - box.x1), max(box.y0 - y, 0, y - box.y1))
+
+        for i, name in enumerate(self._names):
+            def cost(place_):
+                box = place(name, *place_)
+                covers = any(box.overlaps(t) for t in taken)
+                outside = not (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0
+                               and box.y1 <= inside.y1)
+                own = gap(box, *centres[i]) if len(centres) == len(self._names) else 0.0
+                misread = any(gap(box, *c) <= own for j, c in enumerate(centres) if j != i)
+                far = abs(place_[1]) > 7  # not right beside the point: the name is harder to pair with it
+                crosses = bool(np.any((lines[:, 0] > box.x0) & (lines[:, 0] < box.x1) & (lines[:, 1] > box.y0)
+                                      & (lines[:, 1] < box.y1)))
+                return covers, outside, misread, far, crosses
+            best = None  # the first of the places with the fewest faults, the worst counted first
+            for place_ in _PLACES:
+                faults = cost(place_)
+                if best is None or faults < best[0]:
+                    best = (faults, place_)
+                if not any(faults):
+                    break
+            taken.append(place(name, *best[1]))
 
 
 def bf16_intensity(point) -> float:
