@@ -302,3 +302,17 @@ def test_overlap_page_at_scale_model_fits_plain_ddp_and_is_labelled_a_model():
     assert "share of the step spent computing" not in text  # the column once left out the forward pass
     assert "forward_flops_per_param_token + backward_flops_per_param_token" in text
     assert "It is a model, not a measurement" in text
+
+
+def test_gpu_reference_is_the_published_figure_and_the_first_screen_says_what_a_cpu_shows():
+    """3.2 and 3.3 cannot show a speedup on shared CPU cores: they say so before the objectives, and their
+    GPU reference renders the cited figure from lessonlib instead of typing it."""
+    from lessonlib.calc.published import DDP_PAPER, PYTORCH_DDP
+
+    assert "VLDB" in DDP_PAPER and PYTORCH_DDP["gpus"].where == "Abstract"
+    for page in ("02-data-parallel.md", "03-overlap.md"):
+        text = (CH3 / page).read_text()
+        assert 'PYTORCH_DDP["gpus"]' in text and "On real accelerators" in text
+        assert not re.search(r"\b256\s*GPUs", text)  # typed, not rendered
+        first_screen = text.split("## What you will be able to do")[0]
+        assert "What this machine can and cannot show" in first_screen

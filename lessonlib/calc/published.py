@@ -187,6 +187,20 @@ CHINCHILLA = {
     "params": Figure(70e9, "parameters (Chinchilla)", CHINCHILLA_PAPER, "Section 4 and Table 1", _SECONDARY),
     "tokens": Figure(1.4e12, "training tokens (Chinchilla)", CHINCHILLA_PAPER, "Section 4 and Table 1", _SECONDARY),
 }
+#: PyTorch's DDP on real GPUs: the measurement the CPU pages cannot make (3.2 and 3.3 render it).
+DDP_PAPER = ("Li et al. (2020). PyTorch Distributed: Experiences on Accelerating Data Parallel Training. "
+             "Proceedings of the VLDB Endowment 13(12). arXiv:2006.15704")
+_DDP_ABSTRACT = ("read in the paper's abstract (huggingface.co/papers/2006.15704); the abstract states the GPU "
+                 "count and 'near-linear scalability', not a speedup or efficiency, so the pages give no such number")
+PYTORCH_DDP = {
+    "gpus": Figure(256, "GPUs over which DDP, configured appropriately, scaled near-linearly", DDP_PAPER,
+                   "Abstract", _DDP_ABSTRACT),
+}
+#: What the abstract states without a number: the techniques behind that scaling (the pages quote no figure
+#: for the benefit of each: none was found stated in a source the course could read).
+PYTORCH_DDP_TECHNIQUES = ("bucketing gradients", "overlapping computation with communication",
+                          "skipping gradient synchronization")
+
 #: Llama 3 8B, trained far past Chinchilla's ratio: 15T+ tokens (the 405B's 15.6T, LLAMA3_405B['tokens']).
 LLAMA3_CARD = "Meta (2024). Llama 3 model card. github.com/meta-llama/llama3, MODEL_CARD.md"
 LLAMA3_8B = {
