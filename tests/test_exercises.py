@@ -448,8 +448,8 @@ def test_a_wrong_answer_in_a_real_exercise_loses_exactly_its_question(graded_rea
     by, _ = graded_real
     wrong = by[("wrong", "3c-bubbles-and-paid-capacity")]
     lost = {q.grade_id: q.max_points - q.points for q in wrong.questions}
-    assert lost == {"3c-q1": 0, "3c-q2": 2, "3c-q3": 0}, wrong.questions
-    assert "not right: it is too large" in wrong.questions[1].message
+    assert lost == {"3c-q1": 0, "3c-q1b": 0, "3c-q2": 2, "3c-q3": 0, "3c-q3b": 0}, wrong.questions
+    assert "not right: it is too large" in next(q for q in wrong.questions if q.grade_id == "3c-q2").message
 
 
 @pytest.mark.notebooks
@@ -526,7 +526,8 @@ def test_3a_typed_in_times_are_flagged_measured_ones_pass():
 
 def test_the_measuring_cells_of_3a_and_3b_are_declared_for_the_grader():
     for stem, questions in (("3a-amdahl-for-the-retailer", {"3a-q4"}), ("3b-predict-the-two-process-step",
-                                                                        {"3b-q2", "3b-q3", "3b-q4", "3b-q5"}),
+                                                                        {"3b-q2", "3b-q2b", "3b-q3", "3b-q3b", "3b-q4", "3b-q4b", "3b-q4c",
+                                                                         "3b-q5", "3b-q5b", "3b-q5c"}),
                             ("3e-shard-the-state", {"3e-q2"})):
         ex = autograde.Exercise.load(EXERCISES / f"{stem}.ipynb")
         assert set(ex.measured) == questions, ex.measured
@@ -645,7 +646,7 @@ def test_1c_asks_for_the_time_failure_and_what_data_parallelism_fixes():
     nb = nbformat.read(EXERCISES / "1c-will-it-fit.ipynb", as_version=4)
     hand = {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
             if c.metadata.get("nbgrader", {}).get("grade", False)}
-    assert "days_one_device=days_one_device" in hand["1c-q2"] and "days_on_4=days_on_4" in hand["1c-q3"]
+    assert "days_one_device=days_one_device" in hand["1c-q2b"] and "days_on_4=days_on_4" in hand["1c-q3c"]
     summary = next(c.source for c in nb.cells if "What this exercise showed" in c.source)
     assert "fails on time too" in summary and "fixes the time, not the memory" in summary
     assert "no token faster" in summary and "idealised" in summary
@@ -751,12 +752,15 @@ def test_no_summary_reads_a_name_only_a_solution_or_a_hidden_check_defines():
 
 def _checks_without(stem: str, question: str, tmp_path, skip: str):
     """The reference check of ``question``, from a copy of exercise ``stem`` without the given cells holding
-    ``skip`` (a measurement that starts processes and that the check does not read)."""
+    ``skip`` (a measurement that starts processes and that the check does not read). ``question`` may name
+    several checks, comma-separated (a question whose answers are checked one by one): all of them are run."""
     nb = nbformat.read(EXERCISES / f"{stem}.ipynb", as_version=4)
     nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and skip in c.source)]
     copy = tmp_path / f"{stem}.ipynb"
     nbformat.write(nb, copy)
-    return reference.load(copy, questions=[question])[question]
+    ids = question.split(",")
+    checks = reference.load(copy, questions=ids)
+    return lambda got: [checks[q](got) for q in ids]
 
 
 def test_3e_prices_the_collectives_over_all_of_a_nodes_ports_and_asks_for_work_not_a_constant(tmp_path):
@@ -770,7 +774,7 @@ def test_3e_prices_the_collectives_over_all_of_a_nodes_ports_and_asks_for_work_n
     text = (EXERCISES / "3e-shard-the-state.md").read_text()
     assert "ratio_to_ddp" not in text and "collective_seconds" not in text
     assert "not Llama 2 70B" in text
-    check = _checks_without("3e-shard-the-state", "3e-q3", tmp_path, skip="run_sharding(")
+    check = _checks_without("3e-shard-the-state", "3e-q3,3e-q3b", tmp_path, skip="run_sharding(")
     n, devices, tokens = PRESETS["70B"]["n_params"], 64, 64 * 512
     nv, ib = LINKS["nvlink"], LINKS["infiniband"]
     ag, rs = (multi_node_seconds(k, 2 * n, devices, 8, nv, ib) for k in ("all_gather", "reduce_scatter"))
@@ -842,7 +846,11 @@ def test_1a_q3_asks_what_freezing_the_first_layer_saves_and_checks_the_count(tmp
     assert "requires_grad_(False)" in q3
     for page in sorted((ROOT / "chapters" / "01-forward-vs-training").glob("[0-9]*.md")):
         assert "skips the gradient of its input" not in page.read_text(), page.name
-    check = reference.load(EXERCISES / "1a-price-the-training-step.ipynb", questions=["1a-q3"])["1a-q3"]
+    checks = reference.load(EXERCISES / "1a-price-the-training-step.ipynb", questions=["1a-q3", "1a-q3b", "1a-q3c"])
+
+    def check(got):  # question 3's three answers, each checked on its own
+        for q in ("1a-q3", "1a-q3b", "1a-q3c"):
+            checks[q](got)
     window, hidden, batch = (int(v) for v in re.search(r"window, hidden, batch = (\d+), (\d+), (\d+)", text).groups())
     torch.manual_seed(0)
     model = ForecastMLP(window=window, hidden=hidden, layers=3)
