@@ -28,8 +28,8 @@ def scale_report(tflops_at_16k) -> str:
     a = llama3_scale(_check_positive("tflops_at_16k", tflops_at_16k))
     return table(None, [
         ("MFU per step", f"{100 * a.mfu:.1f} %"),
-        (f"× {100 * a.goodput.useful_fraction:.0f} % effective training time", f"{100 * a.stage_utilisation:.1f} % "
-         "of the peak per paid GPU-hour"),
+        (f"× at least {100 * a.goodput.useful_fraction:.0f} % effective training time", f"at least "
+         f"{100 * a.stage_utilisation:.1f} % of the peak per paid GPU-hour"),
         (f"one-device hours per paid GPU-hour (÷ the {100 * a.kernel_efficiency:.0f} % kernel efficiency)",
          f"{a.per_device_hour:.3f}"),
         (f"Amdahl's serial share fitted to {a.fit.throughput_low:g} → {a.fit.throughput_high:g} TFLOP/s (a contrast)",

@@ -290,7 +290,8 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
     rates = ", ".join(f"{m:,.0f}" for m in mtbfs)
     several = len(mtbfs) > 1
     flat = serial_share == 0
-    return show(fig, alt=f"Two panels against the device count, from {ns[0]:,} to {ns[-1]:,} on a log axis, for "
+    return show(fig, alt=("" if title is None else " ".join(title.split()) + ". ")
+                + f"Two panels against the device count, from {ns[0]:,} to {ns[-1]:,} on a log axis, for "
                 + (f"failure rates of {rates} hours per device" if several else
                    f"one failure rate, {rates} hours per device") + ". Left: "
                 "the share of wall-clock time lost to saves, redone work and restarts; it grows with the device "

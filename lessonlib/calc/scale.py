@@ -257,7 +257,7 @@ def scale_ladder(account: ScaleAccount) -> list:
         Rung("one GPU's kernels with nothing to wait for (the course's kernel efficiency, an assumption)", k, 1.0),
         Rung(f"a step on {a.world_size:,} GPUs: Table 4's {a.fit.throughput_high:g} TFLOP/s per GPU (MFU)",
              a.mfu, a.step_efficiency),
-        Rung(f"the main stage's paid hours: that MFU × {100 * useful:.0f} % effective training time",
+        Rung(f"the main stage's paid hours: that MFU × at least {100 * useful:.0f} % effective training time",
              a.stage_utilisation, a.per_device_hour),
         Rung("the published bill: 6ND over every paid GPU-hour, every stage", a.bill_utilisation,
              a.bill_per_device_hour),
