@@ -133,3 +133,32 @@ def test_no_myst_only_syntax_in_markdown(path):
     nb = nbformat.read(path, as_version=4)
     bad = [f"cell {i}: {f}" for i, src in _prose_sources(nb) for f in myst_only(src)]
     assert not bad, f"{path.name}: MyST-only syntax, shown raw in Jupyter and Colab:\n" + "\n".join(bad)
+
+
+def _silenced_by_semicolon(source: str) -> bool:
+    """Whether a code cell ends with an expression that only a trailing ``;`` keeps from printing."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return False
+    if not body or not isinstance(body[-1], ast.Expr):
+        return False
+    last = source.splitlines()[body[-1].end_lineno - 1].split("#")[0].rstrip()
+    return last.endswith(";")
+
+
+def test_silenced_by_semicolon_finds_the_idiom():
+    assert _silenced_by_semicolon("import torch\ntorch.manual_seed(0);")
+    assert _silenced_by_semicolon("x = 1\nplt.plot([1]);  # a comment")
+    assert not _silenced_by_semicolon("_ = torch.manual_seed(0)")
+    assert not _silenced_by_semicolon("x = 1;")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(ROOT)) for p in NOTEBOOKS])
+def test_no_cell_relies_on_a_semicolon_to_print_nothing(path):
+    # nbval runs each cell without storing it in the history, and IPython then prints the last
+    # expression's value whatever follows it (a "<torch._C.Generator at 0x...>" line on the page the
+    # tests build). Assign it instead: ``_ = torch.manual_seed(0)``.
+    nb = nbformat.read(path, as_version=4)
+    bad = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code" and _silenced_by_semicolon(cell.source)]
+    assert not bad, f"{path.name}: cells {bad} end with an expression silenced only by ';'"
