@@ -89,3 +89,28 @@ def test_a_legend_beside_the_lowest_plot_goes_under_it_on_a_phone_and_the_plot_k
     assert a.x1 <= b.x0  # the two tick labels do not overlap
     assert _size(png)[0] <= PHONE_WIDTH_IN * 110 * 1.02
     plt.close(fig)
+
+
+def test_long_category_names_are_wrapped_or_tilted_until_none_touches():
+    import matplotlib.pyplot as plt
+
+    from lessonlib.book.figures import _overlapping, for_phone, untangle_tick_labels
+
+    def bars(width):
+        fig, ax = plt.subplots(figsize=(width, 3))
+        ax.bar([f"Adam, bf16_master, {b} × {s}" for b in (1, 16) for s in (64, 256, 1024)], [1, 2, 3, 4, 5, 6])
+        return fig, ax
+
+    def touching(fig, ax):
+        fig.draw_without_rendering()
+        return _overlapping([t for t in ax.get_xticklabels() if t.get_text().strip()])
+
+    fig, ax = bars(9)
+    assert touching(fig, ax)  # the case this is for: six long names under a wide figure already touch
+    assert untangle_tick_labels(fig) and not touching(fig, ax)
+    assert for_phone(fig) and not touching(fig, ax)  # and again once narrowed for a phone
+    fig2, ax2 = plt.subplots(figsize=(9, 3))
+    ax2.bar(["a", "b", "c"], [1, 2, 3])
+    assert not untangle_tick_labels(fig2)  # short names are left as they are
+    assert [t.get_text() for t in ax2.get_xticklabels()] == ["a", "b", "c"]
+    plt.close("all")

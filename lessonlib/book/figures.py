@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 import textwrap
 
 import matplotlib.pyplot as plt
@@ -179,7 +180,48 @@ def for_phone(fig) -> bool:
         if len(t.get_text()) > chars:
             t.set_text("\n".join(textwrap.wrap(t.get_text().replace("\n", " "), chars)))
     fig.tight_layout()
+    untangle_tick_labels(fig)
     return True
+
+
+def _overlapping(texts) -> bool:
+    """Whether any two of these tick labels touch. Tilted ones run in parallel: they touch when the
+    distance between two neighbours, across the slant, is less than a label's line height."""
+    angle = math.radians(texts[0].get_rotation() % 180) if texts else 0.0
+    if angle:
+        anchors = sorted(t.get_window_extent().x1 for t in texts)  # right-aligned: the box ends at the tick
+        lines = max(t.get_text().count("\n") + 1 for t in texts)
+        height_px = lines * 1.2 * texts[0].get_fontsize() * texts[0].figure.dpi / 72
+        return any((b - a) * math.sin(angle) < height_px for a, b in zip(anchors, anchors[1:]))
+    boxes = sorted((t.get_window_extent() for t in texts), key=lambda b: b.x0)
+    return any(a.x1 > b.x0 + 1 for a, b in zip(boxes, boxes[1:]))
+
+
+def untangle_tick_labels(fig) -> bool:
+    """Where a panel's x tick labels run into each other (long category names on a narrow figure), wrap
+    each to the room between two ticks, and tilt them if that is not enough. Returns whether any changed."""
+    if not callable(getattr(fig, "draw_without_rendering", None)) or not hasattr(fig, "axes"):
+        raise TypeError(f"fig must be a matplotlib figure, got {fig!r:.80}")
+    fig.draw_without_rendering()
+    changed = False
+    for ax in fig.axes:
+        labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text().strip()]
+        if len(labels) < 2 or not _overlapping(labels):
+            continue
+        centres = sorted((b.x0 + b.x1) / 2 for b in (t.get_window_extent() for t in labels))
+        room_px = min(b - a for a, b in zip(centres, centres[1:]))
+        size_px = labels[0].get_fontsize() * fig.dpi / 72
+        chars = max(6, int(room_px / (0.6 * size_px)))  # about 0.6 em a character
+        ticks, texts = ax.get_xticks(), [t.get_text().replace("\n", " ") for t in ax.get_xticklabels()]
+        wrapped = ["\n".join(textwrap.wrap(t, chars, break_long_words=False)) or t for t in texts]
+        ax.set_xticks(ticks, wrapped)
+        fig.draw_without_rendering()
+        if _overlapping([t for t in ax.get_xticklabels() if t.get_visible() and t.get_text().strip()]):
+            ax.set_xticks(ticks, texts, rotation=30, horizontalalignment="right")  # one line each, tilted
+        changed = True
+    if changed:
+        fig.tight_layout()
+    return changed
 
 
 def show(fig, alt: str, phone=None):
@@ -194,6 +236,7 @@ def show(fig, alt: str, phone=None):
             raise TypeError(f"{name} must be a matplotlib figure, got {f!r:.80}")
     if fig is None:
         raise TypeError("fig must be a matplotlib figure, got None")
+    untangle_tick_labels(fig)
     wide, wide_font = _png(fig), font_px(fig)
     if phone is not None:
         small, small_font = _png(phone), font_px(phone)

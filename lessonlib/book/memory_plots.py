@@ -175,7 +175,7 @@ def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
                 bbox=dict(facecolor="white", edgecolor="none", pad=1.0), zorder=4)
     ax.axhline(slogan, color="black", linestyle="--", label=f'the slogan: {slogan:g} × (parameters × 2 bytes)')
     ax.set_yscale("log")
-    top = max(vals + [slogan]) * 1.6
+    top = max(vals + [slogan]) * 3  # room for the tallest bar's value under the legend
     ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top]
     ax.set_yticks(ticks, [f"{t}×" for t in ticks])
     ax.minorticks_off()
