@@ -48,7 +48,8 @@ def bill_gap_figure(computed: dict, published_hours: float, attention_share: flo
     labels = list(parts) + ["published bill"]
     colours = {"computed": "tab:blue", "attention": "tab:orange", "failures": "tab:red", "other": "tab:grey"}
     names = {"computed": "6ND at the table's MFU", "attention": "attention scores (if counted in the TFLOP/s)",
-             "failures": "failures, saves, restarts (at most)", "other": "other stages and the rest"}
+             "failures": "failures, saves, restarts (at most; a snapshot's share extrapolated)",
+             "other": "other stages and the rest"}
     for key in colours:
         bottoms = [sum(p[k] for k in list(colours)[:list(colours).index(key)]) / 1e6 for p in parts.values()]
         ax.bar(list(parts), [p[key] / 1e6 for p in parts.values()], bottom=bottoms, color=colours[key],
@@ -66,6 +67,7 @@ def bill_gap_figure(computed: dict, published_hours: float, attention_share: flo
     fig.tight_layout()
     alt = (f"Stacked bars in millions of GPU-hours. The published bill is {published_hours / 1e6:.2f} M. "
            + " ".join(f"{k}: computed {p['computed'] / 1e6:.2f} M, then attention {p['attention'] / 1e6:.2f} M, "
-                      f"failures at most {p['failures'] / 1e6:.2f} M and other stages {p['other'] / 1e6:.2f} M."
+                      f"failures at most {p['failures'] / 1e6:.2f} M (the failure share of a snapshot of the run, "
+                      f"extrapolated to the whole bill) and other stages {p['other'] / 1e6:.2f} M."
                       for k, p in parts.items()))
     return show(fig, alt=alt)

@@ -29,10 +29,12 @@ LLAMA31_CARD = ("Meta (2024). Llama 3.1 model card. github.com/meta-llama/llama-
 LLAMA2_CARD = "Meta (2023). Llama 2 model card. github.com/meta-llama/llama, MODEL_CARD.md"
 
 _CARD_READ = "read in the model card's text"
-_SECONDARY = "as independent summaries quote this section; not yet compared with the document's own text"
-_TABLE4_ROWS = ("the row's value as independent summaries quote Table 4; within a point of the row's TFLOP/s over "
+#: Compared with summaries that quote the document, not with the document itself (no copy of its text was
+#: readable when the figure was entered); the page says so once, above its table of figures.
+_SECONDARY = "secondary (as summaries quote it)"
+_TABLE4_ROWS = ("secondary (as summaries quote the row); within a point of the row's TFLOP/s over "
                 "the H100's 989.4 TFLOP/s dense peak, and inside the 38-43 % range quoted for the table")
-_CARD_SECONDARY = ("the 405B row as independent summaries quote the card's emissions table; the page checks that "
+_CARD_SECONDARY = ("secondary (as summaries quote the card's 405B row); the page checks that "
                    "it gives the card's implied grid intensity back")
 
 #: Llama 3.1 405B, the page's run.
@@ -66,7 +68,7 @@ LLAMA3_405B = {
     # are 43.5, 40.4 and 38.4 %; the table prints 43, 41 and 38 %: the middle one is not the ratio rounded).
     "mfu_8k_gpus": Figure(0.43, "BF16 MFU on 8,192 GPUs, 8K context", LLAMA3_PAPER, "Table 4", _TABLE4_ROWS),
     "mfu_16k_gpus": Figure(0.41, "BF16 MFU on 16,384 GPUs, 8K context", LLAMA3_PAPER, "Table 4",
-                           "the row's value as independent summaries quote Table 4; "
+                           "secondary (as summaries quote the row); "
                            "NOT the row's 400 TFLOP/s over the H100's 989.4 TFLOP/s dense peak rounded: that is "
                            "40.4 %, which rounds to 40 %, so the report's FLOP count or peak differs slightly; the "
                            "pages compute 40.4 % and print the 41 % beside it"),
