@@ -381,3 +381,20 @@ def test_dualpipe_keeps_one_micro_batch_more_than_1f1b():
     assert first_stage_activation_bytes(4096, 1024, 16, 8, pipeline=4, micro_batches=2, dualpipe=True) == one
     with pytest.raises(ValueError):
         first_stage_activation_bytes(4096, 1024, 16, 8, pipeline=4, virtual=2, micro_batches=8, dualpipe=True)
+
+
+def test_the_term_by_term_differences_are_those_of_the_shown_values():
+    """Each difference in the side-by-side table is the second shown value less the first, as a reader checks it
+    (not the difference of the unrounded values, which can differ from it in the last digit)."""
+    import re
+    from lessonlib.book.layout_reports import side_by_side_table
+    from lessonlib.calc.layout_search import search_layouts
+    model, cluster, published = published_models()["Llama 3 405B, 8K context"]
+    best = search_layouts(model, cluster, top=1)[0]
+    html = side_by_side_table(best, layout_cost(model, cluster, published))
+    rows = re.findall(r"<tr>\s*<td[^>]*>([^<]*)</td>\s*<td[^>]*>([-+\d.]+)</td>\s*<td[^>]*>([-+\d.]+)</td>\s*"
+                      r"<td[^>]*>([-+\d.]+)</td>", html)
+    assert len(rows) >= 9, html[:400]
+    for label, a, b, diff in rows:
+        digits = len(diff.split(".")[1])
+        assert diff == f"{round(float(b) - float(a), digits):+.{digits}f}", (label, a, b, diff)

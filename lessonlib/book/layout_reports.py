@@ -48,13 +48,14 @@ def side_by_side_table(first, second, names=("first choice", "published")) -> st
     rows = [["layout", first.layout.label(), second.layout.label(), ""]]
     for label, attr in parts:
         a, b = getattr(first, attr), getattr(second, attr)
-        rows.append([label, f"{a:.2f}", f"{b:.2f}", f"{b - a:+.2f}"])
+        # the difference of the values as shown, so that the column adds up as a reader checks it
+        rows.append([label, f"{a:.2f}", f"{b:.2f}", f"{round(b, 2) - round(a, 2):+.2f}"])
     rows.append(["compute share", f"{100 * first.compute_share:.0f} %",
                  f"{100 * second.compute_share:.0f} %", ""])
     rows.append(["predicted MFU", f"{100 * first.mfu:.1f} %", f"{100 * second.mfu:.1f} %", ""])
     for label, fn in (("memory (GB)", lambda c: c.memory_bytes),
                       ("memory free (GB)", lambda c: c.capacity_bytes - c.memory_bytes)):
         a, b = fn(first), fn(second)
-        rows.append([label, _gb(a), _gb(b), f"{(b - a) / 1e9:+.1f}"])
+        rows.append([label, _gb(a), _gb(b), f"{round(b / 1e9, 1) - round(a / 1e9, 1):+.1f}"])
     rows.append(["* exposed: what no compute hides", "", "", ""])
     return table(["term", str(names[0]), str(names[1]), "difference"], rows)

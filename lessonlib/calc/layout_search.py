@@ -186,8 +186,8 @@ PUBLISHED_ASSUMPTIONS = {
 #: that price a published Llama 3 layout's activations point back to it).
 ACTIVATION_FORMULA_CAVEAT = (
     "The activation formula, Korthikanti et al.'s, counts a GPT-shaped layer: an MLP of two matrices 4h wide with "
-    "a GELU between them, and one key and one value per attention head. Llama 3's layer has a three-matrix SwiGLU "
-    "MLP of a different width, and grouped-query attention, with fewer key and value heads than query heads, so "
+    "a GELU between them, and one key and one value per attention head. Llama 3's layer has a three-matrix MLP of "
+    "a different width (SwiGLU: one product's output, through a SiLU, scales another's, in place of the GELU), and grouped-query attention, with fewer key and value heads than query heads, so "
     "for Llama 3 the bytes it gives are an estimate of the right size, not a count.")
 
 
