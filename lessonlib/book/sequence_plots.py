@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 from matplotlib.colors import ListedColormap
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Polygon
 
 from ..calc.sequence import LAYOUTS, causal_block_counts, sequence_layout
 from ..checks import count as check_count, mapping as check_mapping, reads as _reads, sequence as check_sequence
@@ -23,7 +23,8 @@ def plot_causal_work(world_size: int, measured: dict):
     Left and middle: the ``2*world_size x 2*world_size`` grid of (query chunk, key
     chunk) pairs of :func:`lessonlib.calc.sequence.sequence_layout`, each
     computed pair coloured by the device that holds the query chunk, the
-    skipped ones (keys after every query) blank. Right: ``measured``, the
+    skipped ones (keys after every query) blank; each computed pair is a
+    whole cell, and on the diagonal the half the causal mask hides is hatched. Right: ``measured``, the
     blocks each process computed in a run (``{"contiguous": [...],
     "zigzag": [...]}``, one count per process), as bars.
     """
@@ -52,11 +53,20 @@ def plot_causal_work(world_size: int, measured: dict):
         ax.title.set_fontsize(9)
         ax.set_xticks(range(n))
         ax.set_yticks(range(n))
-    axes[0].legend(handles=[Patch(color=cmap(r % 10), label=f"device {r}") for r in range(min(world_size, 8))],
-                   loc="upper right", fontsize=8, title="holds the queries", title_fontsize=8)
+        # whole cells with gridlines: each computed block counts as one, the diagonal ones too
+        ax.set_xticks([i - 0.5 for i in range(n + 1)], minor=True)
+        ax.set_yticks([i - 0.5 for i in range(n + 1)], minor=True)
+        ax.grid(which="minor", color="white", linewidth=1.2)
+        ax.tick_params(which="minor", length=0)
+        for q in range(n):  # inside a diagonal block the mask hides the keys after each query: hatch that half
+            ax.add_patch(Polygon([(q - 0.5, q - 0.5), (q + 0.5, q - 0.5), (q + 0.5, q + 0.5)], closed=True,
+                                 facecolor="white", edgecolor="#555555", hatch="///", linewidth=0.6))
+    masked = Patch(facecolor="white", edgecolor="#555555", hatch="///", label="masked half")
+    axes[0].legend(handles=[Patch(color=cmap(r % 10), label=f"device {r}") for r in range(min(world_size, 8))]
+                   + [masked], loc="upper right", fontsize=8, title="holds the queries", title_fontsize=8)
     ax = axes[2]
     ranks = range(len(counts["zigzag"]))
-    for off, name, colour, hatch in ((-0.2, "contiguous", "#9a9a9a", ""), (0.2, "zigzag", "#3a3a3a", "//")):
+    for off, name, colour, hatch in ((-0.2, "contiguous", "#9a9a9a", ""), (0.2, "zigzag", "#3a3a3a", "..")):
         ax.bar([r + off for r in ranks], counts[name], width=0.4, label=name, color=colour, hatch=hatch,
                edgecolor="white")
     ax.set(title=f"Measured: blocks each of {len(ranks)} processes computed", xlabel="process (rank)",
