@@ -130,6 +130,20 @@ def test_instructor_page_lists_every_exercise_as_it_is():
         assert f"file: exercises/{path.stem}\n" in toc, f"{path.stem} is not under exercises/index in _toc.yml"
 
 
+def test_the_minutes_an_exercise_states_are_its_metadata_s():
+    """3e and 3f sent students to the instructors' table for their time, a page students are told not to see:
+    an exercise that states its time states the one in its metadata (the instructors' table's)."""
+    stated = {}
+    for path in EXERCISE_PATHS:
+        meta = nbformat.read(path, as_version=4).metadata[handout.META_KEY]
+        text = " ".join(path.with_suffix(".md").read_text().split())
+        assert "instructors' table" not in text, path.name
+        for n in re.findall(r"\babout (\d+) minutes once", text):
+            stated[path.stem] = int(n)
+            assert int(n) == meta["minutes"], (path.name, n, meta["minutes"])
+    assert {"3e-shard-the-state", "3f-choose-a-layout"} <= set(stated), stated
+
+
 @pytest.mark.parametrize("path", EXERCISE_PATHS, ids=lambda p: p.stem)
 def test_exercise_structure_and_student_copy(path):
     nb = nbformat.read(path, as_version=4)
@@ -526,7 +540,7 @@ def test_3a_typed_in_times_are_flagged_measured_ones_pass():
 
 def test_the_measuring_cells_of_3a_and_3b_are_declared_for_the_grader():
     for stem, questions in (("3a-amdahl-for-the-retailer", {"3a-q4"}), ("3b-predict-the-two-process-step",
-                                                                        {"3b-q2", "3b-q2b", "3b-q3", "3b-q3b", "3b-q4", "3b-q4b", "3b-q4c",
+                                                                        {"3b-q2", "3b-q2b", "3b-q3b", "3b-q4", "3b-q4b", "3b-q4c",
                                                                          "3b-q5", "3b-q5b", "3b-q5c"}),
                             ("3e-shard-the-state", {"3e-q2"})):
         ex = autograde.Exercise.load(EXERCISES / f"{stem}.ipynb")
