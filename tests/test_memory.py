@@ -526,3 +526,21 @@ def test_checkpoint_bytes_is_the_state_without_gradients():
     assert checkpoint_bytes(10, optimizer="sgd") == 10 * (2 + 4)
     with pytest.raises(ValueError, match="n_params"):
         checkpoint_bytes(0)
+
+
+def test_llama_layer_constant():
+    """The Llama-style constant, term by term against the paper's count of the same tensors."""
+    from lessonlib.calc.memory import llama_layer_constant
+    s, b, h, a = 2048, 1, 4096, 32
+    sbh = s * b * h
+    # multi-head attention and SwiGLU at 8h/3 keep exactly what the paper's fused GELU layer keeps without
+    # its two 1-byte dropout masks: 3 * 8/3 = 8 = the GELU input plus the second product's input, both 4h wide
+    assert llama_layer_constant(a, a) * sbh == activation_bytes_per_layer(s, b, h, a) - 2 * sbh
+    # grouped-query attention: K and V shrink by kv_heads / heads, nothing else changes
+    assert llama_layer_constant(a, 8) == llama_layer_constant(a, a) - 2 * 2 * (1 - 8 / a)
+    assert llama_layer_constant(a, 8, bytes_per_value=4) == 2 * llama_layer_constant(a, 8)
+    for kwargs, word in (({"heads": 32, "kv_heads": 5}, "kv_heads"), ({"heads": 32, "kv_heads": 8, "ffn_ratio": 0},
+                                                                      "ffn_ratio"),
+                         ({"heads": 32, "kv_heads": 8, "bytes_per_value": 1}, "bytes_per_value")):
+        with pytest.raises(ValueError, match=word):
+            llama_layer_constant(**kwargs)

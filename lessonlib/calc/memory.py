@@ -9,6 +9,8 @@ Pure Python (no torch). The measured counterpart is :mod:`lessonlib.measure.memo
 * :func:`activation_bytes_per_layer` - Korthikanti et al. (2022), activation
   bytes that one transformer layer keeps for backward (fused attention by
   default; ``attention="stored"`` for the paper's stored scores).
+* :func:`llama_layer_constant` - the same count for a Llama-style layer (RMSNorm, SwiGLU,
+  grouped-query fused attention, no dropout), in bytes per s*b*h.
 * :func:`logits_bytes` - the logits the loss keeps, batch x seq_len x vocab values.
 """
 from __future__ import annotations
@@ -260,6 +262,44 @@ def activation_bytes(seq_len, batch, hidden, heads, layers, recompute: str = "no
     return n * per_layer + logits_bytes(seq_len, batch, vocab, bytes_per_value) // check_count(
         "tensor_parallel", tensor_parallel)
 
+
+
+def llama_layer_constant(heads, kv_heads, ffn_ratio: float = 8 / 3, bytes_per_value: int = 2) -> float:
+    """Bytes per s*b*h that one Llama-style layer keeps for backward: the constant that
+    replaces Korthikanti et al.'s 34 for a 2024-26 layer.
+
+    The layer: RMSNorm before attention and MLP, fused attention (no s*s scores) with
+    grouped-query attention (``kv_heads`` key/value heads shared by ``heads`` query heads),
+    a SwiGLU MLP of width f = ``ffn_ratio`` * h (gate and up products, then down), no
+    dropout. Counted as the paper counts, with e = ``bytes_per_value`` bytes a value:
+
+    * the two RMSNorm inputs: 2e
+    * attention: the QKV product's input, Q, and the kernel's output (the output
+      projection's input): 3e; K and V: 2e * kv_heads / heads
+    * MLP: the gate/up product's input e; the gate and up outputs, and their product
+      silu(gate) * up (the down product's input), each f wide: 3e * ffn_ratio
+
+    Total e * (6 + 2 * kv_heads / heads + 3 * ffn_ratio). Left out, as the paper leaves
+    out LayerNorm's statistics: RMSNorm's one number a token and the kernel's one fp32
+    number a row and head. An unfused SwiGLU that also keeps silu(gate) adds e * ffn_ratio.
+
+    >>> llama_layer_constant(32, 8)             # 8 key/value heads of 32, f = 8h/3
+    29.0
+    >>> llama_layer_constant(32, 32)            # no GQA: as the GELU layer without dropout
+    32.0
+    >>> llama_layer_constant(32, 8, ffn_ratio=3.5)   # Llama 3 8B's MLP, 14336 = 3.5 x 4096
+    34.0
+    """
+    a = check_count("heads", heads)
+    g = check_count("kv_heads", kv_heads)
+    if a % g:
+        raise ValueError(f"kv_heads ({g}) must divide heads ({a}): each key/value head serves a whole group")
+    r = check_amount("ffn_ratio", ffn_ratio, allow_zero=False)
+    e = check_count("bytes_per_value", bytes_per_value)
+    if e not in BYTES_PER_VALUE_CHOICES:
+        raise ValueError(f"bytes_per_value must be one of {', '.join(map(str, BYTES_PER_VALUE_CHOICES))} "
+                         f"(16-bit or fp32 activations), got {e}")
+    return e * (6 + 2 * g / a + 3 * r)
 
 def logits_bytes(seq_len, batch, vocab, bytes_per_value: int = 2) -> int:
     """Bytes of the logits a language model's loss keeps for backward: batch x seq_len x vocab values.

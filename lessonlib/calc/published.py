@@ -172,6 +172,15 @@ DEEPSEEK_V3 = {
     "zero": Figure(1, "ZeRO stage of the data-parallel copies", DEEPSEEK_V3_REPORT, "Section 3.2", _SECONDARY),
 }
 
+#: DeepSeek-V3's FP8 products on Hopper (H800): the tensor cores keep partial sums with limited precision, so
+#: the partial sums are promoted to FP32 registers at fixed intervals of the inner dimension.
+DEEPSEEK_V3_FP8_ACCUMULATION = {
+    "bits": Figure(14, "bits the FP8 tensor cores' accumulation retains, about", DEEPSEEK_V3_REPORT,
+                   "Section 3.3.2", _SECONDARY),
+    "interval": Figure(128, "elements of the inner dimension between promotions to FP32 (N_C)", DEEPSEEK_V3_REPORT,
+                       "Section 3.3.2", _SECONDARY),
+}
+
 #: Llama 3 405B's key/value heads (grouped-query attention), for the layout page.
 LLAMA3_405B_KV_HEADS = Figure(8, "key/value heads", LLAMA3_PAPER, "Table 3", _SECONDARY)
 DEEPSEEK_V3_DEVICE = "H800 SXM 80GB"
