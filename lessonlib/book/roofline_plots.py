@@ -62,9 +62,10 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
     return fig
 
 
-# Where a point's name may go, in points from the point, tried in turn: right of it (above, then below), left of
-# it, centred above or below it, then the same further away.
-_PLACES = [(dx, dy) for step in range(6) for dx in (6, -6, 0) for dy in (7 + 11 * step, -7 - 11 * step)]
+# Where a point's name may go, in points from the point, tried in turn: right of it (above, then below), centred
+# above or below it, left of it, then the same further away. Centred comes before left: a long name hung to the
+# left of its point reaches far from it, and reads as naming whatever it ends beside.
+_PLACES = [(dx, dy) for step in range(6) for dx in (6, 0, -6) for dy in (7 + 11 * step, -7 - 11 * step)]
 
 
 class _PointLabels(Artist):
@@ -106,6 +107,9 @@ class _PointLabels(Artist):
             name.set_va("bottom" if dy > 0 else "top")
             return name.get_window_extent(renderer)
 
+        def gap(box, x, y):  # from a point to the nearest edge of a box, in pixels
+            return np.hypot(max(box.x0 - x, 0, x - box.x1), max(box.y0 - y, 0, y - box.y1))
+
         def anchor(box, dx, dy):  # where the name starts, seen from its point: the corner or edge it hangs from
             x = box.x0 if dx > 0 else box.x1 if dx < 0 else (box.x0 + box.x1) / 2
             return x, box.y0 if dy > 0 else box.y1
@@ -118,10 +122,12 @@ class _PointLabels(Artist):
                                and box.y1 <= inside.y1)
                 # A reader pairs a name with the point at the end it starts from (its anchor), not with whatever
                 # lies under the rest of a long name: measuring to the nearest edge of the whole box put a long name
-                # on the far side of its point, across the roof, to keep it off a point beside its tail.
+                # on the far side of its point, across the roof, to keep it off a point beside its tail. A name
+                # whose tail touches another point is misread all the same.
                 ax_, ay_ = anchor(box, *place_)
                 own = np.hypot(ax_ - centres[i][0], ay_ - centres[i][1]) if len(centres) == len(self._names) else 0.0
-                misread = any(np.hypot(ax_ - c[0], ay_ - c[1]) <= own for j, c in enumerate(centres) if j != i)
+                misread = any(np.hypot(ax_ - c[0], ay_ - c[1]) <= own or gap(box, *c) < 4 * px
+                              for j, c in enumerate(centres) if j != i)
                 far = abs(place_[1]) > 7  # not right beside the point: the name is harder to pair with it
                 crosses = bool(np.any((lines[:, 0] > box.x0) & (lines[:, 0] < box.x1) & (lines[:, 1] > box.y0)
                                       & (lines[:, 1] < box.y1)))
