@@ -37,6 +37,36 @@ def test_the_policy_saves_the_matrix_products_and_recomputes_the_rest():
     assert selective.save_everything(ctx, aten.gelu.default) == CheckpointPolicy.MUST_SAVE
 
 
+def test_the_fused_attention_policy_saves_the_kernel_so_backward_does_not_rerun_it():
+    """save_matmuls reruns a fused attention kernel whole in backward; save_matmuls_and_attention keeps its output."""
+    import functools
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.sdpa = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.sdpa += func in selective.SDPA_OPS
+            return func(*args, **(kwargs or {}))
+
+    def attend(q):
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum(-1) @ torch.ones(8, 8)
+
+    runs = {}
+    for name in ("save_matmuls", "save_matmuls_and_attention"):
+        q = torch.randn(1, 2, 8, 8, requires_grad=True)
+        with Count() as c:
+            checkpoint(attend, q, use_reentrant=False, context_fn=functools.partial(
+                create_selective_checkpoint_contexts, selective.POLICIES[name])).sum().backward()
+        runs[name] = c.sdpa
+    assert runs["save_matmuls"] == runs["save_matmuls_and_attention"] + 1  # one forward rerun of the kernel
+    ctx = torch.utils.checkpoint.SelectiveCheckpointContext(is_recompute=False)
+    assert selective.save_matmuls_and_attention(ctx, torch.ops.aten.bmm.default) == CheckpointPolicy.PREFER_RECOMPUTE
+
+
 @pytest.mark.skipif(feature("mem_tracker") is None, reason="this torch has no CPU memory tracker")
 def test_kept_bytes_match_the_formulas_to_the_byte(gpt):
     blocks, x = gpt

@@ -190,7 +190,8 @@ def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"
     """Plot :func:`lessonlib.measure.recompute.segment_sweep` results, one panel
     per model: peak step memory (MiB) against extra compute (extra forward
     passes per step). ``sweeps`` maps a model label to its list of
-    :class:`~lessonlib.measure.recompute.SweepPoint`. Returns the figure."""
+    :class:`~lessonlib.measure.recompute.SweepPoint`. The star names a checkpoint at every block where the label
+    says "block", at every layer otherwise (a chain of layers). Returns the figure."""
     import matplotlib.pyplot as plt
 
     for k, rows in mapping("sweeps", sweeps).items():
@@ -213,7 +214,7 @@ def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"
         for r in rows:
             if r.strategy == "per-block":
                 ax.plot(r.recomputed_forwards, r.peak_bytes / 2**20, "*", ms=14,
-                        color="#DD8452", label="checkpoint every block")
+                        color="#DD8452", label="checkpoint every " + ("block" if "block" in label else "layer"))
         ax.set_xlabel("recomputation (extra forward passes per step, early stop off)")
         ax.set_ylabel("peak step memory above the weights (MiB)")
         ax.set_ylim(0, max(r.peak_bytes for r in rows) / 2**20 * 1.15)

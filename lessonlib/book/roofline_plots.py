@@ -62,9 +62,10 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
     return fig
 
 
-# Where a point's name may go, in points from the point, tried in turn: right of it (above, then below), left of
-# it, centred above or below it, then the same further away.
-_PLACES = [(dx, dy) for step in range(6) for dx in (6, -6, 0) for dy in (7 + 11 * step, -7 - 11 * step)]
+# Where a point's name may go, in points from the point, tried in turn: right of it (above, then below), centred
+# above or below it, left of it, then the same further away. Centred comes before left: a long name hung to the
+# left of its point reaches far from it, and reads as naming whatever it ends beside.
+_PLACES = [(dx, dy) for step in range(6) for dx in (6, 0, -6) for dy in (7 + 11 * step, -7 - 11 * step)]
 
 
 class _PointLabels(Artist):
@@ -109,14 +110,24 @@ class _PointLabels(Artist):
         def gap(box, x, y):  # from a point to the nearest edge of a box, in pixels
             return np.hypot(max(box.x0 - x, 0, x - box.x1), max(box.y0 - y, 0, y - box.y1))
 
+        def anchor(box, dx, dy):  # where the name starts, seen from its point: the corner or edge it hangs from
+            x = box.x0 if dx > 0 else box.x1 if dx < 0 else (box.x0 + box.x1) / 2
+            return x, box.y0 if dy > 0 else box.y1
+
         for i, name in enumerate(self._names):
             def cost(place_):
                 box = place(name, *place_)
                 covers = any(box.overlaps(t) for t in taken)
                 outside = not (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0
                                and box.y1 <= inside.y1)
-                own = gap(box, *centres[i]) if len(centres) == len(self._names) else 0.0
-                misread = any(gap(box, *c) <= own for j, c in enumerate(centres) if j != i)
+                # A reader pairs a name with the point at the end it starts from (its anchor), not with whatever
+                # lies under the rest of a long name: measuring to the nearest edge of the whole box put a long name
+                # on the far side of its point, across the roof, to keep it off a point beside its tail. A name
+                # whose tail touches another point is misread all the same.
+                ax_, ay_ = anchor(box, *place_)
+                own = np.hypot(ax_ - centres[i][0], ay_ - centres[i][1]) if len(centres) == len(self._names) else 0.0
+                misread = any(np.hypot(ax_ - c[0], ay_ - c[1]) <= own or gap(box, *c) < 4 * px
+                              for j, c in enumerate(centres) if j != i)
                 far = abs(place_[1]) > 7  # not right beside the point: the name is harder to pair with it
                 crosses = bool(np.any((lines[:, 0] > box.x0) & (lines[:, 0] < box.x1) & (lines[:, 1] > box.y0)
                                       & (lines[:, 1] < box.y1)))
@@ -154,10 +165,10 @@ def _normalised(ax, roofline: Roofline, points, dev) -> None:
     markers = "osD^vP*Xh<>"
     for i, p in enumerate(points):
         ax.scatter([bf16_intensity(p)], [min(1.0, dev.memory_bandwidth * bf16_intensity(p) / dev.peak_flops_per_s)], zorder=3,
-                   marker=markers[i % len(markers)], s=40, alpha=0.85)
+                   marker=markers[i % len(markers)], s=40, alpha=0.85, label=p.name)  # named in this legend too
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity in bf16 (FLOPs per byte moved)")
     ax.set_ylabel("attainable share of the device's peak")
     ax.set_title(f"The same ops in bf16 under the {dev.name}'s roof")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, ncol=3)  # below: the roof spans the panel

@@ -212,6 +212,20 @@ PYTORCH_DDP = {
 PYTORCH_DDP_TECHNIQUES = ("bucketing gradients", "overlapping computation with communication",
                           "skipping gradient synchronization")
 
+#: Selective recomputation's time on real GPUs: the measurement the CPU page (2.3) cannot make.
+KORTHIKANTI_PAPER = ("Korthikanti et al. (2022). Reducing Activation Recomputation in Large Transformer Models. "
+                     "MLSys 2023. arXiv:2205.05198")
+_KORTHIKANTI_ABSTRACT = "read in the paper's abstract (mlsys.org/virtual/2023/poster/2445 and arXiv:2205.05198)"
+KORTHIKANTI_530B = {
+    "gpus": Figure(2240, "A100 GPUs training a 530B-parameter GPT-3-style model", KORTHIKANTI_PAPER, "Abstract",
+                   _KORTHIKANTI_ABSTRACT),
+    "mfu_full": Figure(42.1, "% MFU with full recomputation", KORTHIKANTI_PAPER, "Abstract", _KORTHIKANTI_ABSTRACT),
+    "mfu_selective": Figure(54.2, "% MFU with selective recomputation and sequence parallelism", KORTHIKANTI_PAPER,
+                            "Abstract", _KORTHIKANTI_ABSTRACT),
+    "overhead_removed": Figure(90, "% of recomputation's execution-time overhead removed (stated as 'over')",
+                               KORTHIKANTI_PAPER, "Abstract", _KORTHIKANTI_ABSTRACT),
+}
+
 #: Llama 3 8B, trained far past Chinchilla's ratio: 15T+ tokens (the 405B's 15.6T, LLAMA3_405B['tokens']).
 LLAMA3_CARD = "Meta (2024). Llama 3 model card. github.com/meta-llama/llama3, MODEL_CARD.md"
 LLAMA3_8B = {

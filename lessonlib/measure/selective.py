@@ -62,8 +62,24 @@ def save_everything(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE
 
 
+#: What :func:`save_matmuls_and_attention` keeps besides: the outputs of a fused attention kernel, each of the
+#: kernels ``scaled_dot_product_attention`` may pick (torchtitan's per-operation save list keeps them too).
+SDPA_OPS = tuple(getattr(torch.ops.aten, name).default for name in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    if hasattr(torch.ops.aten, name))
+
+
+def save_matmuls_and_attention(ctx, op, *args, **kwargs):
+    """The policy for fused attention: also save what the attention kernel returns, so backward does not rerun it."""
+    if save_matmuls(ctx, op) == CheckpointPolicy.MUST_SAVE or op in SDPA_OPS:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
 #: The policies :func:`forward` takes by name.
-POLICIES = {"save_matmuls": save_matmuls, "save_everything": save_everything}
+POLICIES = {"save_matmuls": save_matmuls, "save_everything": save_everything,
+            "save_matmuls_and_attention": save_matmuls_and_attention}
 
 
 def forward(blocks: torch.nn.Sequential, x: torch.Tensor, recompute: str = "none",
