@@ -34,11 +34,16 @@ def setup(app):
     # Sphinx reads the pages in chunks of consecutive names, $JOBS chunks at a time (about 15 pages
     # a chunk here), so one chunk of long pages could run alone at the end. One page a chunk lets
     # each process take the next page as soon as it is free (a chunk costs a fork and one pickled
-    # environment, well under a second). The long pages go first, so the last to start are short:
-    # the chapters before the exercises (the shortest notebooks), the last chapter first (its pages
-    # start processes), the Markdown pages last.
+    # environment, well under a second). The long pages should start first, so that the last to
+    # start are short: the chapters before the exercises (the shortest notebooks), the last chapter
+    # first (its pages start processes), the Markdown pages last. Sphinx starts the first $JOBS
+    # chunks at once and then, as a process frees, the chunk added last (ParallelTasks takes the
+    # waiting ones with dict.popitem()), so the rest are handed over in reverse.
     import sphinx.builders
-    sphinx.builders.make_chunks = lambda docnames, nproc, maxbatch=10: [[d] for d in docnames]
+    def one_page_a_chunk(docnames, nproc, maxbatch=10):
+        chunks = [[d] for d in docnames]
+        return chunks[:nproc] + chunks[nproc:][::-1]
+    sphinx.builders.make_chunks = one_page_a_chunk
     def longest_first(app, env, docnames):
         docnames.sort(reverse=True)
         docnames.sort(key=lambda d: (not str(env.doc2path(d)).endswith(".ipynb"), d.startswith("exercises/")))
