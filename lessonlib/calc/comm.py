@@ -83,6 +83,11 @@ NCCL_RECENT_NETWORK_ALPHA_S = 14.0e-6
 NCCL_TUNING_TABLE = (f"NCCL {NCCL_TUNING_VERSION} (tag v{NCCL_TUNING_VERSION}, commit 01afd20a), "
                      "src/graph/tuning.cc, array hwLat, row Ring/Simple, https://github.com/NVIDIA/nccl")
 
+#: GPUs joined all-to-all by NVLink switches (one NVLink domain): an HGX/DGX H100 node holds 8 (NVIDIA DGX H100
+#: User Guide, https://docs.nvidia.com/dgx/dgxh100-user-guide/), a GB200 NVL72 rack 72 (NVIDIA GB200 NVL72
+#: product page, https://www.nvidia.com/en-us/data-center/gb200-nvl72/).
+NVLINK_DOMAIN_GPUS = {"HGX H100": 8, "GB200 NVL72": 72}
+
 #: GPU-cluster links (per GPU, one direction). Bandwidths from NVIDIA's
 #: datasheets; per-step latencies from NCCL's cost model (ring algorithm,
 #: "Simple" protocol, the one used for large messages) in :data:`NCCL_TUNING_VERSION`.
