@@ -259,6 +259,7 @@ def test_ledger_table_mentions_every_row():
     one, two = _measure(layers=1), _measure(layers=1)
     text = ledger_table({"a": one}, second={"a": two})
     assert "peak, first step" in text and "peak, second step" in text
+    assert text.index("peak, second step") < text.index("peak, first step")  # the typical step leads
     with pytest.raises(ValueError, match="second"):
         ledger_table({"a": one}, second={"b": two})
 

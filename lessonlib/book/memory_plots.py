@@ -88,7 +88,7 @@ def multiplier_figure(ratios: dict, slogan: float = 3.0):
                 f"denominator for every bar), on a log axis, each bar "
                 f"labelled with its value ({values}). They run from {ratios[lo_case]:.1f} for "
                 f"{lo_case.replace(chr(10), ', ')} to {ratios[hi_case]:.1f} for {hi_case.replace(chr(10), ', ')}; "
-                f"the dashed line of the slogan, {slogan:g} times that, "
+                f"the dashed line of a fixed rule, {slogan:g} times that, "
                 f"{'lies below every bar' if min(ratios.values()) > slogan else 'matches none in particular'}.")
 
 
@@ -173,7 +173,7 @@ def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
     for bar, v in zip(bars, vals):
         ax.text(bar.get_x() + bar.get_width() / 2, v * 1.06, f"{v:.1f}×", ha="center", va="bottom", fontsize=9,
                 bbox=dict(facecolor="white", edgecolor="none", pad=1.0), zorder=4)
-    ax.axhline(slogan, color="black", linestyle="--", label=f'the slogan: {slogan:g} × (parameters × 2 bytes)')
+    ax.axhline(slogan, color="black", linestyle="--", label=f'a fixed rule: {slogan:g} × (parameters × 2 bytes)')
     ax.set_yscale("log")
     top = max(vals + [slogan]) * 3  # room for the tallest bar's value under the legend
     ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top]

@@ -308,7 +308,8 @@ def ledger_table(ledgers, formula: dict | None = None, second: dict | None = Non
 
     ``formula`` optionally maps a row name to a predicted byte count to show beside it.
     ``second`` optionally maps the same names to the ledgers of a second step: their peaks
-    are shown as a last row (the steady state, once an optimizer has made its state).
+    are shown in a row before the first step's peak (the steady state, once an optimizer has made
+    its state, is the one a plan uses).
     """
     if isinstance(ledgers, MemoryLedger):
         ledgers = {"measured": ledgers}
@@ -330,10 +331,10 @@ def ledger_table(ledgers, formula: dict | None = None, second: dict | None = Non
         cells = ["n/a" if v is None else format_bytes(v) for v in (getattr(l, r) for l in ledgers.values())]
         if formula:
             cells.append("" if formula.get(r) is None else format_bytes(formula[r]))
+        if second is not None and r == "peak":  # the typical step's peak first, then the first step's
+            rows.append(["peak, second step"] + ["n/a" if second[k].peak is None else format_bytes(second[k].peak)
+                                                 for k in ledgers] + ([""] if formula else []))
         rows.append([r if second is None or r != "peak" else "peak, first step"] + cells)
-    if second is not None:
-        cells = ["n/a" if second[k].peak is None else format_bytes(second[k].peak) for k in ledgers]
-        rows.append(["peak, second step"] + cells + ([""] if formula else []))
     note = ""
     if any(l.peak is not None for l in ledgers.values()):
         note = ("peak: on a GPU the allocator's peak; on a CPU tensors only, a lower bound "

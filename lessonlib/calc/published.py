@@ -179,6 +179,9 @@ DEEPSEEK_V3_FP8_ACCUMULATION = {
                    "Section 3.3.2", _SECONDARY),
     "interval": Figure(128, "elements of the inner dimension between promotions to FP32 (N_C)", DEEPSEEK_V3_REPORT,
                        "Section 3.3.2", _SECONDARY),
+    # fine-grained scaling: one scale per 1 x tile of activations, per tile x tile block of weights
+    "tile": Figure(128, "values a side of a scaling tile (1 x 128 activations, 128 x 128 weights)",
+                   DEEPSEEK_V3_REPORT, "Section 3.3.2", _SECONDARY),
 }
 
 #: Llama 3 405B's key/value heads (grouped-query attention), for the layout page.

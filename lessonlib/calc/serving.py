@@ -114,6 +114,7 @@ LLAMA3_8B = {
     "hidden": Figure(4096, "model dimension", LLAMA3_PAPER, "Table 3", _TABLE3),
     "heads": Figure(32, "attention heads", LLAMA3_PAPER, "Table 3", _TABLE3),
     "kv_heads": Figure(8, "key/value heads", LLAMA3_PAPER, "Table 3", _TABLE3),
+    "ffn": Figure(14336, "FFN (SwiGLU) width", LLAMA3_PAPER, "Table 3", _TABLE3),
     "context": Figure(8192, "tokens of context (pre-training)", LLAMA3_PAPER, "Section 3.4.1", _TABLE3),
 }
 
@@ -124,6 +125,7 @@ LLAMA3_70B = {
     "hidden": Figure(8192, "model dimension", LLAMA3_PAPER, "Table 3", _TABLE3),
     "heads": Figure(64, "attention heads", LLAMA3_PAPER, "Table 3", _TABLE3),
     "kv_heads": Figure(8, "key/value heads", LLAMA3_PAPER, "Table 3", _TABLE3),
+    "ffn": Figure(28672, "FFN (SwiGLU) width", LLAMA3_PAPER, "Table 3", _TABLE3),
     "context": Figure(8192, "tokens of context (pre-training)", LLAMA3_PAPER, "Section 3.4.1", _TABLE3),
 }
 
