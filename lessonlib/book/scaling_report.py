@@ -61,7 +61,7 @@ def critical_batch_figure(noise_scale, min_steps, batches):
         raise ValueError("batches needs at least two global batches to draw a line")
     pts = [batch_tradeoff(b, noise_scale, min_steps) for b in batches]
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    ax.plot(batches, [p.steps_over_min for p in pts], marker="o", ms=3, label="steps / fewest steps (S / S_min)")
+    ax.plot(batches, [p.steps_over_min for p in pts], marker="o", ms=3, label="steps / fewest steps (K / K_min)")
     ax.plot(batches, [p.examples_over_min for p in pts], marker="s", ms=3,
             label="examples / fewest examples (E / E_min)")
     ax.axvline(noise_scale, color="grey", ls=":", lw=1)

@@ -4,10 +4,10 @@ McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch
 Training" (2018, arXiv:1812.06162, equations 2.11-2.12): to reach a given
 loss, training at a global batch of ``B`` examples needs
 
-    steps     S = S_min × (1 + B_noise / B)
-    examples  E = E_min × (1 + B / B_noise),    E_min = S_min × B_noise,
+    steps     K = K_min × (1 + B_noise / B)
+    examples  E = E_min × (1 + B / B_noise),    E_min = K_min × B_noise,
 
-where ``S_min`` is the fewest steps any batch can reach that loss in (an
+where ``K_min`` is the fewest steps any batch can reach that loss in (an
 infinite batch), ``E_min`` the fewest examples (a tiny batch), and
 ``B_noise``, the *gradient noise scale*, is the critical batch size: well
 below it, doubling the batch halves the steps at almost no extra examples
@@ -28,7 +28,7 @@ class BatchTradeoff:
     """Steps and examples to a target loss at one global batch (:func:`batch_tradeoff`).
 
     ``batch`` (examples per step), ``steps``, ``examples`` (= steps × batch),
-    ``steps_over_min`` (S / S_min, >= 1) and ``examples_over_min`` (E / E_min, >= 1).
+    ``steps_over_min`` (K / K_min, >= 1) and ``examples_over_min`` (E / E_min, >= 1).
     """
 
     batch: float
@@ -43,9 +43,9 @@ def batch_tradeoff(batch, noise_scale, min_steps) -> BatchTradeoff:
 
     ``batch``: examples per optimizer step (> 0); ``noise_scale``: the
     critical batch size ``B_noise``, in examples (> 0); ``min_steps``: the
-    steps an infinite batch would need, ``S_min`` (> 0). Returns a
-    :class:`BatchTradeoff` with ``steps = S_min (1 + B_noise / B)`` and
-    ``examples = S_min B_noise (1 + B / B_noise)``.
+    steps an infinite batch would need, ``K_min`` (> 0). Returns a
+    :class:`BatchTradeoff` with ``steps = K_min (1 + B_noise / B)`` and
+    ``examples = K_min B_noise (1 + B / B_noise)``.
 
     >>> t = batch_tradeoff(1024, 1024, 1000)
     >>> t.steps, t.examples

@@ -53,8 +53,8 @@ VARIANTS = (
     ("sync_after", "DDP no_sync + one all-reduce after backward", "allreduce"),
     ("ddp", "DDP, gradient buckets during backward", "allreduce"),
     ("hooks", "bucket hooks (all_reduce_in_buckets)", "allreduce"),
-    ("fsdp", "FSDP2, defaults (one layer ahead in backward; forward: implicit, GPU only)", "fsdp_comm"),
-    ("fsdp_prefetch", "FSDP2, explicit forward + backward prefetch", "fsdp_comm"),
+    ("fsdp", "FSDP2, default prefetch (in backward, the next layer's weights are fetched early)", "fsdp_comm"),
+    ("fsdp_prefetch", "FSDP2, prefetch also set by hand for forward and backward", "fsdp_comm"),
 )
 
 
