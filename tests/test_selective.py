@@ -110,7 +110,7 @@ def test_recomputation_leaves_the_gradients_unchanged(gpt):
 def test_time_ratios_and_compare_return_every_setting(gpt):
     blocks, x = gpt
     t = selective.time_ratios(blocks, x, rounds=2)
-    assert set(t) == {*selective.RECOMPUTE, selective.POLICY_ONLY} and t["none"] == 1.0 and all(v > 0 for v in t.values())
+    assert set(t) == {*selective.RECOMPUTE, selective.POLICY_ONLY, selective.CORE_ONLY} and t["none"] == 1.0 and all(v > 0 for v in t.values())
     rows = selective.compare(blocks, x, ["none", "full"])
     assert [r.recompute for r in rows] == ["none", "full"] and rows[0].flops < rows[1].flops
 
@@ -119,7 +119,7 @@ def test_per_round_ratios_are_the_rounds_time_ratios_takes_the_median_of(gpt):
     """2.3 judged a difference of two medians against the rounds' spread, which time_ratios did not return."""
     blocks, x = gpt
     r = selective.time_ratio_rounds(blocks, x, rounds=3)
-    assert set(r) == {*selective.RECOMPUTE, selective.POLICY_ONLY} and all(len(v) == 3 for v in r.values())
+    assert set(r) == {*selective.RECOMPUTE, selective.POLICY_ONLY, selective.CORE_ONLY} and all(len(v) == 3 for v in r.values())
     assert r["none"] == [1.0, 1.0, 1.0] and all(v > 0 for vs in r.values() for v in vs)
     with pytest.raises(ValueError, match="rounds"):
         selective.time_ratio_rounds(blocks, x, rounds=0)
@@ -158,3 +158,27 @@ def test_blocks_without_dropout_keep_no_masks_and_draw_no_random_numbers():
         assert not torch.equal(torch.get_rng_state(), seeded)  # the default draws them
     with pytest.raises(ValueError, match="dropout"):
         selective.gpt_blocks(batch=1, seq_len=8, hidden=8, heads=2, dropout=1.5)
+
+
+def test_core_checkpointed_is_korthikanti_selective_without_a_policy():
+    """The hand-written split: the same output and gradients as a plain step, the same FLOPs as the policy
+    (both score products rerun), and the bytes of Korthikanti et al.'s selective (34 s·b·h a layer)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.set_num_threads(1)
+    blocks, x = selective.gpt_blocks(batch=B, seq_len=S, hidden=H, heads=A, layers=L, device="cpu", dropout=0.0)
+    plain = selective.forward(blocks, x, "none")
+    plain.float().pow(2).mean().backward()
+    want = x.grad.clone()
+    x.grad = None
+    blocks.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as counter:
+        out = selective.core_checkpointed(blocks, x)
+        out.float().pow(2).mean().backward()
+    assert torch.equal(out, plain) and torch.equal(x.grad, want)
+    x.grad = None
+    blocks.zero_grad(set_to_none=True)
+    assert counter.get_total_flops() == selective.step_flops(blocks, x, "selective")
+    assert counter.get_total_flops() > selective.step_flops(blocks, x, "none")
+    with pytest.raises(ValueError, match="blocks"):
+        selective.core_checkpointed(torch.nn.Sequential(torch.nn.Linear(H, H)), x)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import statistics
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ from torch.utils.checkpoint import (CheckpointPolicy, SelectiveCheckpointContext
 
 from ..checks import choice, count, flag, fraction_below_one, sequence
 from .activations import check_shape
-from .compat import feature, require
+from .compat import checkpoint_early_stop, feature, require
 from .device import as_device
 from .memory import peak_memory, warm_up
 from .models import TinyGPT
@@ -96,6 +97,31 @@ def forward(blocks: torch.nn.Sequential, x: torch.Tensor, recompute: str = "none
         else:
             x = checkpoint(block, x, use_reentrant=False,
                            context_fn=functools.partial(create_selective_checkpoint_contexts, chosen))
+    return x
+
+
+def _attention_core(attn, qkv):
+    """Scores, causal mask, softmax, dropout and scores times V, from the QKV product's output."""
+    b, s, three_h = qkv.shape
+    a, d = attn.heads, three_h // 3 // attn.heads
+    q, k, v = qkv.view(b, s, 3, a, d).permute(2, 0, 3, 1, 4)
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d)) + attn.causal[:s, :s]
+    return (attn.attn_drop(scores.softmax(dim=-1)) @ v).transpose(1, 2).reshape(b, s, three_h // 3)
+
+
+def core_checkpointed(blocks: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """Each block by hand, only its attention core under a plain ``checkpoint`` (no policy, so no
+    per-operation dispatch): Korthikanti et al.'s selective recomputation, the same two score products
+    rerun as :func:`save_matmuls` (early stop off, so the second one is rerun too)."""
+    _check(blocks, x, "none")
+    if any(getattr(getattr(block, "attn", None), "impl", None) != "math" for block in blocks):
+        raise ValueError("blocks must be the course GPT's blocks with their attention written out (impl='math'), "
+                         "as gpt_blocks makes them")
+    with checkpoint_early_stop(False):
+        for block in blocks:
+            core = checkpoint(_attention_core, block.attn, block.attn.qkv(block.ln1(x)), use_reentrant=False)
+            x = x + block.drop1(block.attn.proj(core))
+            x = x + block.drop2(block.fc2(torch.nn.functional.gelu(block.fc1(block.ln2(x)))))
     return x
 
 
@@ -201,12 +227,16 @@ def peak_step_bytes(blocks, x, recompute: str = "none") -> int | None:
 #: The case of :func:`time_ratios` that runs the policy machinery and recomputes nothing.
 POLICY_ONLY = "policy only"
 
+#: The case of :func:`time_ratios` that reruns the score products with no policy: :func:`core_checkpointed`.
+CORE_ONLY = "attention core, plain checkpoint"
+
 
 def time_ratios(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
     """Median over ``rounds`` of each setting's step time over the plain step's, every case timed in every
     round (:func:`lessonlib.measure.rounds.time_rounds`, one thread). Returns ``{case: ratio}`` for the
     three settings and :data:`POLICY_ONLY`: selective checkpointing with :func:`save_everything`, which
-    recomputes nothing, so its ratio is the cost of running a policy for every operation."""
+    recomputes nothing, so its ratio is the cost of running a policy for every operation; and
+    :data:`CORE_ONLY`, :func:`core_checkpointed`: the same rerun products with no policy."""
     per_round = time_ratio_rounds(blocks, x, rounds, progress)
     return {name: statistics.median(r) for name, r in per_round.items()}
 
@@ -218,18 +248,23 @@ def time_ratio_rounds(blocks, x, rounds: int = 15, progress: bool = False) -> di
     _check(blocks, x, "none")
     rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
     progress = flag("progress", progress)
-    cases = [(rc, rc, "save_matmuls") for rc in RECOMPUTE] + [(POLICY_ONLY, "selective", "save_everything")]
+    cases = {rc: functools.partial(forward, recompute=rc) for rc in RECOMPUTE}
+    cases[POLICY_ONLY] = functools.partial(forward, recompute="selective", policy="save_everything")
+    cases[CORE_ONLY] = core_checkpointed
+
+    def step(fn):
+        fn(blocks, x).float().pow(2).mean().backward()
 
     def one_round(clock):
-        for name, rc, policy in cases:
+        for name, fn in cases.items():
             _clear(blocks, x)
-            clock.time(name, _step, blocks, x, rc, policy)
+            clock.time(name, step, fn)
 
     try:
         raw = time_rounds(one_round, rounds, warmup=1, device=x.device, num_threads=1, progress=progress)
     finally:
         _clear(blocks, x)
-    return {name: [a / b for a, b in zip(raw.seconds[name], raw.seconds["none"])] for name, _, _ in cases}
+    return {name: [a / b for a, b in zip(raw.seconds[name], raw.seconds["none"])] for name in cases}
 
 
 @dataclass(frozen=True)
