@@ -488,14 +488,19 @@ def _plan_answers(keep_q3, keep_q2, extra, extra_early=None):
 
 def test_2a_counts_the_recomputation_of_question_2s_plan_only():
     """Q3's plan was never compared with q2's; keep everything in q3 and 0 extra calls passed."""
-    check = reference.load(EXERCISES / "2a-place-the-checkpoints.ipynb", questions=["2a-q3"])["2a-q3"]
-    check(_plan_answers([2, 4], [2, 4], 4, 1))  # early stop: one call fewer for each of the 3 segments
-    with pytest.raises(AssertionError, match="your plan from question 2"):
-        check(_plan_answers([1, 2, 3, 4, 5, 6], [2, 4], 0, 0))
-    with pytest.raises(AssertionError, match="nothing was handed in to 2a-q2"):
-        check(_plan_answers([1, 2, 3, 4, 5, 6], None, 0, 0))
+    checks = reference.load(EXERCISES / "2a-place-the-checkpoints.ipynb", questions=["2a-q3", "2a-q3b"])
+    whole, early = checks["2a-q3"], checks["2a-q3b"]
+    whole(_plan_answers([2, 4], [2, 4], 4))
+    early(_plan_answers([2, 4], [2, 4], None, 1))  # early stop: one call fewer for each of the 3 segments
+    for check in (whole, early):
+        with pytest.raises(AssertionError, match="your plan from question 2"):
+            check(_plan_answers([1, 2, 3, 4, 5, 6], [2, 4], 0, 0))
+        with pytest.raises(AssertionError, match="nothing was handed in to 2a-q2"):
+            check(_plan_answers([1, 2, 3, 4, 5, 6], None, 0, 0))
     with pytest.raises(AssertionError, match="extra_forward_calls_early"):  # early stop taken as whole reruns
-        check(_plan_answers([2, 4], [2, 4], 4, 4))
+        early(_plan_answers([2, 4], [2, 4], 4, 4))
+    # the two counts are scored on their own: a wrong early-stop count costs only its own point
+    whole(_plan_answers([2, 4], [2, 4], 4, 4))
 
 
 # --------------------------------------------------------------------------
@@ -540,7 +545,7 @@ def test_3a_typed_in_times_are_flagged_measured_ones_pass():
 
 def test_the_measuring_cells_of_3a_and_3b_are_declared_for_the_grader():
     for stem, questions in (("3a-amdahl-for-the-retailer", {"3a-q4"}), ("3b-predict-the-two-process-step",
-                                                                        {"3b-q2", "3b-q2b", "3b-q3b", "3b-q4", "3b-q4b", "3b-q4c",
+                                                                        {"3b-q2", "3b-q2b", "3b-q3", "3b-q4", "3b-q4b", "3b-q4c",
                                                                          "3b-q5", "3b-q5b", "3b-q5c"}),
                             ("3e-shard-the-state", {"3e-q2"})):
         ex = autograde.Exercise.load(EXERCISES / f"{stem}.ipynb")
