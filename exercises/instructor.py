@@ -1,6 +1,7 @@
 """The instructor's command: student copies of the exercises, and grading.
 
     python exercises/instructor.py student OUT [--colab github/ORG/REPO/blob/main/OUT]
+    python exercises/instructor.py solutions OUT
     python exercises/instructor.py grade SUBMISSIONS [--csv grades.csv] [--jobs 2] [--exercise STEM]
                                          [--cell-timeout 60] [--budget 300] [--memory 2G]
     python exercises/instructor.py verify grades.csv [--submissions SUBMISSIONS] [--key FILE]
@@ -10,7 +11,8 @@
 (``python -m exercises.instructor ...`` from the repository root does the same.)
 ``student`` writes a copy of every exercise notebook in this folder with the
 solutions replaced by ``raise NotImplementedError()`` and the hidden tests and
-outputs removed. ``grade`` runs every ``SUBMISSIONS/STUDENT/*.ipynb`` (or
+outputs removed; ``solutions``, for after the deadline, keeps the solutions and
+each exercise's closing summary and removes the hidden tests and outputs. ``grade`` runs every ``SUBMISSIONS/STUDENT/*.ipynb`` (or
 ``SUBMISSIONS/STUDENT.ipynb``) in a sandbox, checks the answers it hands in
 against expected values computed by the instructor's notebook in a separate
 process, prints a score table per student and question and writes it as CSV

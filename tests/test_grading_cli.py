@@ -113,6 +113,18 @@ def test_student_and_check_commands_on_the_real_exercises(tmp_path):
         text = path.read_text()
         assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text and "@grader" not in text, path.name
     assert "colab.research.google.com/github/org/repo/blob/main/handout/" in (out / "index.md").read_text()
+    # after the deadline: the solutions and each exercise's summary, without the hidden tests or outputs
+    sol = tmp_path / "solutions"
+    run = subprocess.run([sys.executable, str(SCRIPT), "solutions", str(sol)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.stem for p in sol.glob("*.ipynb")) == stems
+    for path in sol.glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        text = path.read_text()
+        assert "BEGIN SOLUTION" in text and "What this exercise showed" in text, path.name
+        assert "HIDDEN TESTS" not in text and "@grader" not in text, path.name
+        assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), path.name
 
 
 def _written(tmp_path):

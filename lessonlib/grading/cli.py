@@ -78,6 +78,9 @@ def build_parser(default_source: Path) -> argparse.ArgumentParser:
     s.add_argument("--colab", metavar="PATH",
                    help="where you will publish the copies, as Colab sees it, e.g. "
                         "github/ORG/REPO/blob/main/student: writes Colab links into OUT/index.md")
+    so = sub.add_parser("solutions", help="write the copies to hand out after the deadline (solutions and "
+                                          "each exercise's summary; no hidden tests, no outputs)")
+    so.add_argument("out", type=Path, help="folder to write the copies to")
     g = sub.add_parser("grade", help="grade a folder of submissions")
     g.add_argument("submissions", type=Path,
                    help="folder: SUBMISSIONS/STUDENT/EXERCISE.ipynb or SUBMISSIONS/STUDENT.ipynb")
@@ -131,6 +134,14 @@ def main(argv: Iterable[str] | None = None, default_source: Path | str | None = 
         for path in paths:
             print(f"wrote {path}")
         print(f"{len(paths)} student copies in {a.out} (index: {a.out / 'index.md'})")
+        return 0
+    if a.command == "solutions":
+        try:
+            paths = handout.write_solution_copies(a.source, a.out)
+        except ValueError as exc:
+            print(f"not written:\n{exc}", file=sys.stderr)
+            return 1
+        print(f"{len(paths)} solution copies in {a.out}: hand them out after the deadline")
         return 0
     if a.command == "mark":
         import nbformat

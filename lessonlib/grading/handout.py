@@ -294,6 +294,39 @@ def write_student_copies(source_dir: Path | str, out_dir: Path | str,
     return written
 
 
+def solution_notebook(nb):
+    """The copy to hand out after the deadline: solutions and the closing summary (``instructor-only``) kept,
+    hidden tests and outputs removed. Run from the top, it reproduces every answer and prints the summary."""
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        src = cell_source(cell)
+        if BEGIN_HIDDEN in src:
+            src = _replace_regions(src, BEGIN_HIDDEN, END_HIDDEN, None)
+        cell.source = src
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        cell.get("metadata", {}).pop("execution", None)
+    return nb
+
+
+def write_solution_copies(source_dir: Path | str, out_dir: Path | str) -> list[Path]:
+    """Write :func:`solution_notebook` of every exercise in ``source_dir`` to ``out_dir`` (for after the deadline)."""
+    import nbformat
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in exercise_notebooks(source_dir).values():
+        nb = nbformat.read(path, as_version=4)
+        problems = lint(nb, path.name)
+        if problems:
+            raise ValueError("\n".join(problems))
+        nbformat.write(solution_notebook(nb), out / path.name)
+        written.append(out / path.name)
+    return written
+
+
 # --------------------------------------------------------------------------
 # Executing a submission, one cell at a time
 # --------------------------------------------------------------------------
