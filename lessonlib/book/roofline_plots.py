@@ -92,13 +92,17 @@ class _PointLabels(Artist):
                 centres.append((x, y))
         if ax.get_legend() is not None:
             taken.append(ax.get_legend().get_window_extent(renderer))
-        lines = []  # the roof and the ridge, as points a pixel or two apart
-        for line in ax.get_lines():
+        def sampled(line):  # a drawn line, as points a pixel or two apart
             xy = line.get_transform().transform(line.get_xydata())
-            for (x0, y0), (x1, y1) in zip(xy[:-1], xy[1:]):
-                k = max(2, int(np.hypot(x1 - x0, y1 - y0) / 2))
-                lines.append(np.linspace((x0, y0), (x1, y1), k))
-        lines = np.concatenate(lines) if lines else np.empty((0, 2))
+            parts = [np.linspace((x0, y0), (x1, y1), max(2, int(np.hypot(x1 - x0, y1 - y0) / 2)))
+                     for (x0, y0), (x1, y1) in zip(xy[:-1], xy[1:])]
+            return np.concatenate(parts) if parts else np.empty((0, 2))
+        # The roof (the first line) counts more than the dotted ridge: a name laid along the flat roof reads as
+        # one of the points beside it (the 64 x 64 product's name ran into the QKV and MLP products), while a name
+        # that touches the ridge's faint dots is read as its own point's.
+        drawn = ax.get_lines()
+        roof_line = sampled(drawn[0]) if drawn else np.empty((0, 2))
+        ridge_lines = np.concatenate([sampled(x) for x in drawn[1:]]) if len(drawn) > 1 else np.empty((0, 2))
         inside = ax.get_window_extent(renderer)
 
         def place(name, dx, dy):
@@ -129,9 +133,10 @@ class _PointLabels(Artist):
                 misread = any(np.hypot(ax_ - c[0], ay_ - c[1]) <= own or gap(box, *c) < 4 * px
                               for j, c in enumerate(centres) if j != i)
                 far = abs(place_[1]) > 7  # not right beside the point: the name is harder to pair with it
-                crosses = bool(np.any((lines[:, 0] > box.x0) & (lines[:, 0] < box.x1) & (lines[:, 1] > box.y0)
-                                      & (lines[:, 1] < box.y1)))
-                return covers, outside, misread, far, crosses
+                def crosses(pts):
+                    return bool(np.any((pts[:, 0] > box.x0) & (pts[:, 0] < box.x1) & (pts[:, 1] > box.y0)
+                                       & (pts[:, 1] < box.y1)))
+                return covers, outside, misread, far, crosses(roof_line), crosses(ridge_lines)
             best = None  # the first of the places with the fewest faults, the worst counted first
             for place_ in _PLACES:
                 faults = cost(place_)
