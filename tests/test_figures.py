@@ -166,3 +166,9 @@ def test_simulated_timelines_title_each_schedule_with_its_equal_stage_idle_share
     plots.show(fig, alt="one panel")
     with pytest.raises(ValueError, match="orders"):
         plot_simulated_timelines({})
+    # a stage twice the size: the same idle share over twice the time axis
+    big = plot_simulated_timelines({"1F1B": order}, stage_size={"1F1B": 2})
+    assert big.axes[0].get_title() == fig.axes[0].get_title()
+    assert big.axes[0].get_xlim()[1] == pytest.approx(2 * fig.axes[0].get_xlim()[1])
+    with pytest.raises(ValueError, match="stage_size"):
+        plot_simulated_timelines({"1F1B": order}, stage_size={"ZBV": 2})

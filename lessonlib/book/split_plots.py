@@ -255,8 +255,13 @@ def step_terms_figure(first, second, names=("first choice", "published"), title:
     return fig
 
 
-def plot_simulated_timelines(orders: dict, title: str = "Equal stages, simulated: where the bubble goes"):
+def plot_simulated_timelines(orders: dict, title: str = "Equal stages, simulated: where the bubble goes",
+                             stage_size: dict | None = None):
     """Gantt charts of each schedule's own action order run with equal stages (forward 1, backward 2 time units).
+
+    ``stage_size`` maps a schedule name to the size of its stages, in those units (default 1): a schedule
+    with one stage a process, beside others whose processes hold two half-size stages, takes 2, so that
+    every panel runs the same model's work on the shared time axis. The idle shares do not depend on it.
 
     ``orders`` maps a schedule name to its per-process action lists as torch writes them (``"0F1"``; what
     :func:`lessonlib.calc.pipeline.read_schedule` returns as ``order``); each is run by
@@ -270,7 +275,13 @@ def plot_simulated_timelines(orders: dict, title: str = "Equal stages, simulated
     if not orders:
         raise ValueError("orders must hold at least one schedule")
     check_text("title", title)
-    sims = {check_text("orders", name): simulate_actions(order, EQUAL_STAGE_TIMES) for name, order in orders.items()}
+    size = check_mapping("stage_size", {} if stage_size is None else stage_size, allow_empty=True)
+    for name, k in size.items():
+        check_choice("stage_size", name, tuple(orders))
+        check_positive(f"stage_size[{name!r}]", k)
+    sims = {check_text("orders", name): simulate_actions(
+        order, {kind: size.get(name, 1) * t for kind, t in EQUAL_STAGE_TIMES.items()})
+        for name, order in orders.items()}
     end = max(t["end"] for tasks in sims.values() for t in tasks)
     procs = max(len(order) for order in orders.values())
     fig, axes = plt.subplots(len(sims), 1, figsize=(9, 0.9 + 1.1 * procs * len(sims)), squeeze=False, sharex=True)
@@ -287,7 +298,8 @@ def plot_simulated_timelines(orders: dict, title: str = "Equal stages, simulated
         ax.set_ylim(procs - 0.4, -0.6)
         ax.set_xlim(0, 1.01 * end)
         ax.set_title(f"{name}: idle share {schedule_idle_fraction(tasks):.1%} (gaps = waiting)", fontsize=10)
-    axes[-1, 0].set_xlabel("time (units: a stage's forward = 1, its backward = 2, I = W = 1)\nF forward, "
+    axes[-1, 0].set_xlabel("time (units: a stage's forward = 1, its backward = 2, I = W = 1"
+                           + (", times each panel's stage size" if size else "") + ")\nF forward, "
                            "B backward, I input-gradient backward, W weight-gradient backward, with the "
                            "micro-batch; hatched = a process's later stage", fontsize=8)
     fig.suptitle(check_text("title", title))
