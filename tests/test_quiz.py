@@ -372,3 +372,11 @@ def test_the_right_choice_is_not_always_shown_first():
         firsts += shown[0] == "0"
     assert firsts < 20  # a fair shuffle: about 10 in 40; without one, 40
     assert q.static_html() == q.static_html()  # the same order on every build
+
+
+def test_a_multiple_select_question_says_more_than_one_may_be_right():
+    q = MultipleSelect("Which are even?", [Choice("2", True), Choice("4", True), Choice("5")])
+    assert q.question == "Which are even? (Choose all that apply.)"
+    assert "Choose all that apply" in q.static_html()
+    said = MultipleSelect("Which are even? Choose all that apply.", [Choice("2", True), Choice("5")])
+    assert said.question == "Which are even? Choose all that apply."  # not said twice

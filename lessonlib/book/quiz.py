@@ -180,8 +180,16 @@ class SingleChoice(_ChoiceQuiz):
 
 
 class MultipleSelect(_ChoiceQuiz):
-    """Select every correct choice; right only when the selection is exactly the correct set."""
+    """Select every correct choice; right only when the selection is exactly the correct set.
 
+    The question says so: "(Choose all that apply.)" is added where its text does not already say it,
+    since check boxes alone do not tell a reader that more than one choice may be right.
+    """
+
+    def __init__(self, question: str, choices: Sequence[Choice | str], explanation: str = "", answer=None):
+        super().__init__(question, choices, explanation, answer)
+        if "all that apply" not in self.question.lower():
+            self.question = f"{self.question} (Choose all that apply.)"
 
     def check(self, answer: Iterable[int | str]) -> Verdict:
         """Grade a selection: an iterable of 0-based indices or choice texts."""
