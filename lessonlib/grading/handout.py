@@ -125,12 +125,7 @@ def student_notebook(nb):
         if BEGIN_SOLUTION in src:
             stub = CODE_STUB if cell.cell_type == "code" else MARKDOWN_STUB
             src = _replace_regions(src, BEGIN_SOLUTION, END_SOLUTION, stub)
-        if BEGIN_HIDDEN in src:
-            src = _replace_regions(src, BEGIN_HIDDEN, END_HIDDEN, None)
-        cell.source = src
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
+        _set_without_hidden_tests_or_outputs(cell, src)
         # the book hides solutions and checks behind a toggle; students see all of theirs
         tags = [t for t in cell.get("metadata", {}).get("tags", []) if t not in ("hide-cell", "hide-input")]
         if "tags" in cell.get("metadata", {}):
@@ -294,18 +289,22 @@ def write_student_copies(source_dir: Path | str, out_dir: Path | str,
     return written
 
 
+def _set_without_hidden_tests_or_outputs(cell, src: str) -> None:
+    """Give ``cell`` the source ``src`` less its hidden-test regions, and no outputs (a code cell)."""
+    if BEGIN_HIDDEN in src:
+        src = _replace_regions(src, BEGIN_HIDDEN, END_HIDDEN, None)
+    cell.source = src
+    if cell.cell_type == "code":
+        cell.outputs = []
+        cell.execution_count = None
+
+
 def solution_notebook(nb):
     """The copy to hand out after the deadline: solutions and the closing summary (``instructor-only``) kept,
     hidden tests and outputs removed. Run from the top, it reproduces every answer and prints the summary."""
     nb = copy.deepcopy(nb)
     for cell in nb.cells:
-        src = cell_source(cell)
-        if BEGIN_HIDDEN in src:
-            src = _replace_regions(src, BEGIN_HIDDEN, END_HIDDEN, None)
-        cell.source = src
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
+        _set_without_hidden_tests_or_outputs(cell, cell_source(cell))
         cell.get("metadata", {}).pop("execution", None)
     return nb
 
