@@ -137,10 +137,12 @@ class Attention(nn.Module):
         # nothing for backward, whereas masked_fill would keep an s x s bool mask
         self.register_buffer("causal", torch.full((seq_len, seq_len), float("-inf")).triu(1), persistent=False)
 
-    def forward(self, x):
-        b, s, h = x.shape
+    def core(self, qkv):
+        """From the QKV product's output ``(batch, seq, 3 x hidden)`` to the output projection's input: the
+        part between the weight products (Korthikanti et al.'s selective recomputation reruns it)."""
+        b, s, h = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         a = self.heads
-        q, k, v = self.qkv(x).view(b, s, 3, a, h // a).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.view(b, s, 3, a, h // a).permute(2, 0, 3, 1, 4)
         if self.impl == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                dropout_p=self.p if self.training else 0.0)
@@ -148,7 +150,10 @@ class Attention(nn.Module):
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(h // a))
             scores = scores + self.causal[:s, :s]
             y = self.attn_drop(scores.softmax(dim=-1)) @ v
-        return self.proj(y.transpose(1, 2).reshape(b, s, h))
+        return y.transpose(1, 2).reshape(b, s, h)
+
+    def forward(self, x):
+        return self.proj(self.core(self.qkv(x)))
 
 
 class Block(nn.Module):
@@ -169,9 +174,13 @@ class Block(nn.Module):
         self.fc2 = nn.Linear(4 * hidden, hidden)
         self.drop2 = dropout_cls(dropout)
 
+    def mlp(self, x):
+        """The MLP branch that the second residual adds: drop(fc2(gelu(fc1(ln(x)))))."""
+        return self.drop2(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+
     def forward(self, x):
         x = x + self.drop1(self.attn(self.ln1(x)))
-        return x + self.drop2(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+        return x + self.mlp(x)
 
 
 class TinyGPT(nn.Module):

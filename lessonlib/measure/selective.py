@@ -23,7 +23,6 @@ from __future__ import annotations
 import statistics
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -100,15 +99,6 @@ def forward(blocks: torch.nn.Sequential, x: torch.Tensor, recompute: str = "none
     return x
 
 
-def _attention_core(attn, qkv):
-    """Scores, causal mask, softmax, dropout and scores times V, from the QKV product's output."""
-    b, s, three_h = qkv.shape
-    a, d = attn.heads, three_h // 3 // attn.heads
-    q, k, v = qkv.view(b, s, 3, a, d).permute(2, 0, 3, 1, 4)
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d)) + attn.causal[:s, :s]
-    return (attn.attn_drop(scores.softmax(dim=-1)) @ v).transpose(1, 2).reshape(b, s, three_h // 3)
-
-
 def core_checkpointed(blocks: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     """Each block by hand, only its attention core under a plain ``checkpoint`` (no policy, so no
     per-operation dispatch): Korthikanti et al.'s selective recomputation, the same two score products
@@ -119,9 +109,9 @@ def core_checkpointed(blocks: torch.nn.Sequential, x: torch.Tensor) -> torch.Ten
                          "as gpt_blocks makes them")
     with checkpoint_early_stop(False):
         for block in blocks:
-            core = checkpoint(_attention_core, block.attn, block.attn.qkv(block.ln1(x)), use_reentrant=False)
+            core = checkpoint(block.attn.core, block.attn.qkv(block.ln1(x)), use_reentrant=False)
             x = x + block.drop1(block.attn.proj(core))
-            x = x + block.drop2(block.fc2(torch.nn.functional.gelu(block.fc1(block.ln2(x)))))
+            x = x + block.mlp(x)
     return x
 
 
