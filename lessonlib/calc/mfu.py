@@ -82,7 +82,7 @@ def attention_share(n_params, layers, seq_len, hidden, causal=True) -> float:
     0.2013
     """
     f = model_hardware_flops(n_params, 1, layers, seq_len, hidden, causal=causal)
-    return f.attention / f.dense
+    return result(f.attention / f.dense, "n_params, layers, seq_len and hidden", "an attention share of 6N")
 
 
 def flops_utilisation(flops, seconds, peak_flops_per_s, world_size=1) -> float:
