@@ -247,3 +247,28 @@ def test_small_claims_of_chapters_1_and_2_say_what_was_measured():
     assert "time_ratio_rounds(" in sel and "noise = gap[0] <= 0 <= gap[2]" in sel and "cannot be told apart here" in sel
     assert "multiplies the loss" not in text(CH2 / "05-how-often-and-which-kind.md")
 
+
+
+def test_1_4_fp8_bytes_agree_between_table_and_text():
+    """The recipe table showed fp8 at 16 bytes a parameter while the text said 17-18: both now come from the
+    recipe's state plus its weights_in_flight (the e4m3 copy of each weight, twice with a transposed copy)."""
+    from lessonlib.calc.precision import recipe
+    r = recipe("fp8")
+    assert (r.bytes_per_param(), r.step_bytes_per_param(), r.step_bytes_per_param(transposed=True)) == (16, 17, 18)
+    assert recipe("bf16_master").step_bytes_per_param(transposed=True) == 16  # no copy: the state alone
+    page = text(CH1 / "04-precision-by-role.md")
+    assert "{r.step_bytes_per_param()}\" if r.weights_in_flight" in page  # the table's fp8 cell
+    assert "fp8_run = (fp8_r.step_bytes_per_param(), fp8_r.step_bytes_per_param(transposed=True))" in page
+    assert "+ fp8_copy" not in page and "2 * fp8_copy" not in page
+
+
+def test_1_4_says_why_fp8_trains():
+    """The FP8 section names the four parts of the recipe that make it train, with e4m3's and e5m2's largest
+    numbers from torch.finfo (the formats table), not typed."""
+    page = text(CH1 / "04-precision-by-role.md")
+    why = page.split("# @title Text with this run's numbers: why FP8 trains")[1].split("```")[0]
+    for part in ("A scale per tensor", "*Current* scaling", "*delayed* scaling", "A format for each role",
+                 "Wide sums", "High-precision state"):
+        assert part in why, part
+    assert "{e4.max:g}" in why and "{e5.max:g}" in why and "448" not in why and "57344" not in why
+    assert "errs roughly as often up as down" not in page

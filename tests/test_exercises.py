@@ -979,13 +979,15 @@ def test_3b_summary_reports_both_predictions_errors_not_which_is_closer():
 
 def test_1c_summary_states_the_selective_overhead_on_chapter_2s_basis():
     """1c's summary gave selective recomputation's extra compute on 6ND alone (5.2 %) where chapter 2's page
-    gives it on the full count, attention's products included (4.8 %)."""
+    gives it on the model FLOPs, attention's products included; both now count attention causal (lessonlib.calc.mfu)."""
     text = (EXERCISES / "1c-will-it-fit.md").read_text()
     summary = text[text.index("# @title What this exercise showed"):]
-    assert "{ex1c_selective_all:.1%} more compute on the full count" in summary
-    assert "3 * 4 * seq_len * hidden * layers * train_tokens" in summary
+    assert "{ex1c_selective_all:.1%} more compute on the model FLOPs, causal attention included" in summary
+    assert "ex1c_selective_all = _ex1c_flops.recomputed / _ex1c_flops.model" in summary
     page = next((ROOT / "chapters" / "02-two-checkpoints").glob("03-*.md")).read_text()
-    assert "attention_step = 3 * 4 * S7 * H7 * L7 * tokens" in page  # the basis the summary follows
+    # the basis the summary follows: the course's one count, lessonlib.calc.mfu (causal attention)
+    assert "extra = {rc: 100 * added[rc] / big_flops[\"none\"].model" in page
+    assert "model_hardware_flops(n7, tokens, L7, S7, H7, recompute=rc)" in page
 
 
 def test_1b_summary_explains_round_half_to_even():

@@ -12,8 +12,11 @@
   raises HFU at a given step time and leaves MFU where it is (or lowers it,
   since the step gets longer).
 * **Causal attention** computes only the scores below the diagonal: half the
-  s x s matrix. ``causal=True`` (the course's default) counts half; PaLM's
-  published MFU formula, 6N + 12 L H Q T per token, counts the full matrix.
+  s x s matrix. ``causal=True`` (the course's one convention, on every page that
+  counts FLOPs) counts half: 6N + 6 x layers x seq_len x hidden per token. PaLM's
+  published MFU formula (its Appendix B), 6N + 12 L H Q T per token, counts the
+  full matrix, as most published MFUs do: ``causal=False``.
+  :func:`attention_share` gives the attention term as a share of 6N, either way.
 """
 from __future__ import annotations
 
@@ -67,6 +70,19 @@ def model_hardware_flops(n_params, tokens, layers, seq_len, hidden, causal=True,
     forward_attention = attention / 3          # 4 of the 12: the forward scores and weighted sum
     recomputed = {"none": 0.0, "attention": forward_attention, "full": dense / 3 + forward_attention}[mode]
     return StepFlops(dense=dense, attention=attention, recomputed=recomputed)
+
+
+def attention_share(n_params, layers, seq_len, hidden, causal=True) -> float:
+    """Attention's model FLOPs over the weights' 6N, per token (dimensionless): 6 L s h / 6N causal, twice that
+    with ``causal=False`` (PaLM's count). The one source of every attention share the pages state.
+
+    >>> round(attention_share(1e9, 24, 2048, 2048), 4)       # causal: half the score matrix
+    0.1007
+    >>> round(attention_share(1e9, 24, 2048, 2048, causal=False), 4)   # PaLM's: the full matrix
+    0.2013
+    """
+    f = model_hardware_flops(n_params, 1, layers, seq_len, hidden, causal=causal)
+    return result(f.attention / f.dense, "n_params, layers, seq_len and hidden", "an attention share of 6N")
 
 
 def flops_utilisation(flops, seconds, peak_flops_per_s, world_size=1) -> float:

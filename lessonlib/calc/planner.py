@@ -45,7 +45,8 @@ def training_flops(n_params, tokens, recompute: str = "none", seq_len=None, hidd
     * ``"attention"`` (Korthikanti et al.'s selective recomputation: the attention core rebuilt)
       repeats only the attention scores and their product
       with the values, 4 x seq_len x hidden FLOPs per token per layer (needs
-      ``seq_len``, ``hidden`` and ``layers``).
+      ``seq_len``, ``hidden`` and ``layers``): the whole score matrix, as a written-out attention reruns it.
+      The course's count of model FLOPs, causal attention at half, is :mod:`lessonlib.calc.mfu`'s.
 
     >>> training_flops(10, 100)
     6000.0

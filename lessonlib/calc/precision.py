@@ -26,15 +26,17 @@ The recipes (``name``: weights + gradients + master, state value, activation):
                            and gradients, fp32 master)
 =========================  =====================================================
 
-With Adam that is 16, 16, 18, 8, 16 and 16 bytes per parameter. FP8 saves in
-what flows through the matrix products (1-byte copies of weights and
-activations), not in the state: the master copy and the optimizer state stay.
+With Adam that is 16, 16, 18, 8, 16 and 16 bytes per parameter of state. FP8
+saves in what flows through the matrix products (1-byte activations), not in
+the state: the master copy and the optimizer state stay, and the weights'
+1-byte e4m3 copy for the products (``weights_in_flight``) comes on top, twice
+with a transposed copy for backward: :meth:`Recipe.step_bytes_per_param`, 17 or 18.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import choice as check_choice
+from ..checks import choice as check_choice, flag as check_flag
 
 #: The precisions, one name each (CONTRIBUTING's word table).
 PRECISIONS = ("fp32", "bf16_master", "bf16_master_fp32_grads", "bf16", "fp16_master", "fp8")
@@ -64,6 +66,7 @@ class Recipe:
     activation: int
     compute: str
     note: str
+    weights_in_flight: int = 0  # bytes per parameter of a copy of the weights in the products' format (fp8: 1)
 
     def state_bytes(self, optimizer: str = "adam") -> int:
         """Bytes of optimizer state per parameter for ``optimizer`` under this recipe."""
@@ -73,6 +76,16 @@ class Recipe:
     def bytes_per_param(self, optimizer: str = "adam") -> int:
         """Training-state bytes per parameter: weights + gradients + master copy + optimizer state."""
         return self.weights + self.gradients + self.master_weights + self.state_bytes(optimizer)
+
+    def step_bytes_per_param(self, optimizer: str = "adam", transposed: bool = False) -> int:
+        """Bytes per parameter a step holds: the state plus ``weights_in_flight``, twice that with ``transposed``
+        (a second, transposed copy for backward, as FP8 products on Hopper GPUs take only one operand layout).
+
+        >>> recipe("fp8").step_bytes_per_param(), recipe("fp8").step_bytes_per_param(transposed=True)
+        (17, 18)
+        """
+        copies = 2 if check_flag("transposed", transposed) else 1
+        return self.bytes_per_param(optimizer) + copies * self.weights_in_flight
 
 
 RECIPES = {
@@ -87,7 +100,8 @@ RECIPES = {
     "fp16_master": Recipe("fp16_master", 2, 2, 4, 4, 2, "fp16",
                           "fp16 forward and backward with loss scaling, fp32 master weights"),
     "fp8": Recipe("fp8", 2, 2, 4, 4, 1, "fp8 (e4m3 forward, e5m2 gradients)",
-                  "per-tensor scaled FP8 matrix products on bf16 weights with an fp32 master copy"),
+                  "per-tensor scaled FP8 matrix products on bf16 weights with an fp32 master copy",
+                  weights_in_flight=1),  # torch.float8_e4m3fn's itemsize: one e4m3 copy of each weight
 }
 assert tuple(RECIPES) == PRECISIONS
 
