@@ -79,3 +79,18 @@ def test_gantt_title_names_its_step():
     run = {"world_size": 2, "runs": [{"schedule": "GPipe", "microbatches": 1, "steps": [step, step]}]}
     fig = split_plots.plot_pipeline_timelines(run, microbatches=1, step=1)
     assert "step 2 of 2" in fig.axes[0].get_title()
+
+
+def test_gantt_panels_share_one_time_axis():
+    from lessonlib.book import split_plots
+
+    def step(end):  # a step that lasts ``end`` seconds
+        spans = [[("F", 0, 0.0, end / 4), ("B", 0, end / 2, end)], [("F", 0, end / 4, end / 2)]]
+        return {"spans": spans, "idle_share": 0.5, "peak_bytes": [0, 0], "left_bytes": [0, 0]}
+
+    run = {"world_size": 2, "runs": [{"schedule": "GPipe", "microbatches": 1, "steps": [step(1.0)]},
+                                     {"schedule": "1F1B", "microbatches": 1, "steps": [step(3.0)]}]}
+    fig = split_plots.plot_pipeline_timelines(run, microbatches=1)
+    top, bottom = fig.axes[:2]
+    assert top.get_xlim() == bottom.get_xlim()
+    assert bottom.get_xlim()[1] >= 3000  # the longer step, in ms, fits on both panels

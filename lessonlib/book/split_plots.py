@@ -118,14 +118,17 @@ def _draw_step(ax, st, p, row: str, *, fade: float, share: float, fontsize: int,
 
 @_reads("run")
 def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
-    """Busy spans of each stage as recorded in one real step, GPipe above 1F1B (ms from the step's start)."""
+    """Busy spans of each stage as recorded in one real step, GPipe above 1F1B (ms from the step's start),
+    on one shared time axis, so that the panels' lengths compare."""
     p, steps = _pipeline_steps(run, microbatches, step)
-    fig, axes = plt.subplots(len(steps), 1, figsize=(7.5, 1.3 + 1.0 * p * len(steps)), squeeze=False)
+    fig, axes = plt.subplots(len(steps), 1, figsize=(7.5, 1.3 + 1.0 * p * len(steps)), squeeze=False, sharex=True)
+    longest = 0.0
     for ax, (r, st) in zip(axes[:, 0], steps):
-        _draw_step(ax, st, p, "stage", fade=0.55, share=0.02, fontsize=7, stages=False)
-        ax.set_xlabel("time since the step's first computation (ms)")
+        t0, t1 = _draw_step(ax, st, p, "stage", fade=0.55, share=0.02, fontsize=7, stages=False)
+        longest = max(longest, t1 - t0)
         ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}: idle share "
                      f"{st['idle_share']:.0%} (formula {(p - 1) / (microbatches + p - 1):.0%})", fontsize=10)
+    axes[-1, 0].set_xlim(0, 1.02e3 * longest)  # shared by every panel; a margin, so that the last bar is not cut
     axes[-1, 0].set_xlabel("time since the step's first computation (ms)\nF = forward, B = backward, gaps = waiting")
     fig.suptitle("Pipeline steps recorded on real processes")
     fig.tight_layout()

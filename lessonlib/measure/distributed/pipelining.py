@@ -181,7 +181,12 @@ def _build(name, rank, n, v, device, group, hidden, layers):
 
 
 def _run_schedules(rank, n, group, device, progress, configs, hidden, layers, rows, reps, v=1):
-    """Ranks 0..n-1 of ``group`` run each ``(schedule, m)`` of ``configs``."""
+    """Ranks 0..n-1 of ``group`` run each ``(schedule, m)`` of ``configs``.
+
+    The steps are interleaved: every configuration is built first, then each round runs one step of
+    each in turn, so a change in the machine's load (other programs, a throttled core) falls on every
+    schedule alike instead of on whichever happened to run last.
+    """
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -189,7 +194,7 @@ def _run_schedules(rank, n, group, device, progress, configs, hidden, layers, ro
 
     classes = {"GPipe": pl.ScheduleGPipe, "1F1B": pl.Schedule1F1B, "Interleaved1F1B": pl.ScheduleInterleaved1F1B,
                "InterleavedZB": pl.ScheduleInterleavedZeroBubble, "ZBV": pl.ScheduleZBVZeroBubble}
-    results = []
+    built = []
     for name, m in configs:
         stages, mods, idx, total = _build(name, rank, n, v, device, group, hidden, layers)
         spans: list = []
@@ -206,20 +211,24 @@ def _run_schedules(rank, n, group, device, progress, configs, hidden, layers, ro
         params = [q for mod in mods for q in mod.parameters()]
         args = (x,) if 0 in idx else ()
         kwargs = {"target": y} if total - 1 in idx else {}
-        runs = []
-        for rep in range(reps + 1):  # the first step sets the stages up: not measured
+        built.append((schedule, mods, spans, actions, [*params, x, y], args, kwargs))
+    results = [[] for _ in configs]
+    for rep in range(reps + 1):  # the first round sets the stages up: not measured
+        for j, (schedule, mods, spans, actions, exclude, args, kwargs) in enumerate(built):
             spans.clear()
             for mod in mods:
                 mod.zero_grad(set_to_none=True)
-            counter = LiveSavedBytes(exclude=[*params, x, y])
+            counter = LiveSavedBytes(exclude=exclude)
             dist.barrier(group=group)
             with counter:
                 schedule.step(*args, **kwargs)
+            for mod in mods:  # this configuration's gradients are not needed again: free them
+                mod.zero_grad(set_to_none=True)
             if rep > 0:
-                runs.append({"spans": list(spans), "peak_bytes": counter.peak, "left_bytes": counter.live,
-                             "actions": actions if rank == 0 else None})
-        results.append(runs)
-        progress.put(1)
+                results[j].append({"spans": list(spans), "peak_bytes": counter.peak, "left_bytes": counter.live,
+                                   "actions": actions if rank == 0 else None})
+            if rep == reps:
+                progress.put(1)
     return results
 
 
