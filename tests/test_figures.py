@@ -123,7 +123,7 @@ def test_step_terms_figure_stacks_compute_bubble_and_exposed_communication():
     from lessonlib.calc.layout_search import published_layout_cost
     meta = published_layout_cost()
     plain = published_layout_cost(recompute="full")
-    fig = step_terms_figure(plain, meta, ("full recomputation", "selective"))
+    fig = step_terms_figure(plain, meta, ("full recomputation", "save_matmuls"))
     ax = fig.axes[0]
     heights = [p.get_height() for p in ax.patches]
     assert len(heights) == 6 and abs(sum(heights[1::2]) - meta.step_s) < 1e-9 * meta.step_s

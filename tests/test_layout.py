@@ -317,12 +317,12 @@ def test_one_memory_figure_for_metas_8k_layout_at_the_stated_assumptions():
 
 
 def test_both_pages_name_recomputation_the_same_way():
-    """'selective' is chapter 2's (the weight products kept), on both pages; the stored scores are named as such."""
+    """'save_matmuls' (the weight products kept) on both pages; the stored scores are named as such."""
     import re
     for page in ("chapters/03-distributed-speedup/11-choose-a-layout.md",
                  "chapters/03-distributed-speedup/14-price-a-real-run.md"):
         src = open(page).read()
-        # no mode is relabelled: 'selective' never stands for the fused-attention figure
+        # no mode is relabelled: 'save_matmuls' never stands for the fused-attention figure
         assert not re.search(r'recompute="full" if mode == "full" else "none"', src), page
     src = open("chapters/03-distributed-speedup/14-price-a-real-run.md").read()
     assert "scores stored" in src and 'recompute=mode' in src

@@ -72,12 +72,12 @@ def test_kept_bytes_match_the_formulas_to_the_byte(gpt):
     blocks, x = gpt
     ln_stats = 2 * 2 * S * B * 2  # LayerNorm mean and 1/std, which the paper leaves out
     want = {"none": L * (activation_bytes_per_layer(S, B, H, A, attention="stored") + ln_stats),
-            "selective": L * matmul_outputs_bytes_per_layer(S, B, H),
+            "save_matmuls": L * matmul_outputs_bytes_per_layer(S, B, H),
             "full": L * activation_bytes_per_layer(S, B, H, A, "full")}
     got = {rc: selective.kept_after_forward(blocks, x, rc) for rc in want}
     assert got == want
     # the score term (Korthikanti's 5as/h) is gone under both recomputations
-    assert got["selective"] < L * activation_bytes_per_layer(S, B, H, A, "attention", attention="stored")
+    assert got["save_matmuls"] < L * activation_bytes_per_layer(S, B, H, A, "attention", attention="stored")
     peaks = [selective.peak_step_bytes(blocks, x, rc) for rc in want]
     assert peaks[0] > peaks[1] > peaks[2]
 
@@ -85,7 +85,7 @@ def test_kept_bytes_match_the_formulas_to_the_byte(gpt):
 def test_flops_match_the_formulas_exactly(gpt):
     blocks, x = gpt
     plain = selective.step_flops(blocks, x, "none")
-    assert selective.step_flops(blocks, x, "selective") == plain + L * attention_core_flops_per_layer(S, B, H)
+    assert selective.step_flops(blocks, x, "save_matmuls") == plain + L * attention_core_flops_per_layer(S, B, H)
     assert selective.step_flops(blocks, x, "full") == round(plain * predicted_flops_ratio())
     # the planner's Korthikanti selective (recompute="attention") rebuilds the same two products: 4 s h a token a layer
     assert training_flops(10**6, B * S, "attention", S, H, L) - training_flops(10**6, B * S) == \
@@ -103,7 +103,7 @@ def test_recomputation_leaves_the_gradients_unchanged(gpt):
         grads[rc] = [p.grad.clone() for p in blocks.parameters()] + [x.grad.clone()]
     blocks.zero_grad(set_to_none=True)
     x.grad = None
-    for rc in ("selective", "full"):
+    for rc in ("save_matmuls", "full"):
         assert all(torch.equal(a, b) for a, b in zip(grads["none"], grads[rc])), rc
 
 
@@ -129,8 +129,10 @@ def test_bad_arguments_are_refused_by_name(gpt):
     blocks, x = gpt
     with pytest.raises(ValueError, match="recompute"):
         selective.forward(blocks, x, "some")
-    with pytest.raises(ValueError, match="policy"):
-        selective.forward(blocks, x, "selective", policy="save_some")
+    with pytest.raises(ValueError, match="recompute"):  # "selective" names a family of policies, not one
+        selective.forward(blocks, x, "selective")
+    with pytest.raises(TypeError, match="policy"):  # one argument names the policy: recompute
+        selective.forward(blocks, x, "save_matmuls", policy="save_matmuls")
     with pytest.raises(TypeError, match="blocks"):
         selective.forward(list(blocks), x)
     with pytest.raises(ValueError, match="x"):
@@ -178,7 +180,7 @@ def test_core_checkpointed_is_korthikanti_selective_without_a_policy():
     assert torch.equal(out, plain) and torch.equal(x.grad, want)
     x.grad = None
     blocks.zero_grad(set_to_none=True)
-    assert counter.get_total_flops() == selective.step_flops(blocks, x, "selective")
+    assert counter.get_total_flops() == selective.step_flops(blocks, x, "save_matmuls")
     assert counter.get_total_flops() > selective.step_flops(blocks, x, "none")
     with pytest.raises(ValueError, match="blocks"):
         selective.core_checkpointed(torch.nn.Sequential(torch.nn.Linear(H, H)), x)

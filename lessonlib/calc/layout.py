@@ -27,7 +27,7 @@ from .stage_memory import (first_stage_activation_bytes, interleaved_bubble_work
                            stage_state_bytes)
 from .sharding import ZERO_STAGES, zero_step_traffic
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "save_matmuls", "full")  # of lessonlib.calc.recompute.RECOMPUTE_POLICIES
 SCHEDULES = ("1f1b", "dualpipe")
 CONTEXT_METHODS = ("ring", "all_gather")
 
@@ -102,7 +102,7 @@ class Layout:
     """Degrees of each split: ``tensor`` x ``context`` x ``pipeline`` x ``data`` = the devices;
     ``expert`` devices share a layer's experts (they come out of the data-parallel ones);
     ``virtual`` pipeline stages per device (1: plain 1F1B; more: the interleaved schedule);
-    ``zero`` the ZeRO stage of the data-parallel copies; ``recompute`` "none", "selective" (keep only the weight
+    ``zero`` the ZeRO stage of the data-parallel copies; ``recompute`` "none", "save_matmuls" (keep only the weight
     products' outputs, rebuild the rest) or "full";
     ``schedule`` "1f1b" (interleaved when ``virtual`` > 1) or "dualpipe" (DeepSeek-V3's: two
     micro-batches in opposite directions, each one's communication hidden behind the other's compute,
@@ -272,7 +272,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     micro-batch is one sequence. The pieces, each per step:
 
     * compute: (6 x active parameters + 6 x layers x hidden x seq_len for causal attention) FLOPs
-      a token, x 4/3 with full recomputation (selective: the causal attention's forward once more, the
+      a token, x 4/3 with full recomputation (``"save_matmuls"``: the causal attention's forward once more, the
       other rebuilt operations cost no FLOPs worth counting), over all devices at ``kernel_efficiency`` of the peak;
       the experts' matmuls slow further when each expert gets fewer tokens than the roofline's
       ridge point (:func:`ridge_flops_per_byte`): a few tokens a weight read cannot keep it busy;
@@ -356,7 +356,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
         per_expert = e * (s // c) * model.top_k / model.experts  # tokens each expert's matmul gets
         slow = max(1.0, ridge_flops_per_byte(_device(cluster)) / per_expert)
     extra = 4 / 3 if layout.recompute == "full" else 1.0
-    rerun = 2 * layers * h * s * tokens if layout.recompute == "selective" else 0.0  # causal attention, again
+    rerun = 2 * layers * h * s * tokens if layout.recompute == "save_matmuls" else 0.0  # causal attention, again
     compute = ((useful - expert_flops + expert_flops * slow) * extra + rerun) / (cluster.world_size * peak * eff)
     # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m), more when m < p
     bubble = compute * ((p / 2 - 1) / micro if dualpipe else interleaved_bubble_work_fraction(p, v, micro))

@@ -175,11 +175,11 @@ def published_activation_bytes(name: str = "Llama 3 405B, 8K context", recompute
 #: up to one a micro-batch, lie between this model's ZeRO-2 and ZeRO-3), and a modified interleaved schedule that
 #: does not need a multiple of the stages in micro-batches; it does not give the number of chunks a device holds.
 PUBLISHED_ASSUMPTIONS = {
-    "Llama 3 405B, 8K context": {"virtual": 4, "zero": 2, "recompute": "selective"},
+    "Llama 3 405B, 8K context": {"virtual": 4, "zero": 2, "recompute": "save_matmuls"},
     # ZeRO-2 as at 8K (the memory of the report's FSDP at the peak); ZeRO-1 gives the same step time
     # here (one 128K-token micro-batch's backward hides a reduction run once a step), so the search, which meets
     # ZeRO-1 first, returns that stage for these degrees
-    "Llama 3 405B, 128K context": {"virtual": 4, "zero": 2, "recompute": "selective"},
+    "Llama 3 405B, 128K context": {"virtual": 4, "zero": 2, "recompute": "save_matmuls"},
 }
 
 #: What the activation formula leaves out for Llama's layers: the one caveat the layout page prints (later pages

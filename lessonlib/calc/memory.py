@@ -36,7 +36,7 @@ OPTIMIZER_BYTES_PER_PARAM = {name: 4 * n for name, n in OPTIMIZER_STATES.items()
 PRECISION_BYTES_PER_PARAM = {r.name: (r.weights, r.gradients, r.master_weights) for r in RECIPES.values()}
 
 
-RECOMPUTE_CHOICES = ("none", "attention", "full")
+RECOMPUTE_CHOICES = ("none", "attention", "full")  # of lessonlib.calc.recompute.RECOMPUTE_POLICIES
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "
       the familiar s*b*h*(34 + 5*a*s/h)
     * ``"attention"``: s*b*h*(10 + 24/t)  (Korthikanti et al.'s selective recomputation: the
       attention core, its scores, softmax and dropout, is rebuilt, so the s**2 term goes; the
-      course's other "selective", the weight products kept, is :mod:`lessonlib.calc.stage_memory`'s)
+      course's other partial policy, ``"save_matmuls"``, is :mod:`lessonlib.calc.stage_memory`'s)
     * ``"full"``:      2*s*b*h   (only the layer's input is kept)
     * ``attention="fused"`` (the default): a fused kernel never stores the scores
       (it recomputes them in backward, and regenerates its dropout mask from the

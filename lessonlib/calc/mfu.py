@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..checks import choice, count, flag, positive, result
 
-RECOMPUTE = ("none", "attention", "full")
+RECOMPUTE = ("none", "attention", "full")  # of lessonlib.calc.recompute.RECOMPUTE_POLICIES
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,20 @@ from ..checks import count, positive, result, share
 #: The three names of one technique.
 NAMES = ("activation checkpointing", "gradient checkpointing", "activation recomputation")
 
+#: The course's one vocabulary of recomputation policies, the values of every ``recompute`` argument (each
+#: function takes the ones it can price or run; ``tests/test_recompute_words.py`` holds them to this list).
+#: "Selective recomputation" names the family of policies between "none" and "full", never one value.
+RECOMPUTE_POLICIES = {
+    "none": "nothing recomputed: every value backward reads is kept",
+    "attention": "Korthikanti et al.'s selective recomputation: the attention core (scores, softmax, dropout, "
+                 "the two score products) rebuilt; the weight products', LayerNorms' and GELU's outputs kept",
+    "save_matmuls": "only the layer's input and the weight products' outputs (QKV, output projection, the "
+                    "MLP's two) kept; everything else rebuilt, the attention core, LayerNorms and GELU included",
+    "save_matmuls_and_attention": "save_matmuls, and a fused attention kernel's output kept too, so backward "
+                                  "does not rerun the kernel (the same as save_matmuls with attention written out)",
+    "full": "only the layer's input kept; the whole layer rerun in backward",
+}
+
 
 def predicted_flops_ratio(recomputed_forward_fraction: float = 1.0,
                           backward_to_forward: float = 2.0,
@@ -104,8 +118,8 @@ def memory_optimal_segment_layers(layers, boundary_bytes, block_bytes, in_flight
 
 
 def matmul_outputs_bytes_per_layer(seq_len, batch, hidden, bytes_per_value: int = 2) -> int:
-    """Bytes one GPT layer keeps when selective recomputation saves only its weight matrix products
-    (PyTorch's ``create_selective_checkpoint_contexts`` with a policy that saves ``mm``/``addmm``).
+    """Bytes one GPT layer keeps under ``recompute="save_matmuls"``: only its weight matrix products' outputs
+    saved (PyTorch's ``create_selective_checkpoint_contexts`` with a policy that saves ``mm``/``addmm``).
 
     The checkpoint keeps the layer's input (h values a token) and the products'
     outputs: QKV (3h), the output projection (h), the MLP's first (4h) and second
@@ -123,7 +137,7 @@ def matmul_outputs_bytes_per_layer(seq_len, batch, hidden, bytes_per_value: int 
 def attention_core_flops_per_layer(seq_len, batch, hidden) -> int:
     """Forward FLOPs of attention's two batched products, Q·Kᵀ and scores·V: 4·b·s²·h.
 
-    What selective recomputation reruns in matrix products: 4·s·h FLOPs a token,
+    What ``"attention"`` and ``"save_matmuls"`` rerun in matrix products: 4·s·h FLOPs a token,
     against the 2·s·a bytes a token of scores (and more for softmax and dropout)
     that storing them would cost. Counted over the full s x s matrix, as a
     written-out causal attention computes it.

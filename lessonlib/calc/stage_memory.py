@@ -13,13 +13,13 @@ from .memory import activation_bytes_per_layer
 from .recompute import matmul_outputs_bytes_per_layer
 from .sharding import ZERO_STAGES, zero_state_bytes
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "save_matmuls", "full")  # of lessonlib.calc.recompute.RECOMPUTE_POLICIES
 
 #: The tensors one layer keeps for backward, per token, without dropout and with a fused attention kernel
 #: (Korthikanti et al.'s list, masks left out): ``(tensor, values in units of the hidden width h, kept with
-#: nothing recomputed, kept by selective recomputation)``. Nothing recomputed keeps 16 h values a token, 32 bytes
-#: at 16 bits (:func:`lessonlib.calc.memory.activation_bytes_per_layer` less the two dropout masks); selective
-#: recomputation (the weight products' outputs saved) keeps 10 h, 20 bytes
+#: nothing recomputed, kept by ``"save_matmuls"``)``. Nothing recomputed keeps 16 h values a token, 32 bytes
+#: at 16 bits (:func:`lessonlib.calc.memory.activation_bytes_per_layer` less the two dropout masks); ``"save_matmuls"``
+#: (the weight products' outputs saved) keeps 10 h, 20 bytes
 #: (:func:`lessonlib.calc.recompute.matmul_outputs_bytes_per_layer`), and rebuilds the rest in backward.
 LAYER_ACTIVATIONS = (
     ("the layer's input (the first LayerNorm's input)", 1, True, True),
@@ -90,7 +90,7 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     ``5 a s^2 b / t`` when the scores are stored (``"stored"``, only without context parallelism).
     ``dropout=False`` (Llama 3, DeepSeek-V3: no dropout in pre-training) drops the masks the paper counts,
     one byte a value: ``2 s b h / t`` (34 becomes 32) and, with stored scores, the scores' mask and
-    dropout output ``3 a s^2 b / t`` (5 becomes 2). ``recompute="selective"`` keeps only the weight
+    dropout output ``3 a s^2 b / t`` (5 becomes 2). ``recompute="save_matmuls"`` keeps only the weight
     products' outputs (:func:`lessonlib.calc.recompute.matmul_outputs_bytes_per_layer`), ``"full"`` only
     the layer's input.
 
@@ -126,7 +126,7 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     if why:
         raise ValueError(f"virtual: {why}")
     local = s // c
-    if recompute == "selective":  # save the weight products' outputs only (the policy of page 2.3)
+    if recompute == "save_matmuls":  # save the weight products' outputs only (the policy of page 2.3)
         per_layer = matmul_outputs_bytes_per_layer(local, 1, h) / t
     else:
         per_layer = activation_bytes_per_layer(local, 1, h, a, recompute, tensor_parallel=t, attention=attention,

@@ -8,7 +8,8 @@ passed as ``context_fn`` to a non-reentrant :func:`torch.utils.checkpoint.checkp
 a *policy* function sees every operation of the checkpointed region and says,
 for each, whether its output is saved or recomputed.
 
-The policy here, :func:`save_matmuls`, saves the weight matrix products
+The policy here, :func:`save_matmuls` (``recompute="save_matmuls"``, named as in
+:data:`lessonlib.calc.recompute.RECOMPUTE_POLICIES`), saves the weight matrix products
 (``aten.mm``/``aten.addmm``: the QKV, output-projection and two MLP products)
 and recomputes everything else: LayerNorm, the attention scores and their
 softmax and dropout (batched products, ``aten.bmm``), GELU and the dropouts.
@@ -37,8 +38,9 @@ from .memory import peak_memory, warm_up
 from .models import TinyGPT
 from .rounds import time_rounds
 
-#: The three settings, as in :data:`lessonlib.calc.memory.RECOMPUTE_CHOICES`.
-RECOMPUTE = ("none", "selective", "full")
+#: The settings :func:`compare` and :func:`time_ratios` measure, named as in
+#: :data:`lessonlib.calc.recompute.RECOMPUTE_POLICIES` (:func:`forward` also runs "save_matmuls_and_attention").
+RECOMPUTE = ("none", "save_matmuls", "full")
 
 #: The operations whose outputs :func:`save_matmuls` keeps: the weight matrix products.
 SAVED_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
@@ -77,32 +79,37 @@ def save_matmuls_and_attention(ctx, op, *args, **kwargs):
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-#: The policies :func:`forward` takes by name.
-POLICIES = {"save_matmuls": save_matmuls, "save_everything": save_everything,
-            "save_matmuls_and_attention": save_matmuls_and_attention}
+#: The per-operation policies :func:`forward` runs, by their ``recompute`` names (the policy function's own name).
+POLICIES = {"save_matmuls": save_matmuls, "save_matmuls_and_attention": save_matmuls_and_attention}
+
+#: Every ``recompute`` :func:`forward` takes.
+SETTINGS = ("none", *POLICIES, "full")
 
 
-def forward(blocks: torch.nn.Sequential, x: torch.Tensor, recompute: str = "none",
-            policy: str = "save_matmuls") -> torch.Tensor:
-    """Run ``blocks`` on ``x``, each block checkpointed as ``recompute`` says ("none", "selective", "full");
-    "selective" uses the named ``policy`` (see :data:`POLICIES`)."""
+def forward(blocks: torch.nn.Sequential, x: torch.Tensor, recompute: str = "none") -> torch.Tensor:
+    """Run ``blocks`` on ``x``, each block checkpointed as ``recompute`` says (one of :data:`SETTINGS`:
+    "none", "full", or a per-operation policy of :data:`POLICIES`)."""
     _check(blocks, x, recompute)
-    chosen = POLICIES[choice("policy", policy, POLICIES)]
+    return _run(blocks, x, recompute if recompute in ("none", "full") else POLICIES[recompute])
+
+
+def _run(blocks, x, how):
+    """``how``: "none", "full" or a policy function (the timing control passes :func:`save_everything`)."""
     for block in blocks:
-        if recompute == "none":
+        if how == "none":
             x = block(x)
-        elif recompute == "full":
+        elif how == "full":
             x = checkpoint(block, x, use_reentrant=False)
         else:
             x = checkpoint(block, x, use_reentrant=False,
-                           context_fn=functools.partial(create_selective_checkpoint_contexts, chosen))
+                           context_fn=functools.partial(create_selective_checkpoint_contexts, how))
     return x
 
 
 def core_checkpointed(blocks: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     """Each block by hand, only its attention core under a plain ``checkpoint`` (no policy, so no
-    per-operation dispatch): Korthikanti et al.'s selective recomputation, the same two score products
-    rerun as :func:`save_matmuls` (early stop off, so the second one is rerun too)."""
+    per-operation dispatch): ``recompute="attention"``, Korthikanti et al.'s selective recomputation,
+    the same two score products rerun as :func:`save_matmuls` (early stop off, so the second one is rerun too)."""
     _check(blocks, x, "none")
     if any(getattr(getattr(block, "attn", None), "impl", None) != "math" for block in blocks):
         raise ValueError("blocks must be the course GPT's blocks with their attention written out (impl='math'), "
@@ -123,7 +130,7 @@ def _check(blocks, x, recompute):
     params = list(blocks.parameters())
     if not params or params[0].shape[-1] != x.shape[-1] or params[0].device != x.device:
         raise ValueError(f"x must end in the blocks' width and sit on their device, got shape {tuple(x.shape)}")
-    choice("recompute", recompute, RECOMPUTE)
+    choice("recompute", recompute, SETTINGS)
 
 
 def gpt_blocks(batch: int = 4, seq_len: int = 128, hidden: int = 64, heads: int = 4, layers: int = 4,
@@ -142,8 +149,8 @@ def gpt_blocks(batch: int = 4, seq_len: int = 128, hidden: int = 64, heads: int 
     return gpt.blocks, x
 
 
-def _step(blocks, x, recompute, policy="save_matmuls"):
-    forward(blocks, x, recompute, policy).float().pow(2).mean().backward()
+def _step(blocks, x, recompute):
+    forward(blocks, x, recompute).float().pow(2).mean().backward()
 
 
 def _clear(blocks, x):
@@ -224,7 +231,7 @@ CORE_ONLY = "attention core, plain checkpoint"
 def time_ratios(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
     """Median over ``rounds`` of each setting's step time over the plain step's, every case timed in every
     round (:func:`lessonlib.measure.rounds.time_rounds`, one thread). Returns ``{case: ratio}`` for the
-    three settings and :data:`POLICY_ONLY`: selective checkpointing with :func:`save_everything`, which
+    settings of :data:`RECOMPUTE` and :data:`POLICY_ONLY`: per-operation checkpointing with :func:`save_everything`, which
     recomputes nothing, so its ratio is the cost of running a policy for every operation; and
     :data:`CORE_ONLY`, :func:`core_checkpointed`: the same rerun products with no policy."""
     per_round = time_ratio_rounds(blocks, x, rounds, progress)
@@ -239,7 +246,7 @@ def time_ratio_rounds(blocks, x, rounds: int = 15, progress: bool = False) -> di
     rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
     progress = flag("progress", progress)
     cases = {rc: functools.partial(forward, recompute=rc) for rc in RECOMPUTE}
-    cases[POLICY_ONLY] = functools.partial(forward, recompute="selective", policy="save_everything")
+    cases[POLICY_ONLY] = functools.partial(_run, how=save_everything)
     cases[CORE_ONLY] = core_checkpointed
 
     def step(fn):
@@ -269,8 +276,8 @@ class SelectiveRow:
 
 
 def compare(blocks, x, settings=RECOMPUTE) -> list:
-    """A :class:`SelectiveRow` for each of ``settings`` (by default none, selective, full)."""
-    settings = [choice("settings", s, RECOMPUTE) for s in sequence("settings", settings)]
+    """A :class:`SelectiveRow` for each of ``settings`` (by default :data:`RECOMPUTE`; any of :data:`SETTINGS`)."""
+    settings = [choice("settings", s, SETTINGS) for s in sequence("settings", settings)]
     _check(blocks, x, "none")
     return [SelectiveRow(rc, kept_after_forward(blocks, x, rc), peak_step_bytes(blocks, x, rc),
                          step_flops(blocks, x, rc)) for rc in settings]
