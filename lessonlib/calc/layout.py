@@ -239,8 +239,7 @@ def measured_cluster(model, one_process_step_s, link, world_size: int = 2, memor
     rate = step_flops(model) / seconds
     device = Device("this machine's processes", rate, positive("memory_bytes", memory_bytes),
                     f"one process's measured step: {seconds * 1e3:.3g} ms")
-    return Cluster(count("world_size", world_size), device=device, node_size=count("world_size", world_size), intra=link,
-                   inter=link)
+    return Cluster(count("world_size", world_size), device=device, node_size=count("world_size", world_size), intra=link, inter=link)
 
 
 def _device(cluster: Cluster) -> Device:
@@ -279,12 +278,9 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     * bubble: compute x (pipeline - 1) / (virtual x micro-batches) for the interleaved 1F1B
       schedule (more with fewer micro-batches than stages:
       :func:`~lessonlib.calc.stage_memory.interleaved_bubble_work_fraction`), (pipeline / 2 - 1) /
-      micro-batches for DualPipe; either times
-      :func:`~lessonlib.calc.stage_memory.busiest_chunk_share` (the layers dealt into pipeline x virtual
-      chunks, at most ceil(layers / (pipeline x virtual)) to a chunk: the busiest chunk paces the fill and drain);
+      micro-batches for DualPipe; either times :func:`~lessonlib.calc.stage_memory.busiest_chunk_share`;
     * tensor: with sequence parallelism, the equivalent of 4 all-reduces of a micro-batch's
-      activations per layer (2 forward, 2 backward), none hidden: an upper bound on their cost, since
-      Megatron-LM overlaps part of them with the matrix products;
+      activations per layer (2 forward, 2 backward), none hidden (an upper bound: Megatron-LM overlaps part);
     * context, ``context_method="ring"``: the ring passes each device's keys and values context - 1
       times in forward and twice that in backward, hidden behind the attention it overlaps while
       that takes longer; ``"all_gather"`` (Llama 3's): every device gathers the whole sequence's keys
@@ -361,8 +357,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     extra = 4 / 3 if layout.recompute == "full" else 1.0
     rerun = 2 * layers * h * s * tokens if layout.recompute == "selective" else 0.0  # causal attention, again
     compute = ((useful - expert_flops + expert_flops * slow) * extra + rerun) / (cluster.world_size * peak * eff)
-    # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m), more when m < p; either
-    # paced by the busiest chunk, ceil(layers / (p v)) layers, when the layers do not deal out evenly
+    # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m), more when m < p; the busiest chunk paces either
     bubble = compute * ((p / 2 - 1) / micro * busiest_chunk_share(layers, p) if dualpipe
                         else pipeline_bubble_fraction(layers, p, v, micro))
     act_bytes = model.bytes_per_value * (s // c) * h  # one micro-batch's activations at a layer boundary
