@@ -171,7 +171,7 @@ def test_the_same_rule_for_every_layout_with_as_many_layer_slots():
     second, pipeline x virtual > layers, while it let the first's empty slots hide inside a chunk.)"""
     from lessonlib.calc.layout_search import candidate_layouts
     from lessonlib.calc.stage_memory import (busiest_chunk_share, interleaved_bubble_work_fraction,
-                                             pipeline_bubble_fraction)
+                                             layer_bubble_fraction)
     llama, cluster, _ = published_models()["Llama 3 405B, 8K context"]
     share = busiest_chunk_share(126, 8, 8)
     assert share == busiest_chunk_share(126, 16, 8) == busiest_chunk_share(126, 8, 16) == pytest.approx(128 / 126)
@@ -183,7 +183,7 @@ def test_the_same_rule_for_every_layout_with_as_many_layer_slots():
         cost = layout_cost(llama, cluster, Layout(8, 1, p, 16384 // (8 * p), virtual=v, zero=2, recompute="selective"))
         m = 2048 // cost.layout.data
         assert cost.bubble_s == pytest.approx(cost.compute_s * interleaved_bubble_work_fraction(p, v, m) * share)
-        assert cost.bubble_s == pytest.approx(cost.compute_s * pipeline_bubble_fraction(126, p, v, m))
+        assert cost.bubble_s == pytest.approx(cost.compute_s * layer_bubble_fraction(126, p, v, m))
     # DualPipe's bubble is paced by its busiest stage by the same rule: DeepSeek-V3's 61 layers in 16 stages of 4
     ds, ds_cluster, ds_pub = published_models()["DeepSeek-V3"]
     cost = layout_cost(ds, ds_cluster, ds_pub)

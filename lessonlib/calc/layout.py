@@ -24,7 +24,7 @@ from .comm import LINKS, MULTI_NODE_ALGORITHMS, Link, multi_node_seconds
 from .hardware import DEVICES, KERNEL_EFFICIENCY, Device
 from .mfu import model_hardware_flops
 from .stage_memory import (busiest_chunk_share, first_stage_activation_bytes, interleaving_problem,
-                           pipeline_bubble_fraction, stage_state_bytes)
+                           layer_bubble_fraction, stage_state_bytes)
 from .sharding import ZERO_STAGES, zero_step_traffic
 
 RECOMPUTE = ("none", "selective", "full")
@@ -359,7 +359,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     compute = ((useful - expert_flops + expert_flops * slow) * extra + rerun) / (cluster.world_size * peak * eff)
     # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m), more when m < p; the busiest chunk paces either
     bubble = compute * ((p / 2 - 1) / micro * busiest_chunk_share(layers, p) if dualpipe
-                        else pipeline_bubble_fraction(layers, p, v, micro))
+                        else layer_bubble_fraction(layers, p, v, micro))
     act_bytes = model.bytes_per_value * (s // c) * h  # one micro-batch's activations at a layer boundary
     tensor_comm = 0.0
     if t > 1:

@@ -90,12 +90,12 @@ def busiest_chunk_share(layers, pipeline, virtual=1) -> float:
     return math.ceil(layers / (p * v)) * p * v / layers
 
 
-def pipeline_bubble_fraction(layers, pipeline, virtual, micro_batches) -> float:
+def layer_bubble_fraction(layers, pipeline, virtual, micro_batches) -> float:
     """Idle time over compute of (interleaved) 1F1B for a model of ``layers`` layers: the equal-chunk bubble
     (:func:`interleaved_bubble_work_fraction`) times :func:`busiest_chunk_share`. The one bubble the layout model
     (:func:`lessonlib.calc.layout.layout_cost`) and the pages that price a published layout's bubble use.
 
-    >>> round(pipeline_bubble_fraction(126, 16, 8, 16), 4)   # 15 / (8 x 16) x 128 / 126
+    >>> round(layer_bubble_fraction(126, 16, 8, 16), 4)   # 15 / (8 x 16) x 128 / 126
     0.119
     """
     return interleaved_bubble_work_fraction(pipeline, virtual, micro_batches) * busiest_chunk_share(
@@ -111,7 +111,7 @@ def interleaved_bubble_work_fraction(pipeline, virtual, micro_batches) -> float:
     ``m`` micro-batches through one chunk waits for the first of them to come round the other devices
     before its next chunk: ``p - m`` idle slots at each of the ``v - 1`` turns, so
     ``((p - 1) + (v - 1)(p - m)) / (v m)``, which is ``p - 1`` at one micro-batch whatever ``v`` is.
-    Uneven chunks: :func:`pipeline_bubble_fraction`.
+    Uneven chunks: :func:`layer_bubble_fraction`.
 
     >>> interleaved_bubble_work_fraction(16, 4, 16), interleaved_bubble_work_fraction(16, 4, 1)
     (0.234375, 15.0)
