@@ -1020,8 +1020,8 @@ def test_2b_q5_accepts_the_early_stop_length_and_its_worked_examples_hold(check_
 
 
 def test_3f_q2_accepts_a_layout_within_1_percent_of_the_fastest():
-    """The runner-up is a tie by the page's own words (0.3 % behind): the check takes it, with its own step
-    time and why_part, and still rejects a layout clearly slower."""
+    """The runner-up is a tie by the page's own words (under 1 % behind): the check takes it, with its own step
+    time and why_part, and still rejects a layout clearly slower (degrees no layout within 1 % has)."""
     from lessonlib.calc.layout_search import search_layouts
     from lessonlib.grading.graders import Answers
 
@@ -1046,7 +1046,8 @@ def test_3f_q2_accepts_a_layout_within_1_percent_of_the_fastest():
     assert tie.step_s <= 1.01 * ranked[0].step_s, "the page's runner-up is a tie"
     check(answers(ranked[0]))
     check(answers(tie))
-    slow = next(c for c in ranked if c.step_s > 1.01 * ranked[0].step_s and degrees(c) not in
-                {degrees(ranked[0]), degrees(tie)})
+    ties = {degrees(c) for c in ranked if c.step_s <= 1.01 * ranked[0].step_s}  # every set of degrees accepted
+    assert {degrees(ranked[0]), degrees(tie)} <= ties
+    slow = next(c for c in ranked if c.step_s > 1.01 * ranked[0].step_s and degrees(c) not in ties)
     with pytest.raises(AssertionError, match="within 1 %"):
         check(answers(slow))

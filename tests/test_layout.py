@@ -138,13 +138,15 @@ def test_deepseek_v3s_layout_ties_with_the_best_under_dualpipe():
     assert mine.capacity_bytes < mine.memory_bytes < mine.capacity_bytes + extra
 
 
-def test_interleaving_needs_even_chunks_and_prices_a_pipeline_that_cannot_fill():
+def test_interleaving_needs_a_layer_a_chunk_and_prices_a_pipeline_that_cannot_fill():
     from lessonlib.calc.layout_search import candidate_layouts
     from lessonlib.calc.stage_memory import interleaved_bubble_work_fraction, interleaving_problem
-    assert interleaving_problem(126, 16, 4, 16) == ""
+    assert interleaving_problem(126, 16, 4, 16) == "" and interleaving_problem(126, 16, 8, 16) == ""
     # any micro-batch count (PyTorch's ScheduleInterleaved1F1B and Llama 3's schedule relax the multiple of p)
     assert interleaving_problem(80, 2, 8, 1) == "" and interleaving_problem(80, 4, 2, 6) == ""
-    assert "must divide" in interleaving_problem(86, 2, 32, 64)           # 43 layers a stage in 32 chunks
+    assert interleaving_problem(86, 2, 32, 64) == ""                     # 43 layers a stage in 32 uneven chunks
+    assert "at most one chunk a layer" in interleaving_problem(86, 2, 64, 64)  # 64 chunks for 43 layers
+    assert "at most one chunk a layer" in interleaving_problem(126, 16, 16, 16)
     # the bubble: (p - 1) / (v m) once the pipeline fills; with m < p each of the v - 1 turns waits p - m slots
     assert interleaved_bubble_work_fraction(16, 4, 16) == pytest.approx(15 / 64)
     assert interleaved_bubble_work_fraction(8, 4, 2) == pytest.approx((7 + 3 * 6) / 8)
@@ -156,9 +158,37 @@ def test_interleaving_needs_even_chunks_and_prices_a_pipeline_that_cannot_fill()
     plain = layout_cost(model, Cluster(512), Layout(4, 1, 2, 64, recompute="full"))
     assert plain.bubble_s == pytest.approx(plain.compute_s * 1 / 1) and inter.bubble_s == pytest.approx(plain.bubble_s)
     assert inter.activation_bytes == plain.activation_bytes and inter.step_s > plain.step_s  # more sends, no gain
-    # the search offers no layout the rules forbid
-    for lay in candidate_layouts(model, Cluster(512)):
-        assert lay.virtual == 1 or math.ceil(80 / lay.pipeline) % lay.virtual == 0
+    # the search offers no layout the rules forbid, and every one they allow (powers of two)
+    offered = {(lay.pipeline, lay.virtual) for lay in candidate_layouts(model, Cluster(512))}
+    for p, v in offered:
+        assert v == 1 or v <= math.ceil(80 / p)
+    assert (2, 32) in offered and (16, 4) in offered and (16, 8) not in offered
+
+
+def test_the_same_rule_for_every_layout_with_as_many_layer_slots():
+    """Llama 3's 126 layers: 8 stages x 8 chunks of two layers and 16 stages x 8 chunks of one both have 128 layer
+    slots; both are allowed, and both bubbles are paced by their busiest chunk alike. (The old rule refused the
+    second, pipeline x virtual > layers, while it let the first's empty slots hide inside a chunk.)"""
+    from lessonlib.calc.layout_search import candidate_layouts
+    from lessonlib.calc.stage_memory import (busiest_chunk_share, interleaved_bubble_work_fraction,
+                                             layer_bubble_fraction)
+    llama, cluster, _ = published_models()["Llama 3 405B, 8K context"]
+    share = busiest_chunk_share(126, 8, 8)
+    assert share == busiest_chunk_share(126, 16, 8) == busiest_chunk_share(126, 8, 16) == pytest.approx(128 / 126)
+    assert busiest_chunk_share(126, 16, 4) == pytest.approx(128 / 126) and busiest_chunk_share(128, 16, 8) == 1
+    offered = {(lay.pipeline, lay.virtual) for lay in candidate_layouts(llama, cluster, zero_stages=(2,),
+                                                                        recompute=("selective",))}
+    assert {(8, 8), (16, 8), (8, 16)} <= offered and (16, 16) not in offered
+    for p, v in ((8, 8), (16, 8)):
+        cost = layout_cost(llama, cluster, Layout(8, 1, p, 16384 // (8 * p), virtual=v, zero=2, recompute="selective"))
+        m = 2048 // cost.layout.data
+        assert cost.bubble_s == pytest.approx(cost.compute_s * interleaved_bubble_work_fraction(p, v, m) * share)
+        assert cost.bubble_s == pytest.approx(cost.compute_s * layer_bubble_fraction(126, p, v, m))
+    # DualPipe's bubble is paced by its busiest stage by the same rule: DeepSeek-V3's 61 layers in 16 stages of 4
+    ds, ds_cluster, ds_pub = published_models()["DeepSeek-V3"]
+    cost = layout_cost(ds, ds_cluster, ds_pub)
+    m = ds.global_batch // ds_pub.data
+    assert cost.bubble_s == pytest.approx(cost.compute_s * (16 / 2 - 1) / m * 64 / 61)
 
 
 def test_the_interleaved_bubble_matches_a_depth_first_timeline():

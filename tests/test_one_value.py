@@ -98,3 +98,19 @@ def test_llama3_table4_mfu_rows_match_their_throughput():
                         ("tflops_16k_long", "mfu_16k_long")):
         assert abs(L[tflops].value * 1e12 / peak - L[mfu].value) <= 0.01, (tflops, mfu)
     assert L["mfu_low"].value == L["mfu_16k_long"].value and L["mfu_high"].value == L["mfu_8k_gpus"].value
+
+
+def test_metas_model_mfu_is_one_value_on_pages_3_11_and_3_13():
+    """Pages 3.11 and 3.13 state the layout model's MFU for Meta's 8K run from one call, llama3_reported_step, at
+    the assumptions published_layout_cost uses (3.13's bubble account takes its chunks v from the same place)."""
+    from lessonlib.calc.layout_search import PUBLISHED_ASSUMPTIONS, llama3_reported_step, published_layout_cost
+    run, meta = llama3_reported_step(), published_layout_cost()
+    settings = PUBLISHED_ASSUMPTIONS["Llama 3 405B, 8K context"]
+    assert run.once.layout.virtual == meta.layout.virtual == settings["virtual"]
+    assert run.once.layout.recompute == meta.layout.recompute == settings["recompute"]
+    assert abs(run.mfu - meta.mfu) > 0.005  # two pricings differ: a page that took the other would disagree
+    layout = (ROOT / "chapters/03-distributed-speedup/11-choose-a-layout.md").read_text()
+    goodput = (ROOT / "chapters/03-distributed-speedup/13-goodput.md").read_text()
+    assert "run = llama3_reported_step()" in layout and "{100 * run.mfu:.0f} % MFU**" in layout
+    assert "l_run = llama3_reported_step()" in goodput and "l_mfu_pct = 100 * l_run.mfu" in goodput
+    assert "l_mine = published_layout_cost()" in goodput and "search_layouts(" not in goodput

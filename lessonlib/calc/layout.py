@@ -23,8 +23,8 @@ from .comm import LINKS, MULTI_NODE_ALGORITHMS, Link, multi_node_seconds
 # KERNEL_EFFICIENCY, a per-kernel share of the peak and not an MFU, lives beside the course's MFU (UTILISATION)
 from .hardware import DEVICES, KERNEL_EFFICIENCY, Device
 from .mfu import model_hardware_flops
-from .stage_memory import (first_stage_activation_bytes, interleaved_bubble_work_fraction, interleaving_problem,
-                           stage_state_bytes)
+from .stage_memory import (busiest_chunk_share, first_stage_activation_bytes, interleaving_problem,
+                           layer_bubble_fraction, stage_state_bytes)
 from .sharding import ZERO_STAGES, zero_step_traffic
 
 RECOMPUTE = ("none", "save_matmuls", "full")  # of lessonlib.calc.recompute.RECOMPUTE_POLICIES
@@ -239,8 +239,7 @@ def measured_cluster(model, one_process_step_s, link, world_size: int = 2, memor
     rate = step_flops(model) / seconds
     device = Device("this machine's processes", rate, positive("memory_bytes", memory_bytes),
                     f"one process's measured step: {seconds * 1e3:.3g} ms")
-    return Cluster(count("world_size", world_size), device=device, node_size=count("world_size", world_size), intra=link,
-                   inter=link)
+    return Cluster(count("world_size", world_size), device=device, node_size=count("world_size", world_size), intra=link, inter=link)
 
 
 def _device(cluster: Cluster) -> Device:
@@ -279,9 +278,9 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     * bubble: compute x (pipeline - 1) / (virtual x micro-batches) for the interleaved 1F1B
       schedule (more with fewer micro-batches than stages:
       :func:`~lessonlib.calc.stage_memory.interleaved_bubble_work_fraction`), (pipeline / 2 - 1) /
-      micro-batches for DualPipe;
+      micro-batches for DualPipe; either times :func:`~lessonlib.calc.stage_memory.busiest_chunk_share`;
     * tensor: with sequence parallelism, the equivalent of 4 all-reduces of a micro-batch's
-      activations per layer (2 forward, 2 backward), none hidden;
+      activations per layer (2 forward, 2 backward), none hidden (an upper bound: Megatron-LM overlaps part);
     * context, ``context_method="ring"``: the ring passes each device's keys and values context - 1
       times in forward and twice that in backward, hidden behind the attention it overlaps while
       that takes longer; ``"all_gather"`` (Llama 3's): every device gathers the whole sequence's keys
@@ -316,8 +315,8 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
         raise ValueError(f"layout.tensor ({t}) must divide model.heads ({model.heads}) and fit model.kv_heads ({kv})")
     if c > 1 and model.seq_len % (2 * c):
         raise ValueError(f"layout.context ({c}): 2 x context must divide model.seq_len ({model.seq_len})")
-    if v * p > model.layers:
-        raise ValueError(f"layout: pipeline x virtual ({p * v}) must be at most model.layers ({model.layers})")
+    if p > model.layers:
+        raise ValueError(f"layout: pipeline ({p}) must be at most model.layers ({model.layers})")
     if dualpipe and (v > 1 or p % 2):
         raise ValueError(f"layout.schedule 'dualpipe' needs an even layout.pipeline (got {p}) and virtual 1 "
                          f"(got {v})")
@@ -358,8 +357,9 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     extra = 4 / 3 if layout.recompute == "full" else 1.0
     rerun = 2 * layers * h * s * tokens if layout.recompute == "save_matmuls" else 0.0  # causal attention, again
     compute = ((useful - expert_flops + expert_flops * slow) * extra + rerun) / (cluster.world_size * peak * eff)
-    # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m), more when m < p
-    bubble = compute * ((p / 2 - 1) / micro if dualpipe else interleaved_bubble_work_fraction(p, v, micro))
+    # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m), more when m < p; the busiest chunk paces either
+    bubble = compute * ((p / 2 - 1) / micro * busiest_chunk_share(layers, p) if dualpipe
+                        else layer_bubble_fraction(layers, p, v, micro))
     act_bytes = model.bytes_per_value * (s // c) * h  # one micro-batch's activations at a layer boundary
     tensor_comm = 0.0
     if t > 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 from ..checks import choice, count, instance, mapping, sequence
 from .layout import (KERNEL_EFFICIENCY, RECOMPUTE, SCHEDULES, Cluster, Layout, LayoutCost, ModelShape, check_cluster,
@@ -26,8 +27,9 @@ def candidate_layouts(model, cluster, zero_stages=(1, 2, 3), recompute=RECOMPUTE
     """Every layout with power-of-two degrees that :func:`layout_cost` accepts for ``model`` on ``cluster``.
 
     ``max_tensor`` caps the tensor degree (default: the node size); ``virtual`` runs over the powers
-    of two up to the layers a pipeline stage holds, where :func:`~lessonlib.calc.layout.interleaving_problem`
-    allows it (equal chunks of each stage's layers; any number of micro-batches).
+    of two up to the layers the busiest pipeline stage holds (``ceil(layers / pipeline)``: at most one chunk a
+    layer, uneven chunks allowed, :func:`~lessonlib.calc.stage_memory.interleaving_problem`; any number of
+    micro-batches).
     """
     model, cluster = check_model(model), check_cluster(cluster)
     for i, sched in enumerate(sequence("schedules", schedules)):
@@ -52,7 +54,7 @@ def candidate_layouts(model, cluster, zero_stages=(1, 2, 3), recompute=RECOMPUTE
             if d % e or model.experts % e:
                 continue
             micro = model.global_batch // d
-            plans = [(v, "1f1b") for v in (_powers_of_two(max(1, model.layers // p)) if p > 1 else [1])
+            plans = [(v, "1f1b") for v in (_powers_of_two(math.ceil(model.layers / p)) if p > 1 else [1])
                      if not interleaving_problem(model.layers, p, v, micro)]
             plans += [(1, "dualpipe")] if "dualpipe" in schedules and p > 1 and p % 2 == 0 else []
             for (v, sched), z, r in itertools.product(plans, zero_stages, recompute):
@@ -175,11 +177,11 @@ def published_activation_bytes(name: str = "Llama 3 405B, 8K context", recompute
 #: up to one a micro-batch, lie between this model's ZeRO-2 and ZeRO-3), and a modified interleaved schedule that
 #: does not need a multiple of the stages in micro-batches; it does not give the number of chunks a device holds.
 PUBLISHED_ASSUMPTIONS = {
-    "Llama 3 405B, 8K context": {"virtual": 4, "zero": 2, "recompute": "save_matmuls"},
+    "Llama 3 405B, 8K context": {"virtual": 8, "zero": 2, "recompute": "save_matmuls"},
     # ZeRO-2 as at 8K (the memory of the report's FSDP at the peak); ZeRO-1 gives the same step time
     # here (one 128K-token micro-batch's backward hides a reduction run once a step), so the search, which meets
     # ZeRO-1 first, returns that stage for these degrees
-    "Llama 3 405B, 128K context": {"virtual": 4, "zero": 2, "recompute": "save_matmuls"},
+    "Llama 3 405B, 128K context": {"virtual": 8, "zero": 2, "recompute": "save_matmuls"},
 }
 
 #: What the activation formula leaves out for Llama's layers: the one caveat the layout page prints (later pages
@@ -199,7 +201,7 @@ def published_layout_cost(name: str = "Llama 3 405B, 8K context", **settings) ->
 
     >>> cost = published_layout_cost()
     >>> round(cost.state_bytes / 1e9, 1), round(cost.activation_bytes / 1e9, 1)
-    (6.7, 53.0)
+    (6.7, 48.0)
     """
     runs = published_models()
     model, cluster, layout = runs[choice("name", name, tuple(runs))]
@@ -211,3 +213,48 @@ def published_layout_cost(name: str = "Llama 3 405B, 8K context", **settings) ->
                  chosen.get("recompute", layout.recompute), layout.schedule)
     method = "all_gather" if layout.context > 1 else "ring"  # Llama 3's context parallelism gathers keys and values
     return layout_cost(model, cluster, lay, context_method=method)
+
+
+@dataclass(frozen=True)
+class ReportedStep:
+    """Meta's 8K step as the Llama 3 report describes its gradients: ``once`` is the layout model's pricing of
+    Meta's degrees with the reduction run once a step (ZeRO-1, :data:`PUBLISHED_ASSUMPTIONS` otherwise);
+    ``data_comm_total_s`` the data-parallel collectives with the reduce-scatter in FP32 (twice its 16-bit bytes),
+    ``data_comm_s`` what the last micro-batch's backward leaves exposed, ``step_s`` the step with that,
+    ``mfu`` the model-FLOPs utilisation it implies, ``extra_bytes`` the whole FP32 gradient buffer's bytes beyond
+    ZeRO-1's 16-bit gradients, ``memory_bytes`` the busiest device's bytes with it."""
+
+    once: LayoutCost
+    data_comm_total_s: float
+    data_comm_s: float
+    step_s: float
+    mfu: float
+    extra_bytes: float
+    memory_bytes: float
+
+
+def llama3_reported_step(kernel_efficiency: float = KERNEL_EFFICIENCY) -> ReportedStep:
+    """The layout model's answer for Meta's Llama 3 405B run at 8K context, the one MFU every page states for it.
+
+    Llama 3 accumulates a step's gradients in FP32 over its micro-batches and reduce-scatters them in FP32 once a
+    step: the once-a-step (ZeRO-1) reduction of :func:`published_layout_cost` with its reduce-scatter's bytes
+    doubled (bandwidth dominates these messages, so the reduce-scatter's share of the time is about its share of
+    the bytes), hidden as :func:`~lessonlib.calc.layout.layout_cost` hides a once-a-step collective: behind the
+    last micro-batch's backward only. ``kernel_efficiency`` as in ``layout_cost``.
+
+    >>> step = llama3_reported_step()
+    >>> step.step_s > step.once.step_s and step.mfu < step.once.mfu
+    True
+    """
+    name = "Llama 3 405B, 8K context"
+    model, cluster, _ = published_models()[name]
+    lay = published_layout_cost(name, zero=1).layout
+    once = layout_cost(model, cluster, lay, kernel_efficiency=kernel_efficiency)
+    rs, ag = once.data_traffic["reduce_scatter"], once.data_traffic["all_gather"]
+    total = once.data_comm_total_s * (1 + rs / (rs + ag))
+    micro = model.global_batch // lay.data
+    exposed = max(0.0, total - once.compute_s * 2 / 3 / micro)
+    step = once.step_s - once.data_comm_s + exposed
+    extra = 2 * model.params / (lay.tensor * lay.pipeline)  # 4 bytes a parameter in place of ZeRO-1's 2
+    return ReportedStep(once, total, exposed, step, once.mfu * once.step_s / step, extra,
+                        once.memory_bytes + extra)

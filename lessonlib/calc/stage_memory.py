@@ -39,16 +39,19 @@ ATTENTION = ("fused", "stored")
 def interleaving_problem(layers, pipeline, virtual, micro_batches) -> str:
     """Why ``virtual`` stages per device cannot interleave this pipeline, or ``""`` when they can.
 
-    ``virtual`` must split each stage's ``ceil(layers / pipeline)`` layers into equal chunks, and there must
-    be a pipeline to interleave. The micro-batch count is free: the schedule as first published ran them in
+    The busiest stage holds ``ceil(layers / pipeline)`` layers, and ``virtual`` may cut it into at most that many
+    chunks (one layer each at the finest). Chunks need not be equal: the layers are dealt into
+    ``pipeline x virtual`` chunks as evenly as they go, at most ``ceil(layers / (pipeline x virtual))`` to a chunk
+    (:func:`busiest_chunk_share` prices the unevenness in the bubble), the same rule for every layout, and there
+    must be a pipeline to interleave. The micro-batch count is free: the schedule as first published ran them in
     rounds of ``pipeline`` and needed a multiple of it, but PyTorch's ``ScheduleInterleaved1F1B`` relaxes
     that rule and Llama 3's modified schedule runs any number. With fewer micro-batches than stages the
     pipeline cannot fill, which :func:`interleaved_bubble_work_fraction` prices.
 
-    >>> interleaving_problem(126, 16, 4, 16)
+    >>> interleaving_problem(126, 16, 8, 16)
     ''
-    >>> interleaving_problem(86, 2, 32, 64)[:30]
-    'virtual 32 must divide each st'
+    >>> interleaving_problem(86, 2, 64, 64)[:29]
+    'virtual 64 chunks cannot shar'
     """
     layers, p = count("layers", layers), count("pipeline", pipeline)
     v, m = count("virtual", virtual), count("micro_batches", micro_batches)
@@ -57,20 +60,58 @@ def interleaving_problem(layers, pipeline, virtual, micro_batches) -> str:
     if p == 1:
         return f"virtual {v} needs a pipeline: with pipeline 1 there is nothing to interleave"
     stage_layers = math.ceil(layers / p)
-    if stage_layers % v:
-        return f"virtual {v} must divide each stage's {stage_layers} layers (ceil(layers {layers} / pipeline {p}))"
+    if v > stage_layers:
+        return (f"virtual {v} chunks cannot share the busiest stage's {stage_layers} layers "
+                f"(ceil(layers {layers} / pipeline {p})): at most one chunk a layer")
     return ""
 
 
+def busiest_chunk_share(layers, pipeline, virtual=1) -> float:
+    """The busiest chunk's layers over the average chunk's: ``ceil(L / (p v)) x p v / L``, at least 1.
+
+    The ``layers`` are dealt into ``pipeline x virtual`` chunks (``virtual`` 1: one chunk a stage); the pipeline's
+    fill and drain run at the pace of its busiest chunk, so the bubble that :func:`interleaved_bubble_work_fraction`
+    gives for equal chunks is this much longer. Two layouts with as many layer slots (``p x v x ceil(L / (p v))``)
+    get the same share: Llama 3's 126 layers in 8 stages of 8 two-layer chunks or 16 stages of 8 one-layer chunks
+    both leave 2 slots of 128 empty (Meta's run took one layer from its first and last stages, which also hold the
+    embedding and the output layer).
+
+    >>> busiest_chunk_share(126, 8, 8) == busiest_chunk_share(126, 16, 8) == 128 / 126
+    True
+    >>> busiest_chunk_share(32, 4, 2)
+    1.0
+    """
+    layers, p, v = count("layers", layers), count("pipeline", pipeline), count("virtual", virtual)
+    if p > layers:
+        raise ValueError(f"pipeline ({p}) must be at most layers ({layers})")
+    why = interleaving_problem(layers, p, v, 1)
+    if why:
+        raise ValueError(f"virtual: {why}")
+    return math.ceil(layers / (p * v)) * p * v / layers
+
+
+def layer_bubble_fraction(layers, pipeline, virtual, micro_batches) -> float:
+    """Idle time over compute of (interleaved) 1F1B for a model of ``layers`` layers: the equal-chunk bubble
+    (:func:`interleaved_bubble_work_fraction`) times :func:`busiest_chunk_share`. The one bubble the layout model
+    (:func:`lessonlib.calc.layout.layout_cost`) and the pages that price a published layout's bubble use.
+
+    >>> round(layer_bubble_fraction(126, 16, 8, 16), 4)   # 15 / (8 x 16) x 128 / 126
+    0.119
+    """
+    return interleaved_bubble_work_fraction(pipeline, virtual, micro_batches) * busiest_chunk_share(
+        layers, pipeline, virtual)
+
+
 def interleaved_bubble_work_fraction(pipeline, virtual, micro_batches) -> float:
-    """Idle time over compute of (interleaved) 1F1B with ``pipeline`` devices, ``virtual`` chunks a device and
-    ``micro_batches``, for any count of them.
+    """Idle time over compute of (interleaved) 1F1B with ``pipeline`` devices, ``virtual`` equal chunks a device
+    and ``micro_batches``, for any count of them.
 
     With at least ``pipeline`` micro-batches it is ``(p - 1) / (v m)``
     (:func:`lessonlib.calc.pipeline.interleaved_bubble_fraction`). With fewer, a device that has run its
     ``m`` micro-batches through one chunk waits for the first of them to come round the other devices
     before its next chunk: ``p - m`` idle slots at each of the ``v - 1`` turns, so
     ``((p - 1) + (v - 1)(p - m)) / (v m)``, which is ``p - 1`` at one micro-batch whatever ``v`` is.
+    Uneven chunks: :func:`layer_bubble_fraction`.
 
     >>> interleaved_bubble_work_fraction(16, 4, 16), interleaved_bubble_work_fraction(16, 4, 1)
     (0.234375, 15.0)
@@ -97,7 +138,7 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     The stage holds ``ceil(layers / pipeline)`` layers for ``min(pipeline, micro_batches)`` micro-batches
     (1F1B's warm-up), and the interleaved schedule (``virtual`` > 1, which
     :func:`interleaving_problem` must allow) ``1 + (pipeline - 1) / (pipeline x virtual)`` times that
-    (Narayanan et al. 2021; Megatron-LM's warm-up of ``2(p - 1) + (v - 1) p`` chunks) when it has at least
+    (Korthikanti et al. 2022, on pipeline parallelism; Megatron-LM's warm-up of ``2(p - 1) + (v - 1) p`` chunks) when it has at least
     ``pipeline`` micro-batches; with fewer it keeps them all, ``micro_batches`` x the stage's layers.
     ``dualpipe=True`` (DeepSeek-V3's schedule, ``virtual`` 1) holds one micro-batch more at its peak,
     ``min(pipeline + 1, micro_batches)`` (the DeepSeek-V3 report, Table 2: ``PP + 1`` against 1F1B's ``PP``).
