@@ -177,10 +177,10 @@ def test_the_same_rule_for_every_layout_with_as_many_layer_slots():
     assert share == busiest_chunk_share(126, 16, 8) == busiest_chunk_share(126, 8, 16) == pytest.approx(128 / 126)
     assert busiest_chunk_share(126, 16, 4) == pytest.approx(128 / 126) and busiest_chunk_share(128, 16, 8) == 1
     offered = {(lay.pipeline, lay.virtual) for lay in candidate_layouts(llama, cluster, zero_stages=(2,),
-                                                                        recompute=("selective",))}
+                                                                        recompute=("save_matmuls",))}
     assert {(8, 8), (16, 8), (8, 16)} <= offered and (16, 16) not in offered
     for p, v in ((8, 8), (16, 8)):
-        cost = layout_cost(llama, cluster, Layout(8, 1, p, 16384 // (8 * p), virtual=v, zero=2, recompute="selective"))
+        cost = layout_cost(llama, cluster, Layout(8, 1, p, 16384 // (8 * p), virtual=v, zero=2, recompute="save_matmuls"))
         m = 2048 // cost.layout.data
         assert cost.bubble_s == pytest.approx(cost.compute_s * interleaved_bubble_work_fraction(p, v, m) * share)
         assert cost.bubble_s == pytest.approx(cost.compute_s * layer_bubble_fraction(126, p, v, m))
