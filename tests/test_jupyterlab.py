@@ -228,9 +228,15 @@ def _page_quizzes() -> list:
     from lessonlib.book import quiz
 
     names = {k: getattr(quiz, k) for k in ("Choice", "SingleChoice", "MultipleSelect", "Numeric", "Prediction")}
+    cells = nbformat.read(QUIZ_PAGE, as_version=4).cells
+    # the page's imports from lessonlib.calc (formulas, no run needed) that a quiz may compute its numbers with
+    for line in (ln for c in cells if c.cell_type == "code" for ln in c.source.splitlines()):
+        if re.fullmatch(r"from lessonlib\.calc(\.\w+)* import [\w, ]+", line.strip()):
+            exec(line.strip(), names)
     found = []
-    for cell in nbformat.read(QUIZ_PAGE, as_version=4).cells:
-        if cell.cell_type == "code" and any(f"{k}(" in cell.source for k in names if k != "Choice"):
+    for cell in cells:
+        if cell.cell_type == "code" and any(f"{k}(" in cell.source for k in ("SingleChoice", "MultipleSelect",
+                                                                           "Numeric", "Prediction")):
             tree = ast.parse(cell.source)
             ns = dict(names)
             exec(compile(ast.Module(tree.body[:-1], []), "cell", "exec"), ns)
