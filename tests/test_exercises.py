@@ -854,7 +854,8 @@ def test_3a_and_3c_do_not_ask_the_worked_examples_their_chapters_print():
 
 def test_1a_q3_asks_what_freezing_the_first_layer_saves_and_checks_the_count(tmp_path):
     """1a's question 3 asked for the reason chapter 1.1 states (the data needs no input gradient). It now asks
-    what freezing the first layer saves: two products of the first layer and the second's input gradient."""
+    what freezing the first layer saves against the unfrozen model's counted backward: the first layer's weight
+    gradient and the second's input gradient (the first layer's input gradient was never computed)."""
     import torch
 
     from lessonlib.grading.graders import decode_answers
@@ -878,12 +879,15 @@ def test_1a_q3_asks_what_freezing_the_first_layer_saves_and_checks_the_count(tmp
     full = count_flops(model, x, y, torch.nn.MSELoss())
     next(m for m in model.modules() if isinstance(m, torch.nn.Linear)).requires_grad_(False)
     frozen = count_flops(model, x, y, torch.nn.MSELoss()).backward
-    right = "the first layer computes neither product, and the second skips the gradient of its input"
-    check(decode_answers({"frozen_backward_flops": frozen, "skipped_flops": 2 * full.forward - frozen,
+    right = "the first layer skips its weight gradient, and the second skips the gradient of its input"
+    check(decode_answers({"frozen_backward_flops": frozen, "skipped_flops": full.backward - frozen,
                           "reason": right}))
     with pytest.raises(AssertionError, match="reason"):
-        check(decode_answers({"frozen_backward_flops": frozen, "skipped_flops": 2 * full.forward - frozen,
+        check(decode_answers({"frozen_backward_flops": frozen, "skipped_flops": full.backward - frozen,
                               "reason": "its input is the data, which needs no gradient"}))
+    with pytest.raises(AssertionError, match="skipped_flops"):  # against the two-products rule: overstated
+        check(decode_answers({"frozen_backward_flops": frozen, "skipped_flops": 2 * full.forward - frozen,
+                              "reason": right}))
 
 
 def test_2b_q1_is_a_scenario_and_q3_does_not_give_the_direction_away():
@@ -1007,9 +1011,13 @@ def test_every_exercise_says_to_compute_from_the_variables():
 
 def test_2b_q5_accepts_the_early_stop_length_and_its_worked_examples_hold(check_2b_q5):
     """Question 4 shows PyTorch's default stops early (21 days x 7/6 = 24.5); a reply using it is right. The
-    student text's worked examples of a passing and a flagged sentence must be what the check does."""
+    instructors' page's worked examples of a passing and a flagged sentence must be what the check does (the
+    screen's mechanics moved there from the student's question, which keeps the key points and the form)."""
     _run(check_2b_q5, GOOD_ANSWERS_WITHOUT_DAYS[0] + " With PyTorch's early stop it runs for about 25 days.")
-    text = " ".join((EXERCISES / "2b-should-they-checkpoint.md").read_text().split())
+    question = " ".join((EXERCISES / "2b-should-they-checkpoint.md").read_text().split())
+    question = question[question.index("## Question 5"):question.index("# Check 2b-q5")]
+    assert "is read as" not in question and "prices recomputation in FLOPs" in question
+    text = " ".join((EXERCISES / "index.md").read_text().split())
     read, hedged, wrong = re.findall(r'"([^"]+\.)" is (?:read as|flagged)', text)
     _run(check_2b_q5, GOOD_ANSWERS_WITHOUT_DAYS[0] + " " + read + DAYS)
     for bad, why in ((hedged, "negated or hedged"), (wrong, "misconception")):
