@@ -148,6 +148,33 @@ def test_bucket_hooks_check_their_arguments():
             all_reduce_in_buckets(layer_stack(8, 2), bad)
 
 
+def test_average_gradients_averages_every_gradient_after_backward(one_process_group):
+    import torch
+
+    from lessonlib.measure.distributed.buckets import average_gradients, layer_stack
+
+    model = layer_stack(8, 3)
+    with pytest.raises(ValueError, match="model: a parameter has no gradient"):
+        average_gradients(model)  # before backward
+    torch.nn.functional.mse_loss(model(torch.ones(2, 8)), torch.zeros(2, 8)).backward()
+    before = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert average_gradients(model) == before.numel() * 4  # every float32 gradient byte, once
+    assert torch.equal(torch.cat([p.grad.reshape(-1) for p in model.parameters()]), before)  # one process: itself
+
+
+def test_average_gradients_checks_its_argument_and_needs_a_process_group():
+    import torch.distributed as dist
+
+    from lessonlib.measure.distributed.buckets import average_gradients, layer_stack
+
+    assert not dist.is_initialized()
+    for bad in ("a model", None, 3):
+        with pytest.raises((TypeError, ValueError), match="model"):
+            average_gradients(bad)
+    with pytest.raises(ValueError, match="model: no process group"):
+        average_gradients(layer_stack(8, 2))
+
+
 def test_bucket_hooks_need_a_process_group_and_leave_the_model_untouched_without_one():
     import torch
     import torch.distributed as dist

@@ -213,6 +213,9 @@ def test_data_parallel_two_processes():
     assert res.replica_grads_equal and res.replica_weights_equal
     # DDP's averaged gradient is one process's whole-batch gradient, up to rounding
     assert res.full_batch_grad_max_diff <= 1e-5 * max(1.0, res.full_batch_grad_max)
+    # the exchange written out (buckets.average_gradients) averages every gradient byte as DDP does
+    assert res.manual_grad_max_diff <= 1e-6 * max(1.0, res.full_batch_grad_max)
+    assert res.manual_bytes == res.grad_bytes
     assert res.grad_bytes == 4 * res.n_params
     assert [(r.global_batch, r.per_process_batch) for r in res.rows] == [(16, 8), (64, 32)]
     for row in res.rows:
@@ -271,6 +274,10 @@ def test_data_parallel_table_reconciles_on_skewed_rounds():
     _check_table_reconciles(res)
     shown = data_parallel_display_rows(res)[0]
     assert shown["predicted"] == pytest.approx(3.46) and shown["speedup"] == pytest.approx(1.43)
+    # the ideal-device prediction: one process's forward and backward halved, the update and exchange whole
+    assert shown["ideal_device"] == pytest.approx(round((44.60 - 1.11) / 2 + 1.11 + 1.14, 2))
+    assert shown["ideal_device_speedup"] == pytest.approx(round(44.60 / shown["ideal_device"], 2))
+    assert row.ideal_device_step == pytest.approx((t["single"] - t["optimizer"]) / 2 + t["optimizer"] + t["allreduce"])
 
 
 @pytest.mark.slow  # starts processes: seconds each

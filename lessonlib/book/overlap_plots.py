@@ -13,6 +13,8 @@ from .plots import COLORS
 from .tables import table
 
 COMM_COLOR = "#55A868"
+#: The part of an all-reduce bar before the other rank has started the same all-reduce: waiting, not moving bytes.
+WAIT_COLOR = "#C9E6D1"
 
 
 @_reads("rows", "compute", signed=("rows",))
@@ -38,7 +40,9 @@ def overlap_table(rows, compute: float):
 def plot_overlap_timeline(timeline):
     """One step of each DDP variant, rank by rank: forward, backward and each bucket's all-reduce (ms).
 
-    ``timeline`` is :attr:`OverlapRun.timeline`: a list (one per rank) of
+    An all-reduce bar runs from the moment its rank started it to the moment it ended there; the part
+    before the last rank started the same bucket's all-reduce is drawn pale (hatched): waiting for that
+    rank. A dotted line, labelled, marks where each rank's step ends. ``timeline`` is :attr:`OverlapRun.timeline`: a list (one per rank) of
     ``{variant: {"forward": (start, end), "backward": (start, end), "end": t,
     "comm": [{"start", "end", "bytes", ...}]}}``, seconds from the later rank's start (the
     earlier rank's first times are negative).
@@ -49,6 +53,10 @@ def plot_overlap_timeline(timeline):
     axes = [axes] if len(variants) == 1 else list(axes)
     for ax, variant in zip(axes, variants):
         labels = []
+        last_start = {}  # bucket -> the latest start of its all-reduce over the ranks: before it, a rank waits
+        for per_variant in ranks:
+            for c in per_variant[variant]["comm"]:
+                last_start[c["bucket"]] = max(last_start.get(c["bucket"], c["start"]), c["start"])
         for rank, per_variant in enumerate(ranks):
             ev = per_variant[variant]
             y_compute, y_comm = 2 * rank + 1, 2 * rank
@@ -58,18 +66,31 @@ def plot_overlap_timeline(timeline):
                            (y_compute - 0.4, 0.8), color=COLORS["backward"], label="backward" if rank == 0 else None)
             lane = 0.8 / max(1, len(ev["comm"]))  # one thin lane per bucket, first bucket at the top
             for i, c in enumerate(ev["comm"]):
-                ax.broken_barh([(c["start"] * 1e3, (c["end"] - c["start"]) * 1e3)],
-                               (y_comm + 0.4 - (i + 1) * lane, 0.9 * lane),
+                both = min(max(last_start[c["bucket"]], c["start"]), c["end"])  # both ranks have started it
+                y = (y_comm + 0.4 - (i + 1) * lane, 0.9 * lane)
+                if both > c["start"]:
+                    ax.broken_barh([(c["start"] * 1e3, (both - c["start"]) * 1e3)], y, facecolor=WAIT_COLOR,
+                                   edgecolor="black", linewidth=0.5, hatch="///", label="waiting for the other rank")
+                ax.broken_barh([(both * 1e3, (c["end"] - both) * 1e3)], y,
                                facecolor=COMM_COLOR, edgecolor="black", linewidth=0.5,
                                label="all-reduce of one bucket" if rank == 0 and i == 0 else None)
             ax.axvline(ev["end"] * 1e3, color="0.4", linestyle=":", linewidth=1)
+            # in the free band above the bars: the last rank to end labelled right of its line, the others left
+            # of theirs, so that two close lines get labels pointing away from each other
+            last = ev["end"] >= max(r[variant]["end"] for r in ranks)
+            ax.text(ev["end"] * 1e3, 2 * len(ranks) - 0.45, f" rank {rank} ends ", fontsize=8, va="center",
+                    ha="left" if last else "right", color="0.25")
             labels += [(y_comm, f"rank {rank} comm"), (y_compute, f"rank {rank} compute")]
         ax.set_yticks([y for y, _ in labels], [t for _, t in labels])
         ax.set_title(variant, fontsize=10)
-        ax.set_ylim(-0.7, 2 * len(ranks) - 0.3)
-    axes[-1].set_xlabel("time from the later rank's start (ms); dotted line: the step ends on that rank")
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", fontsize=8, ncol=3, frameon=False)
+        ax.set_ylim(-0.7, 2 * len(ranks) + 0.3)
+    axes[-1].set_xlabel("time from the later rank's start (ms)")
+    legend = {}
+    for ax in axes:  # one entry per label, whichever panel drew it
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(name, handle)
+    axes[-1].legend(list(legend.values()), list(legend), loc="upper center", bbox_to_anchor=(0.5, -0.22),
+                    fontsize=8, ncol=2, frameon=False)  # under the time axis, where it hides no bar
     fig.suptitle("One step on each rank: compute and gradient communication")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.tight_layout()
     return fig

@@ -77,9 +77,11 @@ def data_parallel_display_rows(result) -> list:
     """The numbers :func:`data_parallel_table` shows, one dict per batch size.
 
     Times are the medians of :func:`run_data_parallel`, in milliseconds,
-    rounded to 0.01 ms; ``predicted`` is the sum of the three rounded pieces
-    and both speedups are ratios of the rounded steps, rounded to 0.01, so a
-    reader who adds or divides the shown numbers gets the shown results.
+    rounded to 0.01 ms; ``predicted`` (the sum of measured pieces) is the sum of the three rounded
+    pieces, ``ideal_device`` (the ideal-device prediction) is the one-process step less its optimizer
+    step, divided by the processes, plus the optimizer step and the all-reduce, and every speedup is a
+    ratio of the rounded steps, rounded to 0.01, so a reader who adds or divides the shown numbers gets
+    the shown results.
     """
     from ..measure.distributed.data_parallel import DataParallelRun
 
@@ -89,8 +91,11 @@ def data_parallel_display_rows(result) -> list:
     for row in result.rows:
         ms = {k: round(1e3 * getattr(row, k), 2) for k in ("single", "ddp") + DATA_PARALLEL_PIECES}
         predicted = round(sum(ms[k] for k in DATA_PARALLEL_PIECES), 2)
+        world = row.global_batch // row.per_process_batch
+        ideal = round((ms["single"] - ms["optimizer"]) / world + ms["optimizer"] + ms["allreduce"], 2)
         out.append({"global_batch": row.global_batch, **ms, "predicted": predicted,
                     "predicted_speedup": round(ms["single"] / predicted, 2),
+                    "ideal_device": ideal, "ideal_device_speedup": round(ms["single"] / ideal, 2),
                     "speedup": round(ms["single"] / ms["ddp"], 2)})
     return out
 
@@ -99,7 +104,7 @@ def data_parallel_display_rows(result) -> list:
 def data_parallel_table(result) -> str:
     """An HTML table of :func:`run_data_parallel`'s rows (times in milliseconds).
 
-    Every time is a median over rounds; the predicted step is the sum of the
+    Every time is a median over rounds; the sum of measured pieces is the sum of the
     three pieces shown and each speedup is the ratio of two steps shown
     (see :func:`data_parallel_display_rows`).
     """
@@ -108,16 +113,16 @@ def data_parallel_table(result) -> str:
     share = "half" if world == 2 else f"1/{world}"
     cols = [("global_batch", "global batch", "{:,}"), ("single", "1 process: step", "{:.2f}"),
             ("half_compute", f"{world} proc.: compute on {share}", "{:.2f}"), ("optimizer", "+ optimizer step", "{:.2f}"),
-            ("allreduce", "+ all-reduce", "{:.2f}"), ("predicted", "= predicted step", "{:.2f}"),
-            ("ddp", "measured step", "{:.2f}"), ("predicted_speedup", "predicted speedup", "{:.2f}×"),
+            ("allreduce", "+ all-reduce", "{:.2f}"), ("predicted", "= sum of measured pieces", "{:.2f}"),
+            ("ddp", "measured step", "{:.2f}"), ("predicted_speedup", "speedup, sum of measured pieces", "{:.2f}×"),
             ("speedup", "measured speedup", "{:.2f}×")]
     rounds = result.rounds
     over = f"over {rounds} rounds " if rounds else "over rounds "
     return table([label for _, label, _ in cols], [[fmt.format(row[key]) for key, _, fmt in cols] for row in rows],
                  caption=f"Times in ms: each one the median {over}(per round, the slowest process). "
-                 f"Predicted step = compute on {share} + optimizer step + all-reduce, the sum of the three medians; "
-                 f"speedup = one-process step / {world}-process step (predicted or measured), the ratio of the "
-                 "medians shown.")
+                 f"Sum of measured pieces = compute on {share} + optimizer step + all-reduce, the sum of the three "
+                 f"medians; speedup = one-process step / {world}-process step (that sum, or the measured step), the "
+                 "ratio of the medians shown.")
 
 
 TORCHRUN_SNIPPET = """\

@@ -71,7 +71,9 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
 
 @_reads("rows")
 def data_parallel_figure(rows: list, world_size: int):
-    """Predicted pieces against the measured two-process step (left) and speedup against batch (right).
+    """The sum of measured pieces against the measured two-process step (left), and speedup against batch
+    (right): measured, the sum of measured pieces, and the ideal-device prediction
+    (:attr:`~lessonlib.measure.distributed.data_parallel.DataParallelRow.ideal_device_step`).
 
     ``rows`` are the :class:`~lessonlib.measure.distributed.data_parallel.DataParallelRow` of a
     :func:`~lessonlib.measure.distributed.data_parallel.run_data_parallel` run (seconds).
@@ -96,28 +98,32 @@ def data_parallel_figure(rows: list, world_size: int):
     ax1.axhline(1.0, color="black", lw=1, ls="--", label="one-process step")
     ax1.set_xticks(list(xs), labels)
     ax1.set(xlabel="global batch (examples)", ylabel="time / one-process step time (ratio)",
-            title="Two-process step: predicted pieces (left bar)\nvs measured (right bar), per batch")
+            title="Two-process step: sum of measured pieces\n(left bar) vs measured (right bar), per batch")
     ax1.legend(fontsize=8)
     gb = [r.global_batch for r in rows]
     ax2.plot(gb, [r.speedup for r in rows], marker="o", label="measured")
-    ax2.plot(gb, [r.predicted_speedup for r in rows], marker="s", ls="--", label="predicted from the pieces")
+    ax2.plot(gb, [r.predicted_speedup for r in rows], marker="s", ls="--", label="sum of measured pieces")
+    ax2.plot(gb, [r.single / r.ideal_device_step for r in rows], marker="^", ls="-.",
+             label="ideal-device prediction")
     ax2.axhline(1, color="black", lw=1, ls=":")
     ax2.axhline(world_size, color="grey", lw=1, ls=":")
-    ax2.text(gb[0], world_size * 0.97, f"{world_size}× (ideal)", va="top", fontsize=8)
+    ax2.text(gb[0], world_size * 0.97, f"{world_size}× (linear)", va="top", fontsize=8)
     ax2.text(gb[0], 1.03, "1× (no gain)", va="bottom", fontsize=8)
     ax2.set(xscale="log", xlabel="global batch (examples, log scale)", ylabel="speedup (×)",
             title=f"Speedup of {world_size} processes over 1, same global batch", ylim=(0, world_size * 1.1))
     ax2.set_xticks(gb, labels)
     ax2.legend(fontsize=8)
     first, last = rows[0], rows[-1]
-    return show(fig, alt="Left: for each global batch, a stacked bar of the predicted two-process step (compute on "
+    return show(fig, alt="Left: for each global batch, a stacked bar of the sum of measured pieces (compute on "
                 "half the batch, the repeated optimizer step, the all-reduce) beside the measured two-process step, "
                 "both relative to the one-process step. The measured two-process step takes "
                 f"{first.ddp / first.single:.0%} of the one-process step at a batch of {first.global_batch} "
                 f"and {last.ddp / last.single:.0%} at {last.global_batch}; the optimizer and all-reduce "
-                "pieces are a large part of the bar at small batch and a small part at large batch. Right: measured "
-                f"and predicted speedup against global batch, with reference lines at 1x and {world_size}x; measured "
-                f"{first.speedup:.2f}x at the smallest batch and {last.speedup:.2f}x at the largest.")
+                "pieces are a large part of the bar at small batch and a small part at large batch. Right: the measured "
+                "speedup against global batch, with the speedups of the sum of measured pieces and of the "
+                "ideal-device prediction (forward and backward divided exactly), and reference lines at 1x and "
+                f"{world_size}x; measured {first.speedup:.2f}x at the smallest batch and {last.speedup:.2f}x at the "
+                f"largest, against {last.single / last.ideal_device_step:.2f}x for the ideal-device prediction there.")
 
 
 def allreduce_volume_figure(grad_bytes: int, ns, name: str):

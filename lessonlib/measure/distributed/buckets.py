@@ -1,7 +1,8 @@
 """Gradient buckets: DDP's mechanism for sending gradients during backward, in a few readable lines.
 
-:func:`all_reduce_in_buckets` averages a model's gradients over the processes
-of the default group bucket by bucket, each bucket's all-reduce started as
+:func:`average_gradients` is plain data parallelism's exchange: every
+gradient all-reduced once backward has finished. :func:`all_reduce_in_buckets`
+averages a model's gradients over the processes of the default group bucket by bucket, each bucket's all-reduce started as
 soon as backward has produced its last gradient (what
 ``DistributedDataParallel`` does inside). :func:`ring_all_reduce` is the ring
 algorithm under an all-reduce, written out with point-to-point sends, for the
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from ...checks import count as _check_count, instance as _check_instance
 
-__all__ = ["layer_stack", "all_reduce_in_buckets", "ring_all_reduce", "MAX_SIZE"]
+__all__ = ["layer_stack", "average_gradients", "all_reduce_in_buckets", "ring_all_reduce", "MAX_SIZE"]
 
 #: The largest width and layer count :func:`layer_stack` accepts.
 MAX_SIZE = 4096
@@ -31,6 +32,34 @@ def layer_stack(hidden: int = 256, layers: int = 8, seed: int = 0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU())
                                  for _ in range(layers)])
+
+
+def average_gradients(model) -> int:
+    """Average ``model``'s gradients over the processes of the default group, one parameter at a time.
+
+    Plain data parallelism written out, for reading: call it after
+    ``backward()``; afterwards every process holds the mean of the processes'
+    gradients, the gradient of the whole global batch. One all-reduce per
+    parameter, all after backward: DDP gives the same result with fewer,
+    larger all-reduces started during backward (:func:`all_reduce_in_buckets`).
+    Returns the bytes of gradient averaged.
+    """
+    import torch
+    import torch.distributed as dist
+
+    _check_instance("model", model, torch.nn.Module, "a torch.nn.Module")
+    if not dist.is_initialized():
+        raise ValueError("model: no process group to average its gradients over; "
+                         "call torch.distributed.init_process_group first (workers started by launch have one)")
+    averaged = 0
+    for p in model.parameters():
+        if p.grad is None:
+            raise ValueError("model: a parameter has no gradient; call average_gradients after backward()")
+    for p in model.parameters():
+        dist.all_reduce(p.grad)          # the sum over every process, in place
+        p.grad /= dist.get_world_size()  # the sum becomes the mean
+        averaged += p.grad.numel() * p.grad.element_size()
+    return averaged
 
 
 def all_reduce_in_buckets(model, bucket_bytes: int):

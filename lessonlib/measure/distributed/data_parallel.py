@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ...checks import amount as _check_amount, count as _check_count, sequence as _check_sequence
 from ..rounds import Rounds, time_rounds
+from .buckets import average_gradients
 from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
 
 #: The largest global batch, width and round count :func:`run_data_parallel` accepts.
@@ -142,6 +143,12 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
     loss_fn(solo(x), y).backward()  # same weights, whole batch, one process
     full_batch_diff = (g - _flat_grads(solo)).abs().max().item()
     full_batch_scale = _flat_grads(solo).abs().max().item()
+    # the exchange written out (buckets.average_gradients): the same share, a plain model, no DDP
+    plain = forecast_model(hidden).to(device)
+    loss_fn(plain(xs), ys).backward()
+    averaged = average_gradients(plain)
+    manual_diff = (g - _flat_grads(plain)).abs().max().item()
+    del plain
 
     def step_solo(x, y):
         solo_opt.zero_grad(set_to_none=True)
@@ -211,6 +218,8 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
         "replica_grads_equal": replicas_equal,
         "full_batch_grad_max_diff": full_batch_diff,
         "full_batch_grad_max": full_batch_scale,
+        "manual_grad_max_diff": manual_diff,
+        "manual_bytes": averaged,
         "replica_weights_equal": weights_equal,
         "sweep": results,
     }
@@ -254,6 +263,15 @@ class DataParallelRow:
     together: float = 0.0
 
     @property
+    def ideal_device_step(self) -> float:
+        """The ideal-device prediction of the data-parallel step, in seconds: one process's forward and
+        backward (``single - optimizer``) divided exactly among the processes, plus the whole ``optimizer``
+        step every replica repeats, plus the ``allreduce``, one after another. What a device per process
+        would give if the update and the exchange took what they took here."""
+        world_size = self.global_batch // self.per_process_batch
+        return (self.single - self.optimizer) / world_size + self.optimizer + self.allreduce
+
+    @property
     def concurrent_throughput(self) -> float:
         """``world_size`` independent one-process loops running at once, in steps per second, over one
         loop alone: ``world_size × single / together`` (from the medians). About ``world_size`` where each
@@ -272,7 +290,9 @@ class DataParallelRun:
     checks: ``replica_grads_equal`` and ``replica_weights_equal`` (bitwise, over
     ranks), ``full_batch_grad_max_diff`` (largest difference between the DDP
     gradient and one process's whole-batch gradient; ``full_batch_grad_max`` is
-    that gradient's largest entry, for scale). ``rows``: one
+    that gradient's largest entry, for scale), ``manual_grad_max_diff`` (largest difference between
+    DDP's gradient and the exchange written out, :func:`~lessonlib.measure.distributed.buckets.average_gradients`,
+    on the same share; ``manual_bytes``: the bytes it averaged). ``rows``: one
     :class:`DataParallelRow` per global batch size.
     """
 
@@ -288,6 +308,8 @@ class DataParallelRun:
     rounds: int
     rows: list = field(default_factory=list)
     per_round: list = field(default_factory=list)
+    manual_grad_max_diff: float = 0.0
+    manual_bytes: int = 0
 
 
 def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup: int = 3,
@@ -347,6 +369,8 @@ def run_data_parallel(batch_sizes=(32, 128, 512, 2048), rounds: int = 15, warmup
         replica_weights_equal=all(r["replica_weights_equal"] for r in per_rank),
         full_batch_grad_max_diff=max(r["full_batch_grad_max_diff"] for r in per_rank),
         full_batch_grad_max=r0["full_batch_grad_max"],
+        manual_grad_max_diff=max(r["manual_grad_max_diff"] for r in per_rank),
+        manual_bytes=r0["manual_bytes"],
         rounds=rounds,
         rows=rows,
         per_round=per_round,
