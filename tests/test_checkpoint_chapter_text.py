@@ -52,14 +52,18 @@ def test_recovery_page_names_the_real_danger_of_a_non_atomic_write():
     assert "newest" in page and "single fixed filename" in page
 
 
-def test_which_kind_demo_measures_activation_checkpointing_and_both_flop_ratios():
-    """2.5's demo measures the activations kept with and without activation checkpointing; that a recovery file
-    written mid-step changes no kept activation is said in one sentence (page 2.4 writes such files), not timed."""
+def test_which_kind_section_is_the_comparison_table_without_repeating_page_2_2():
+    """2.5's closing section compares the two kinds in one table. Readers found its block-stack demo repeating 2.2's
+    measurements (and 2.1's three names), so the section is the table, with the recomputation cost computed and a
+    link to the page that measures it; that a recovery file written mid-step changes no kept activation is said in
+    one sentence (page 2.4 writes such files), not timed."""
     page = text(CH2 / "05-how-often-and-which-kind.md")
-    demo = page[page.index("def kept_bytes"):page.index("# @title Show the results", page.index("def kept_bytes"))]
-    assert 'kept_bytes("none")' in demo and 'kept_bytes("per-block")' in demo and "save_recovery_file" not in demo
-    assert "a recovery file written in the middle of the step would leave them as they are" in page
-    assert "about {flops_ratio:.2f}× FLOPs" not in page and "{early_stop_ratio:.3f}×" in page
+    section = page[page.index("Which kind?"):page.index("## Common mistakes")]
+    assert "def kept_bytes" not in section and "step_flops" not in section and "block_stack" not in section
+    assert "gradient checkpointing, activation recomputation" not in section
+    assert "a recovery file written in the middle of a step would leave the kept activations as they are" in \
+        " ".join(section.split()).lower()
+    assert "{flops_ratio:.3f}×" in section and "(02-memory-against-compute.ipynb)" in section
 
 
 def test_rooflines_cross_reference_names_what_chapter_2_times():

@@ -65,6 +65,23 @@ def test_memory_multiplier_bars_are_labelled_with_their_values():
     plots.show(fig, alt="bars")
 
 
+def test_recompute_policy_figure_labels_every_policy_and_reads_them_in_its_alt_text():
+    from lessonlib.calc.memory import activation_bytes_per_layer
+    from lessonlib.calc.recompute import matmul_outputs_bytes_per_layer
+
+    kept = {"none": activation_bytes_per_layer(64, 1, 64, 4, attention="stored") / 4096,
+            "attention": activation_bytes_per_layer(64, 1, 64, 4, "attention", attention="stored") / 4096,
+            "save_matmuls": matmul_outputs_bytes_per_layer(1, 1, 1), "full": 2}
+    extra = {"none": 0.0, "attention": 4.8, "save_matmuls": 4.8, "full": 33.3}
+    shown = memory_plots.recompute_policy_figure(kept, extra)
+    assert [round(v) for v in kept.values()] == [54, 34, 20, 2]
+    for name in kept:
+        assert f"{name}: {kept[name]:.0f} bytes, {extra[name]:.1f} percent" in shown.alt
+    assert "full keeps the least; full adds the most FLOPs" in shown.alt
+    with pytest.raises(ValueError, match="same policies"):
+        memory_plots.recompute_policy_figure(kept, {"none": 0.0})
+
+
 def test_goodput_failure_figure_separates_the_reliability_curves():
     ns = [1, 8, 64, 512, 4096, 16384, 65536]
     rows = {f"{mt:,} h": [goodput(n, amdahl.speedup_from_share(0.001, n), mt, 60, 600) for n in ns]

@@ -839,6 +839,8 @@ def _structure_samples():
                                                             resumed_from=1),
         "lessonlib.book.plots.plot_segment_sweep": dict(sweeps=sweeps),
         "lessonlib.book.memory_plots.plot_memory_multiplier": dict(ratios={"a": 3.0, "b": 12.0}),
+        "lessonlib.book.memory_plots.recompute_policy_figure": dict(kept_per_sbh={"none": 54.0, "full": 2.0},
+                                                                    extra_flops_pct={"none": 0.0, "full": 33.3}),
         "lessonlib.book.roofline_plots.plot_roofline": _roofline_sample(),
         "lessonlib.book.memory_plots.plot_activation_sweep": dict(
             results={("batch", 1): (100, 100), ("batch", 2): (200, 200)}, sweeps={"batch": [1, 2]}),
@@ -956,6 +958,7 @@ STRUCTURE_TARGETS = [
     "lessonlib.book.plots.plot_ledger", "lessonlib.book.reports.timing_table", "lessonlib.book.plots.plot_timing",
     "lessonlib.book.reports.proposal_html", "lessonlib.book.plots.plot_resume_comparison",
     "lessonlib.book.plots.plot_segment_sweep", "lessonlib.book.memory_plots.plot_memory_multiplier",
+    "lessonlib.book.memory_plots.recompute_policy_figure",
     "lessonlib.book.memory_plots.plot_activation_sweep", "lessonlib.book.speedup_plots.plot_goodput_failures",
     "lessonlib.book.speedup_plots.stall_figure", "lessonlib.calc.goodput.stall_account",
     "lessonlib.measure.distributed.splits.expert_step_wait", "lessonlib.measure.distributed.pipelining.idle_share",

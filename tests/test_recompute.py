@@ -149,12 +149,28 @@ def test_segment_sweep_rows():
     x = recompute.make_input(chain, batch=16, seq_len=1)
     rows = recompute.segment_sweep(chain, x, [1, 2, 4])
     assert [r.strategy for r in rows] == [1, 2, 4, "per-block"]
-    assert [r.recomputed_forwards for r in rows] == [0.0, 0.5, 0.75, 1.0]
+    # a Tanh keeps its output, so early stop (on by default) reruns each layer whole: the same with it off
+    assert [r.recomputed_forwards for r in rows] == [0.0, 0.5, 0.75, 1.0] and all(r.early_stop for r in rows)
+    off = recompute.segment_sweep(chain, x, [1, 2, 4], early_stop=False)
+    assert [r.recomputed_forwards for r in off] == [0.0, 0.5, 0.75, 1.0] and not any(r.early_stop for r in off)
     import matplotlib.pyplot as plt
 
     fig = plot_segment_sweep({"chain": rows})
-    assert fig.axes[0].get_xlabel() and fig.axes[0].get_ylabel() and fig.axes[0].get_title()
+    assert fig.axes[0].get_xlabel().endswith("early stop on)") and fig.axes[0].get_ylabel() and fig.axes[0].get_title()
     plt.close(fig)
+    with pytest.raises(ValueError, match="one early_stop"):  # a figure's x and y measured alike
+        plot_segment_sweep({"chain": rows[:2] + off[2:]})
+
+
+def test_segment_sweep_measures_peak_and_recomputation_with_one_early_stop():
+    blocks = recompute.block_stack(layers=4, hidden=16, dropout=0.0)
+    x = recompute.make_input(blocks, batch=4, seq_len=8)
+    on, off = (recompute.segment_sweep(blocks, x, [1, 4], early_stop=e) for e in (True, False))
+    # early stop skips each rerun block's last product: less recomputation at every checkpointed point
+    assert all(a.recomputed_forwards < b.recomputed_forwards for a, b in zip(on[1:], off[1:]))
+    assert on[-1].peak_bytes == recompute.peak_step_memory(blocks, x, "per-block") or on[-1].peak_bytes is None
+    assert off[-1].peak_bytes == recompute.peak_step_memory(blocks, x, "per-block", early_stop=False) \
+        or off[-1].peak_bytes is None
 
 
 def test_time_ratios_are_ratios_of_one_run():

@@ -72,13 +72,14 @@ def test_kept_bytes_match_the_formulas_to_the_byte(gpt):
     blocks, x = gpt
     ln_stats = 2 * 2 * S * B * 2  # LayerNorm mean and 1/std, which the paper leaves out
     want = {"none": L * (activation_bytes_per_layer(S, B, H, A, attention="stored") + ln_stats),
+            "attention": L * (activation_bytes_per_layer(S, B, H, A, "attention", attention="stored") + ln_stats),
             "save_matmuls": L * matmul_outputs_bytes_per_layer(S, B, H),
             "full": L * activation_bytes_per_layer(S, B, H, A, "full")}
     got = {rc: selective.kept_after_forward(blocks, x, rc) for rc in want}
-    assert got == want
+    assert got == want  # "attention" (the hand-written core checkpoint): Korthikanti's 34 s·b·h, LayerNorms' statistics too
     # the score term (Korthikanti's 5as/h) is gone under both recomputations
     assert got["save_matmuls"] < L * activation_bytes_per_layer(S, B, H, A, "attention", attention="stored")
-    peaks = [selective.peak_step_bytes(blocks, x, rc) for rc in want]
+    peaks = [selective.peak_step_bytes(blocks, x, rc) for rc in ("none", "save_matmuls", "full")]
     assert peaks[0] > peaks[1] > peaks[2]
 
 
@@ -87,6 +88,8 @@ def test_flops_match_the_formulas_exactly(gpt):
     plain = selective.step_flops(blocks, x, "none")
     assert selective.step_flops(blocks, x, "save_matmuls") == plain + L * attention_core_flops_per_layer(S, B, H)
     assert selective.step_flops(blocks, x, "full") == round(plain * predicted_flops_ratio())
+    # the hand-written "attention" reruns the same two score products as save_matmuls
+    assert selective.step_flops(blocks, x, "attention") == selective.step_flops(blocks, x, "save_matmuls")
     # the planner's Korthikanti selective (recompute="attention") rebuilds the same two products: 4 s h a token a layer
     assert training_flops(10**6, B * S, "attention", S, H, L) - training_flops(10**6, B * S) == \
         L * attention_core_flops_per_layer(S, B, H)
@@ -95,7 +98,7 @@ def test_flops_match_the_formulas_exactly(gpt):
 def test_recomputation_leaves_the_gradients_unchanged(gpt):
     blocks, x = gpt
     grads = {}
-    for rc in selective.RECOMPUTE:
+    for rc in (*selective.RECOMPUTE, "attention"):
         blocks.zero_grad(set_to_none=True)
         x.grad = None
         torch.manual_seed(3)  # the same dropout masks: checkpoint restores the RNG state when it recomputes
@@ -103,7 +106,7 @@ def test_recomputation_leaves_the_gradients_unchanged(gpt):
         grads[rc] = [p.grad.clone() for p in blocks.parameters()] + [x.grad.clone()]
     blocks.zero_grad(set_to_none=True)
     x.grad = None
-    for rc in ("save_matmuls", "full"):
+    for rc in ("save_matmuls", "full", "attention"):
         assert all(torch.equal(a, b) for a, b in zip(grads["none"], grads[rc])), rc
 
 

@@ -1,5 +1,6 @@
 """Chapter 1's memory figures: activations against every size, the crossover of
-activations and state, and why no single multiplier of the weights exists.
+activations and state, and why no single multiplier of the weights exists; and chapter 2's
+recomputation policies, what each keeps against what it reruns.
 
 Each function draws with matplotlib and returns :func:`lessonlib.book.plots.show`'s
 figure with computed alt text. Sizes are bytes (shown in MiB).
@@ -10,7 +11,7 @@ from ..checks import reads as _reads
 
 import matplotlib.pyplot as plt
 
-from ..checks import count, mapping, positive, sequence
+from ..checks import amount, count, mapping, positive, sequence, text
 from .plots import MIB, show
 
 
@@ -187,3 +188,39 @@ def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     return fig
+
+
+@_reads("kept_per_sbh", "extra_flops_pct")
+def recompute_policy_figure(kept_per_sbh: dict, extra_flops_pct: dict,
+                            title: str = "Recomputation policies: what a layer keeps, what the step reruns"):
+    """One labelled point per recomputation policy: the bytes a transformer layer keeps for backward per token
+    and unit of width (per s·b·h, y) against the FLOPs the policy adds to a training step (% of a plain step, x).
+
+    ``kept_per_sbh`` and ``extra_flops_pct`` map the same policy names (``recompute`` values) to those numbers.
+    Returns :func:`lessonlib.book.plots.show`'s figure, with alt text that reads every point.
+    """
+    kept, extra = mapping("kept_per_sbh", kept_per_sbh), mapping("extra_flops_pct", extra_flops_pct)
+    if set(kept) != set(extra):
+        raise ValueError(f"kept_per_sbh and extra_flops_pct must name the same policies, got {sorted(map(str, kept))} "
+                         f"and {sorted(map(str, extra))}")
+    for k in kept:
+        positive(f"kept_per_sbh[{k!r}]", kept[k])
+        amount(f"extra_flops_pct[{k!r}]", extra[k], maximum=1000.0)
+    text("title", title)
+    fig, ax = plt.subplots(figsize=(6.6, 4.2))
+    for name in kept:
+        ax.plot(extra[name], kept[name], "o", ms=9, color="#4C72B0", zorder=3)
+        ax.annotate(f"{name}: {kept[name]:.0f} B, +{extra[name]:.1f} %", (extra[name], kept[name]),
+                    textcoords="offset points", xytext=(8, 5), fontsize=9)
+    ax.set_xlim(-0.05 * max(extra.values()) - 0.5, 1.6 * max(extra.values()) + 1)
+    ax.set_ylim(0, 1.2 * max(kept.values()))
+    ax.set_xlabel("extra FLOPs of a training step (% of a plain step)")
+    ax.set_ylabel("kept a layer (bytes per s·b·h)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    points = "; ".join(f"{k}: {kept[k]:.0f} bytes, {extra[k]:.1f} percent more FLOPs" for k in kept)
+    least, most = min(kept, key=kept.get), max(extra, key=extra.get)
+    return show(fig, alt=f"One point per recomputation policy, the bytes a layer keeps per token and unit of width "
+                f"against the extra FLOPs of a training step ({points}). {least} keeps the least; {most} adds the "
+                f"most FLOPs.")

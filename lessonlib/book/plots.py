@@ -189,8 +189,8 @@ def plot_activation_life(recordings: dict, title: str = "The life of each activa
 def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"):
     """Plot :func:`lessonlib.measure.recompute.segment_sweep` results, one panel
     per model: peak step memory (MiB) against extra compute (extra forward
-    passes per step). ``sweeps`` maps a model label to its list of
-    :class:`~lessonlib.measure.recompute.SweepPoint`. The star names a checkpoint at every block where the label
+    passes per step), both measured with the points' one ``early_stop``. ``sweeps`` maps a model label to its
+    list of :class:`~lessonlib.measure.recompute.SweepPoint`. The star names a checkpoint at every block where the label
     says "block", at every layer otherwise (a chain of layers). Returns the figure."""
     import matplotlib.pyplot as plt
 
@@ -200,6 +200,10 @@ def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"
                 raise TypeError(f"sweeps[{k!r}] must hold segment_sweep's rows (SweepPoint), got {r!r:.80}")
             if r.strategy != "per-block":
                 count(f"sweeps[{k!r}]'s strategy (a segment count or 'per-block')", r.strategy)
+        stops = {getattr(r, "early_stop", None) for r in rows}
+        if len(stops) > 1 or not all(isinstance(s, bool) for s in stops):
+            raise ValueError(f"sweeps[{k!r}] must be measured with one early_stop (a bool) at every point, as "
+                             "segment_sweep measures them")
     _check_title(title)
 
     fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 4.2), squeeze=False)
@@ -215,7 +219,8 @@ def plot_segment_sweep(sweeps: dict, title: str = "Memory against recomputation"
             if r.strategy == "per-block":
                 ax.plot(r.recomputed_forwards, r.peak_bytes / 2**20, "*", ms=14,
                         color="#DD8452", label="checkpoint every " + ("block" if "block" in label else "layer"))
-        ax.set_xlabel("recomputation (extra forward passes per step, early stop off)")
+        ax.set_xlabel("recomputation (extra forward passes per step, early stop "
+                      + ("on" if rows[0].early_stop else "off") + ")")
         ax.set_ylabel("peak step memory above the weights (MiB)")
         ax.set_ylim(0, max(r.peak_bytes for r in rows) / 2**20 * 1.15)
         ax.set_title(label, fontsize=10)

@@ -233,8 +233,9 @@ def saved_step_activations(model, x, strategy="none") -> SavedActivations:
     return saved
 
 
-def peak_step_memory(model, x, strategy="none") -> int | None:
-    """Peak memory of one training step above what was held before it, in bytes.
+def peak_step_memory(model, x, strategy="none", early_stop: bool = True) -> int | None:
+    """Peak memory of one training step above what was held before it, in bytes (``early_stop`` as in
+    :func:`train_step`: PyTorch's default, on).
 
     Measured by :func:`lessonlib.measure.memory.peak_memory` (CUDA:
     ``torch.cuda.max_memory_allocated``; CPU: PyTorch's ``MemTracker``, with
@@ -245,9 +246,10 @@ def peak_step_memory(model, x, strategy="none") -> int | None:
     """
     _check_model_and_input(model, x)
     _check_strategy("strategy", strategy, model)
+    early_stop = flag("early_stop", early_stop)
     model.zero_grad(set_to_none=True)
     x.grad = None
-    _, peak = peak_memory(lambda: train_step(model, x, strategy), device=x.device, track=(model,))
+    _, peak = peak_memory(lambda: train_step(model, x, strategy, early_stop), device=x.device, track=(model,))
     model.zero_grad(set_to_none=True)
     x.grad = None
     return None if peak is None else peak.added  # None: no CPU tracker in this torch (measure.compat)
@@ -307,36 +309,41 @@ class SweepPoint:
     strategy:             a segment count, or ``"per-block"``
     peak_bytes:           peak step memory above the weights (:func:`peak_step_memory`), bytes
     saved_bytes:          what the forward keeps for backward, bytes
-    recomputed_forwards:  extra FLOPs (early stop off) as a fraction of one forward
+    recomputed_forwards:  extra FLOPs as a fraction of one forward
+    early_stop:           whether the peak and the extra FLOPs were both measured with early stop on
     """
 
     strategy: object
     peak_bytes: int
     saved_bytes: int
     recomputed_forwards: float
+    early_stop: bool = True
 
 
 def segment_sweep(model: nn.Sequential, x: torch.Tensor, segment_counts: Sequence[int],
-                  per_block: bool = True) -> list[SweepPoint]:
+                  per_block: bool = True, early_stop: bool = True) -> list[SweepPoint]:
     """Memory against recomputation for several checkpointing choices.
 
     One :class:`SweepPoint` for each segment count (and ``"per-block"`` when
-    ``per_block``).
+    ``per_block``). The peak and the extra FLOPs of a point are measured with the same
+    ``early_stop`` (PyTorch's default, on; off, each checkpoint reruns its whole segment).
     """
     _check_model_and_input(model, x)
     for s in sequence("segment_counts", segment_counts):
         _check_strategy("segment_counts", s, model)
     per_block = flag("per_block", per_block)
+    early_stop = flag("early_stop", early_stop)
     fwd = forward_flops(model, x)
     plain = step_flops(model, x, "none")
     rows = []
     strategies = list(segment_counts) + (["per-block"] if per_block else [])
     for s in strategies:
-        flops = step_flops(model, x, s, early_stop=False)
+        flops = step_flops(model, x, s, early_stop=early_stop)
         rows.append(SweepPoint(
             strategy=s,
-            peak_bytes=peak_step_memory(model, x, s),
+            peak_bytes=peak_step_memory(model, x, s, early_stop),
             saved_bytes=saved_step_activations(model, x, s).bytes,
             recomputed_forwards=(flops - plain) / fwd,
+            early_stop=early_stop,
         ))
     return rows

@@ -13,6 +13,8 @@ The policy here, :func:`save_matmuls` (``recompute="save_matmuls"``, named as in
 (``aten.mm``/``aten.addmm``: the QKV, output-projection and two MLP products)
 and recomputes everything else: LayerNorm, the attention scores and their
 softmax and dropout (batched products, ``aten.bmm``), GELU and the dropouts.
+``recompute="attention"`` (Korthikanti et al.'s selective recomputation) is
+:func:`core_checkpointed`: only the attention core under a plain ``checkpoint``.
 
 Units: bytes, FLOPs (a multiply-add is 2; ``FlopCounterMode`` counts matrix
 products only), and ratios of times measured in one run by
@@ -38,8 +40,9 @@ from .memory import peak_memory, warm_up
 from .models import TinyGPT
 from .rounds import time_rounds
 
-#: The settings :func:`compare` and :func:`time_ratios` measure, named as in
-#: :data:`lessonlib.calc.recompute.RECOMPUTE_POLICIES` (:func:`forward` also runs "save_matmuls_and_attention").
+#: The settings :func:`compare` and :func:`time_ratios` measure by default, named as in
+#: :data:`lessonlib.calc.recompute.RECOMPUTE_POLICIES` (:func:`forward` also runs "attention" and
+#: "save_matmuls_and_attention").
 RECOMPUTE = ("none", "save_matmuls", "full")
 
 #: The operations whose outputs :func:`save_matmuls` keeps: the weight matrix products.
@@ -83,13 +86,15 @@ def save_matmuls_and_attention(ctx, op, *args, **kwargs):
 POLICIES = {"save_matmuls": save_matmuls, "save_matmuls_and_attention": save_matmuls_and_attention}
 
 #: Every ``recompute`` :func:`forward` takes.
-SETTINGS = ("none", *POLICIES, "full")
+SETTINGS = ("none", "attention", *POLICIES, "full")
 
 
 def forward(blocks: torch.nn.Sequential, x: torch.Tensor, recompute: str = "none") -> torch.Tensor:
     """Run ``blocks`` on ``x``, each block checkpointed as ``recompute`` says (one of :data:`SETTINGS`:
-    "none", "full", or a per-operation policy of :data:`POLICIES`)."""
+    "none", "full", "attention" (:func:`core_checkpointed`), or a per-operation policy of :data:`POLICIES`)."""
     _check(blocks, x, recompute)
+    if recompute == "attention":
+        return core_checkpointed(blocks, x)
     return _run(blocks, x, recompute if recompute in ("none", "full") else POLICIES[recompute])
 
 
@@ -224,8 +229,9 @@ def peak_step_bytes(blocks, x, recompute: str = "none") -> int | None:
 #: The case of :func:`time_ratios` that runs the policy machinery and recomputes nothing.
 POLICY_ONLY = "policy only"
 
-#: The case of :func:`time_ratios` that reruns the score products with no policy: :func:`core_checkpointed`.
-CORE_ONLY = "attention core, plain checkpoint"
+#: The case of :func:`time_ratios` that reruns the score products with no policy: :func:`core_checkpointed`,
+#: ``recompute="attention"``.
+CORE_ONLY = "attention"
 
 
 def time_ratios(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
@@ -245,9 +251,9 @@ def time_ratio_rounds(blocks, x, rounds: int = 15, progress: bool = False) -> di
     _check(blocks, x, "none")
     rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
     progress = flag("progress", progress)
-    cases = {rc: functools.partial(forward, recompute=rc) for rc in RECOMPUTE}
-    cases[POLICY_ONLY] = functools.partial(_run, how=save_everything)
-    cases[CORE_ONLY] = core_checkpointed
+    cases = {"none": functools.partial(forward, recompute="none"), CORE_ONLY: core_checkpointed,
+             **{rc: functools.partial(forward, recompute=rc) for rc in RECOMPUTE if rc != "none"},
+             POLICY_ONLY: functools.partial(_run, how=save_everything)}
 
     def step(fn):
         fn(blocks, x).float().pow(2).mean().backward()
