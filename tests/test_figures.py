@@ -145,6 +145,8 @@ def test_step_terms_figure_stacks_compute_bubble_and_exposed_communication():
     heights = [p.get_height() for p in ax.patches]
     assert len(heights) == 6 and abs(sum(heights[1::2]) - meta.step_s) < 1e-9 * meta.step_s
     assert ax.get_ylabel() == "time per step (s)" and ax.get_xlabel() == "layout"
+    labels = {t.get_text() for t in ax.texts}  # each segment's seconds printed on it
+    assert f"{meta.compute_s:.2f} s" in labels and f"{meta.bubble_s:.2f} s" in labels
     with pytest.raises(TypeError, match="first"):
         step_terms_figure(0.5, meta)
     with pytest.raises(ValueError, match="names"):

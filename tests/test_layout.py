@@ -428,3 +428,38 @@ def test_the_term_by_term_differences_are_those_of_the_shown_values():
     for label, a, b, diff in rows:
         digits = len(diff.split(".")[1])
         assert diff == f"{round(float(b) - float(a), digits):+.{digits}f}", (label, a, b, diff)
+
+
+def test_metas_reported_step_holds_its_parts():
+    """Page 3.11 prints Meta's busiest device with the FP32 gradient buffer as a sum of parts: 16-bit weights, the
+    stage's whole FP32 gradients, the sharded master weights and moments, and the activations. The parts add up to
+    the total, and the buffer replaces ZeRO-2's sharded 16-bit gradients (the ZeRO-2 figure the page prints)."""
+    from lessonlib.calc.layout_search import llama3_reported_step, published_layout_cost
+    run, meta = llama3_reported_step(), published_layout_cost()
+    st = run.state
+    assert st.total + run.once.activation_bytes == pytest.approx(run.memory_bytes, rel=1e-12)
+    assert run.memory_bytes == pytest.approx(run.once.memory_bytes + run.extra_bytes, rel=1e-12)
+    shard = 405e9 / (8 * 16)
+    assert st.weights == pytest.approx(2 * shard) and st.gradients == pytest.approx(4 * shard)  # whole, FP32
+    assert st.master_weights + st.optimizer_state == pytest.approx(12 * shard / 128, rel=1e-6)
+    assert run.once.activation_bytes == meta.activation_bytes
+    zero2_grads = 2 * shard / 128  # ZeRO-2 shards the 16-bit gradients over the 128 copies
+    assert run.memory_bytes - meta.memory_bytes == pytest.approx(st.gradients - zero2_grads, rel=1e-6)
+
+
+def test_a_llama_layer_keeps_its_own_bytes_under_save_matmuls():
+    """Page 3.11 puts a number on the gap between the GPT-shaped count and Llama 3 405B's layer (SwiGLU 3.25 h
+    wide, 8 key/value heads of 128): kept, in h values a token, input 1 + Q 1 + K and V 2 x 8/128 + output
+    projection 1 + gate and up 2 x 3.25 + down 1."""
+    from lessonlib.calc.memory import llama_layer_constant
+    from lessonlib.calc.published import LLAMA3_405B, LLAMA3_405B_KV_HEADS
+    from lessonlib.calc.recompute import llama_matmul_outputs_constant, matmul_outputs_bytes_per_layer
+    a, g = int(LLAMA3_405B["heads"].value), int(LLAMA3_405B_KV_HEADS.value)
+    r = LLAMA3_405B["ffn"].value / LLAMA3_405B["hidden"].value
+    assert r == 3.25
+    assert llama_matmul_outputs_constant(a, g, r) == 2 * (1 + 1 + 2 * 8 / 128 + 1 + 2 * 3.25 + 1) == 21.25
+    assert llama_layer_constant(a, g, ffn_ratio=r) == 31.75  # nothing recomputed: 32 for the GPT layer
+    # no GQA and a SwiGLU 2 h wide keep the GPT layer's 20 (its MLP keeps 4 h then h; this one 2 x 2 h then h)
+    assert llama_matmul_outputs_constant(32, 32, 2.0) * 64 * 32 == matmul_outputs_bytes_per_layer(64, 1, 32)
+    with pytest.raises(ValueError, match="kv_heads"):
+        llama_matmul_outputs_constant(128, 7)

@@ -29,6 +29,7 @@ CITED = {
     "layers": (126, pub.LLAMA3_PAPER, "126 layers"),
     "hidden": (16_384, pub.LLAMA3_PAPER, "model dimension 16,384"),
     "heads": (128, pub.LLAMA3_PAPER, "128 attention heads"),
+    "ffn": (53_248, pub.LLAMA3_PAPER, "FFN Dimension 53,248"),
     "tp": (8, pub.LLAMA3_PAPER, "TP 8"),
     "pp": (16, pub.LLAMA3_PAPER, "PP 16"),
     "cp_long": (16, pub.LLAMA3_PAPER, "CP 16"),
@@ -52,6 +53,8 @@ CITED = {
     "ckpt_per_gpu_max": (4e9, pub.LLAMA3_PAPER, "1 MB to 4 GB per GPU"),
     "storage_sustained": (2e12, pub.LLAMA3_PAPER, "2 TB/s sustained"),
     "storage_peak": (7e12, pub.LLAMA3_PAPER, "7 TB/s peak"),
+    "tokens_long_context": (800e9, pub.LLAMA3_PAPER, "performed using approximately 800B training tokens"),
+    "tokens_annealing": (40e6, pub.LLAMA3_PAPER, "During pre-training on the final 40M tokens"),
 }
 
 

@@ -235,7 +235,8 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
 
 def step_terms_figure(first, second, names=("first choice", "published"), title: str = "One training step, term by term"):
     """Two :class:`~lessonlib.calc.layout.LayoutCost` steps as stacked bars (seconds): compute, the pipeline's
-    bubble and the communication nothing hides (every exposed collective together). Returns the figure."""
+    bubble and the communication nothing hides (every exposed collective together), each segment labelled with its
+    seconds. Returns the figure."""
     from ..calc.layout import LayoutCost
 
     for name, c in (("first", first), ("second", second)):
@@ -251,6 +252,11 @@ def step_terms_figure(first, second, names=("first choice", "published"), title:
                        colors={"compute": "#4C72B0", "pipeline bubble": "#DD8452", "exposed communication": "#C44E52"})
     ax = fig.axes[0]
     ax.set_xlabel("layout")
+    # each segment's seconds on it, where the segment is tall enough for a line of text (a 25th of the tallest bar)
+    tallest = max(sum(parts.values()) for parts in data.values())
+    for bars, ink in zip(ax.containers, ("white", "black", "white")):
+        ax.bar_label(bars, labels=[f"{b.get_height():.2f} s" if b.get_height() > tallest / 25 else ""
+                                   for b in bars], label_type="center", fontsize=8, color=ink)
     # beside the bars, not on them: inside the axes it covered the first bar's exposed-communication segment
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.set_size_inches(9, 4)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..checks import choice, count, instance, mapping, sequence
 from .layout import (KERNEL_EFFICIENCY, RECOMPUTE, SCHEDULES, Cluster, Layout, LayoutCost, ModelShape, check_cluster,
                      check_model, layout_cost)
-from .stage_memory import ATTENTION, first_stage_activation_bytes, interleaving_problem
+from .stage_memory import ATTENTION, StageState, first_stage_activation_bytes, interleaving_problem, stage_state_bytes
 
 #: The largest search: layouts x ZeRO stages x recomputation choices tried by :func:`search_layouts`.
 MAX_CANDIDATES = 200_000
@@ -222,7 +222,9 @@ class ReportedStep:
     ``data_comm_total_s`` the data-parallel collectives with the reduce-scatter in FP32 (twice its 16-bit bytes),
     ``data_comm_s`` what the last micro-batch's backward leaves exposed, ``step_s`` the step with that,
     ``mfu`` the model-FLOPs utilisation it implies, ``extra_bytes`` the whole FP32 gradient buffer's bytes beyond
-    ZeRO-1's 16-bit gradients, ``memory_bytes`` the busiest device's bytes with it."""
+    ZeRO-1's 16-bit gradients, ``state`` the busiest device's training state by part with that buffer (its
+    ``gradients`` the stage's whole FP32 gradients), ``memory_bytes`` the busiest device's bytes:
+    ``state.total`` plus ``once.activation_bytes``."""
 
     once: LayoutCost
     data_comm_total_s: float
@@ -230,6 +232,7 @@ class ReportedStep:
     step_s: float
     mfu: float
     extra_bytes: float
+    state: StageState
     memory_bytes: float
 
 
@@ -245,6 +248,8 @@ def llama3_reported_step(kernel_efficiency: float = KERNEL_EFFICIENCY) -> Report
     >>> step = llama3_reported_step()
     >>> step.step_s > step.once.step_s and step.mfu < step.once.mfu
     True
+    >>> round(step.state.gradients / 1e9, 1), round(step.memory_bytes / 1e9, 1)   # FP32 gradients; all of it
+    (12.7, 67.3)
     """
     name = "Llama 3 405B, 8K context"
     model, cluster, _ = published_models()[name]
@@ -256,5 +261,7 @@ def llama3_reported_step(kernel_efficiency: float = KERNEL_EFFICIENCY) -> Report
     exposed = max(0.0, total - once.compute_s * 2 / 3 / micro)
     step = once.step_s - once.data_comm_s + exposed
     extra = 2 * model.params / (lay.tensor * lay.pipeline)  # 4 bytes a parameter in place of ZeRO-1's 2
-    return ReportedStep(once, total, exposed, step, once.mfu * once.step_s / step, extra,
-                        once.memory_bytes + extra)
+    sixteen = stage_state_bytes(model.params / (lay.tensor * lay.pipeline), data=lay.data, zero=1)
+    state = replace(sixteen, gradients=2 * sixteen.gradients)  # the stage's whole gradients, in FP32
+    return ReportedStep(once, total, exposed, step, once.mfu * once.step_s / step, extra, state,
+                        state.total + once.activation_bytes)

@@ -32,6 +32,9 @@ _CARD_READ = "read in the model card's text"
 #: Compared with summaries that quote the document, not with the document itself (no copy of its text was
 #: readable when the figure was entered); the page says so once, above its table of figures.
 _SECONDARY = "secondary (as summaries quote it)"
+#: Read in the report's own words, in a text conversion of its PDF (Markdown, kept in a public repository), not in
+#: the PDF itself.
+_REPORT_TEXT = "read in a text conversion of the report's PDF (its own words), not in the PDF itself"
 _TABLE4_ROWS = ("secondary (as summaries quote the row); within a point of the row's TFLOP/s over "
                 "the H100's 989.4 TFLOP/s dense peak, and inside the 38-43 % range quoted for the table")
 _CARD_SECONDARY = ("secondary (as summaries quote the card's 405B row); the page checks that "
@@ -43,6 +46,7 @@ LLAMA3_405B = {
     "layers": Figure(126, "layers", LLAMA3_PAPER, "Table 3", _SECONDARY),
     "hidden": Figure(16384, "model dimension", LLAMA3_PAPER, "Table 3", _SECONDARY),
     "heads": Figure(128, "attention heads", LLAMA3_PAPER, "Table 3", _SECONDARY),
+    "ffn": Figure(53248, "FFN (SwiGLU) width", LLAMA3_PAPER, "Table 3", _REPORT_TEXT),
     "tokens": Figure(15.6e12, "training tokens", LLAMA3_PAPER, "Section 3 (pre-training on 15.6T tokens)",
                      _SECONDARY + "; the model card, read, says only '15T+'"),
     "flops": Figure(3.8e25, "training FLOPs of the flagship model", LLAMA3_PAPER, "Section 1",
@@ -89,6 +93,12 @@ LLAMA3_405B = {
                                 "Section 3.3.1 (Storage)", _SECONDARY),
     "storage_peak": Figure(7e12, "bytes/s peak throughput of the storage", LLAMA3_PAPER,
                            "Section 3.3.1 (Storage)", _SECONDARY),
+    # the stages after the main one: context raised from 8K to 128K in six steps, then the learning rate annealed
+    "tokens_long_context": Figure(800e9, "training tokens (about) in the long-context stage, its context raised "
+                                  "from 8K to 128K in six steps", LLAMA3_PAPER,
+                                  "Section 3.4.2 (Long Context Pre-Training)", _REPORT_TEXT),
+    "tokens_annealing": Figure(40e6, "training tokens in the annealing, the last ones, at 128K context",
+                               LLAMA3_PAPER, "Section 3.4.3 (Annealing)", _REPORT_TEXT),
 }
 
 # The range of the three configurations is derived from Table 4's per-row values above, so the notes agree.

@@ -134,6 +134,29 @@ def matmul_outputs_bytes_per_layer(seq_len, batch, hidden, bytes_per_value: int 
     return (1 + 3 + 1 + 4 + 1) * e * s * b * h
 
 
+def llama_matmul_outputs_constant(heads, kv_heads, ffn_ratio: float = 8 / 3, bytes_per_value: int = 2) -> float:
+    """Bytes per s*b*h one Llama-style layer keeps under ``recompute="save_matmuls"``: the 20 of
+    :func:`matmul_outputs_bytes_per_layer` for a layer with grouped-query attention and a SwiGLU MLP
+    (the layer of :func:`lessonlib.calc.memory.llama_layer_constant`).
+
+    Kept, in units of h values a token: the layer's input (1); the query, key and value products' outputs,
+    1 + 2 x ``kv_heads`` / ``heads`` (grouped-query attention shrinks K and V); the output projection's (1); the
+    gate and up products' outputs, each ``ffn_ratio`` wide (2 x ``ffn_ratio``); the down product's (1). So
+    e x (4 + 2 x kv_heads / heads + 2 x ffn_ratio), e = ``bytes_per_value``.
+
+    >>> llama_matmul_outputs_constant(128, 8, ffn_ratio=53248 / 16384)   # Llama 3 405B: 3.25 h wide, 8 of 128
+    21.25
+    >>> llama_matmul_outputs_constant(32, 32, ffn_ratio=2.0)   # no GQA, a 2h SwiGLU: the GPT layer's 20
+    20.0
+    """
+    a, g = count("heads", heads), count("kv_heads", kv_heads)
+    if a % g:
+        raise ValueError(f"kv_heads ({g}) must divide heads ({a}): each key/value head serves a whole group")
+    r = positive("ffn_ratio", ffn_ratio, maximum=64.0)  # an MLP at most 64 h wide
+    e = count("bytes_per_value", bytes_per_value, maximum=8)
+    return float(e * (4 + 2 * g / a + 2 * r))
+
+
 def attention_core_flops_per_layer(seq_len, batch, hidden) -> int:
     """Forward FLOPs of attention's two batched products, Q·Kᵀ and scores·V: 4·b·s²·h.
 
