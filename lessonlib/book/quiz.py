@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -179,16 +180,21 @@ class SingleChoice(_ChoiceQuiz):
         return _static_box(uid, self, opts, data)
 
 
+#: A question that already tells the reader to pick every right choice.
+_SAYS_SELECT_ALL = re.compile(r"\b(select|choose) all\b|\ball that apply\b", re.IGNORECASE)
+
+
 class MultipleSelect(_ChoiceQuiz):
     """Select every correct choice; right only when the selection is exactly the correct set.
 
-    The question says so: "(Choose all that apply.)" is added where its text does not already say it,
-    since check boxes alone do not tell a reader that more than one choice may be right.
+    The question says so: "(Choose all that apply.)" is added where its text does not already say it
+    ("select all", "choose all" or "all that apply", in any case), since check boxes alone do not tell a
+    reader that more than one choice may be right.
     """
 
     def __init__(self, question: str, choices: Sequence[Choice | str], explanation: str = "", answer=None):
         super().__init__(question, choices, explanation, answer)
-        if "all that apply" not in self.question.lower():
+        if not _SAYS_SELECT_ALL.search(self.question):
             self.question = f"{self.question} (Choose all that apply.)"
 
     def check(self, answer: Iterable[int | str]) -> Verdict:
