@@ -180,21 +180,16 @@ class SingleChoice(_ChoiceQuiz):
         return _static_box(uid, self, opts, data)
 
 
-#: A question that already tells the reader to pick every right choice.
-_SAYS_SELECT_ALL = re.compile(r"\b(select|choose) all\b|\ball that apply\b", re.IGNORECASE)
-
-
 class MultipleSelect(_ChoiceQuiz):
     """Select every correct choice; right only when the selection is exactly the correct set.
 
-    The question says so: "(Choose all that apply.)" is added where its text does not already say it
-    ("select all", "choose all" or "all that apply", in any case), since check boxes alone do not tell a
-    reader that more than one choice may be right.
+    The question says so: "(Choose all that apply.)" is added where it does not already say "select all",
+    "choose all" or "all that apply" (any case): check boxes alone do not say more than one may be right.
     """
 
     def __init__(self, question: str, choices: Sequence[Choice | str], explanation: str = "", answer=None):
         super().__init__(question, choices, explanation, answer)
-        if not _SAYS_SELECT_ALL.search(self.question):
+        if not re.search(r"\b(select|choose) all\b|\ball that apply\b", self.question, re.IGNORECASE):
             self.question = f"{self.question} (Choose all that apply.)"
 
     def check(self, answer: Iterable[int | str]) -> Verdict:
