@@ -380,3 +380,6 @@ def test_a_multiple_select_question_says_more_than_one_may_be_right():
     assert "Choose all that apply" in q.static_html()
     said = MultipleSelect("Which are even? Choose all that apply.", [Choice("2", True), Choice("5")])
     assert said.question == "Which are even? Choose all that apply."  # not said twice
+    for asked in ("Which are even? Select all.", "Which are even? SELECT ALL the even ones.",
+                  "Choose all the even ones.", "Which are even? All That Apply."):
+        assert MultipleSelect(asked, [Choice("2", True), Choice("5")]).question == asked  # any wording, any case

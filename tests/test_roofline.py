@@ -62,6 +62,7 @@ def test_roofline_figure_is_log_log_with_labelled_axes(roof):
     assert other.get_xscale() == other.get_yscale() == "log" and "peak" in other.get_ylabel()
     assert len(other.collections) == len(points) and len(other.lines) == 1
     assert "bf16" in other.lines[0].get_label() and "bf16" in other.get_xlabel()
+    assert "attainable, not measured" in other.get_title()  # the points lie on the roof by construction
     shares = [c.get_offsets()[0][1] for c in other.collections]
     # the other device's peak is for bf16: each op sits at its bf16 intensity, twice the fp32 one measured here
     assert shares == [min(1.0, h100.memory_bandwidth * 2 * p.intensity / h100.peak_flops_per_s) for p in points]
@@ -162,4 +163,44 @@ def test_no_two_point_names_overlap_in_the_roofline_figure():
         marks = [ax.transData.transform((x / 1, y / 1e9)) for x, y in spots.values()]
         for name, box in boxes.items():
             assert not any(box.x0 < mx < box.x1 and box.y0 < my < box.y1 for mx, my in marks), (phone, name)
+        matplotlib.pyplot.close(fig)
+
+
+def test_each_point_name_lies_beside_its_own_point():
+    """A reader saw "GELU" above LayerNorm's point and "LayerNorm" below GELU's, and "64 × 64 product" nearer the
+    attention scores than its own triangle: each name's box must lie beside its own point (within 10 pt) and
+    clearly nearer it than any other point, but one on (nearly) the same spot (the QKV and MLP products)."""
+    import matplotlib
+    import numpy as np
+    matplotlib.use("Agg")
+    from lessonlib.book.roofline_plots import plot_roofline
+    from lessonlib.calc import hardware
+
+    roof = R.Roofline((16, 64), (5e9, 9e10), 9e10, 3.2e10, 2**22)
+    layouts = [  # the layout of the test above, and one close to the page's CPU run the reader saw
+        {"QKV product": (70, 9.0e10), "MLP product": (74, 8.9e10), "64 × 64 product": (11, 7e10),
+         "attention scores": (16, 6.3e10), "16 × 16 product": (2.7, 6.5e9), "LayerNorm": (0.85, 1.75e10),
+         "GELU": (0.62, 1.75e10), "softmax": (0.62, 9.2e9)},
+        {"QKV product": (72, 8.8e10), "MLP product": (75, 8.9e10), "64 × 64 product": (10.5, 6.5e10),
+         "attention scores": (16, 5.5e10), "16 × 16 product": (2.7, 4.6e9), "LayerNorm": (0.87, 1.85e10),
+         "GELU": (0.62, 2.0e10), "softmax": (0.62, 9.8e9)}]
+
+    def gap(box, x, y):
+        return np.hypot(max(box.x0 - x, 0, x - box.x1), max(box.y0 - y, 0, y - box.y1))
+
+    for spots in layouts:
+        points = [R.OpPoint(name, 1, 1, 1e-9, x, y, roof.attainable(x)) for name, (x, y) in spots.items()]
+        fig = plot_roofline(roof, points, compare=hardware.device("H100 SXM 80GB"))
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax, px = fig.axes[0], renderer.points_to_pixels(1.0)
+        marks = {name: ax.transData.transform((x, y / 1e9)) for name, (x, y) in spots.items()}
+        one_spot = 1.5 * 40 ** 0.5 * px  # the markers are 40 pt² (a side of 6.3 pt)
+        for t in ax.texts:
+            name, box = t.get_text(), t.get_window_extent(renderer)
+            own = gap(box, *marks[name])
+            assert own <= 10 * px, (name, own / px)
+            for other, mark in marks.items():
+                if other != name and np.hypot(*(mark - marks[name])) > one_spot:
+                    assert gap(box, *mark) >= own + 3 * px, (name, other)
         matplotlib.pyplot.close(fig)

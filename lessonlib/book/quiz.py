@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -182,13 +183,13 @@ class SingleChoice(_ChoiceQuiz):
 class MultipleSelect(_ChoiceQuiz):
     """Select every correct choice; right only when the selection is exactly the correct set.
 
-    The question says so: "(Choose all that apply.)" is added where its text does not already say it,
-    since check boxes alone do not tell a reader that more than one choice may be right.
+    The question says so: "(Choose all that apply.)" is added where it does not already say "select all",
+    "choose all" or "all that apply" (any case): check boxes alone do not say more than one may be right.
     """
 
     def __init__(self, question: str, choices: Sequence[Choice | str], explanation: str = "", answer=None):
         super().__init__(question, choices, explanation, answer)
-        if "all that apply" not in self.question.lower():
+        if not re.search(r"\b(select|choose) all\b|\ball that apply\b", self.question, re.IGNORECASE):
             self.question = f"{self.question} (Choose all that apply.)"
 
     def check(self, answer: Iterable[int | str]) -> Verdict:

@@ -62,10 +62,12 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
     return fig
 
 
-# Where a point's name may go, in points from the point, tried in turn: right of it (above, then below), centred
-# above or below it, left of it, then the same further away. Centred comes before left: a long name hung to the
-# left of its point reaches far from it, and reads as naming whatever it ends beside.
-_PLACES = [(dx, dy) for step in range(6) for dx in (6, 0, -6) for dy in (7 + 11 * step, -7 - 11 * step)]
+# Where a point's name may go, in points from the point, tried in turn: level with it on its right, then on its
+# left (a name read at the height of its point is read as that point's); then right of it above and below, centred
+# above or below it, left of it above and below, then these further away. Centred comes before left: a long name
+# hung above and to the left of its point reaches far from it, and reads as naming whatever it ends beside.
+_PLACES = [(8, 0), (-8, 0)] + [(dx, dy) for step in range(6) for dx in (6, 0, -6)
+                                for dy in (7 + 11 * step, -7 - 11 * step)]
 
 
 class _PointLabels(Artist):
@@ -108,7 +110,7 @@ class _PointLabels(Artist):
         def place(name, dx, dy):
             name.xyann = (dx, dy)
             name.set_ha("left" if dx > 0 else "right" if dx < 0 else "center")
-            name.set_va("bottom" if dy > 0 else "top")
+            name.set_va("bottom" if dy > 0 else "top" if dy < 0 else "center_baseline")
             return name.get_window_extent(renderer)
 
         def gap(box, x, y):  # from a point to the nearest edge of a box, in pixels
@@ -116,7 +118,11 @@ class _PointLabels(Artist):
 
         def anchor(box, dx, dy):  # where the name starts, seen from its point: the corner or edge it hangs from
             x = box.x0 if dx > 0 else box.x1 if dx < 0 else (box.x0 + box.x1) / 2
-            return x, box.y0 if dy > 0 else box.y1
+            return x, box.y0 if dy > 0 else box.y1 if dy < 0 else (box.y0 + box.y1) / 2
+
+        # points that sit on (nearly) one spot, like the QKV and MLP products: no place of a name tells them apart
+        # (the legend's shapes do), so each is not counted as the other's rival below
+        together = 1.5 * max((c.get_sizes()[0] ** 0.5 for c in ax.collections), default=0.0) * px
 
         for i, name in enumerate(self._names):
             def cost(place_):
@@ -128,15 +134,22 @@ class _PointLabels(Artist):
                 # lies under the rest of a long name: measuring to the nearest edge of the whole box put a long name
                 # on the far side of its point, across the roof, to keep it off a point beside its tail. A name
                 # whose tail touches another point is misread all the same.
+                # And a name lying closer to another point than to its own (GELU's name above LayerNorm's point,
+                # LayerNorm's below GELU's) is read as that point's: the whole box must be clearly nearer its own.
                 ax_, ay_ = anchor(box, *place_)
-                own = np.hypot(ax_ - centres[i][0], ay_ - centres[i][1]) if len(centres) == len(self._names) else 0.0
-                misread = any(np.hypot(ax_ - c[0], ay_ - c[1]) <= own or gap(box, *c) < 4 * px
-                              for j, c in enumerate(centres) if j != i)
+                paired = len(centres) == len(self._names)
+                own = np.hypot(ax_ - centres[i][0], ay_ - centres[i][1]) if paired else 0.0
+                own_gap = gap(box, *centres[i]) if paired else 0.0
+                rivals = [c for j, c in enumerate(centres)
+                          if j != i and not (paired and np.hypot(c[0] - centres[i][0], c[1] - centres[i][1]) < together)]
+                misread = any(np.hypot(ax_ - c[0], ay_ - c[1]) <= own or gap(box, *c) < max(4 * px, own_gap + 4 * px)
+                              for c in rivals)
                 far = abs(place_[1]) > 7  # not right beside the point: the name is harder to pair with it
                 def crosses(pts):
                     return bool(np.any((pts[:, 0] > box.x0) & (pts[:, 0] < box.x1) & (pts[:, 1] > box.y0)
                                        & (pts[:, 1] < box.y1)))
-                return covers, outside, misread, far, crosses(roof_line), crosses(ridge_lines)
+                # level with its point beats above or below it, but not at the price of lying across the roof
+                return covers, outside, misread, far, crosses(roof_line), place_[1] != 0, crosses(ridge_lines)
             best = None  # the first of the places with the fewest faults, the worst counted first
             for place_ in _PLACES:
                 faults = cost(place_)
@@ -175,5 +188,5 @@ def _normalised(ax, roofline: Roofline, points, dev) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity in bf16 (FLOPs per byte moved)")
     ax.set_ylabel("attainable share of the device's peak")
-    ax.set_title(f"The same ops in bf16 under the {dev.name}'s roof")
+    ax.set_title(f"The same ops in bf16 under the {dev.name}'s roof:\nattainable, not measured")  # on the roof by construction
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, ncol=3)  # below: the roof spans the panel
