@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from lessonlib.calc.pipeline import (EQUAL_STAGE_TIMES, interleaved_bubble_fraction, parse_action, peak_in_flight,
+from lessonlib.calc.pipeline import (EQUAL_STAGE_TIMES, boundary_bytes, interleaved_bubble_fraction, parse_action, peak_in_flight,
                                      pipeline_bubble_fraction, pipeline_schedule, read_schedule,
                                      schedule_idle_fraction, simulate_actions)
 
@@ -48,6 +48,13 @@ def test_interleaved_formula_both_denominators():
         interleaved_bubble_fraction(2, 4, 2, of="useful")
     with pytest.raises(ValueError, match="stages_per_device"):
         interleaved_bubble_fraction(2, 4, 0)
+
+
+def test_boundary_bytes_is_one_micro_batchs_activations():
+    assert boundary_bytes(128, 2, 64) == 2 * 128 * 64 * 2  # bf16 by default
+    assert boundary_bytes(128, 2, 64, bytes_per_value=4) == 2 * boundary_bytes(128, 2, 64)
+    with pytest.raises(ValueError, match="hidden"):
+        boundary_bytes(128, 2, 0)
 
 
 @pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 8), (3, 5)])

@@ -33,6 +33,23 @@ def pipeline_bubble_fraction(stages, microbatches) -> float:
     return (p - 1) / (m + p - 1)
 
 
+def boundary_bytes(seq_len, batch, hidden, bytes_per_value: int = 2) -> int:
+    """Bytes one micro-batch sends across one stage boundary, each way (a count of bytes).
+
+    Forward, the last layer of a stage hands the next stage its output, ``batch x seq_len x hidden``
+    values of ``bytes_per_value`` bytes; backward, the gradient of that output, the same size, comes
+    back. Point-to-point, to the neighbouring stage only.
+
+    >>> boundary_bytes(8192, 1, 16384)  # one 8K-token sequence of a 16,384-wide model in bf16: 256 MiB
+    268435456
+    """
+    s = _check_count("seq_len", seq_len)
+    b = _check_count("batch", batch)
+    h = _check_count("hidden", hidden)
+    e = _check_count("bytes_per_value", bytes_per_value, maximum=8)
+    return b * s * h * e
+
+
 def pipeline_schedule(stages, microbatches, forward_time=1.0, backward_time=2.0):
     """A GPipe schedule worked out task by task, for drawing and checking.
 
