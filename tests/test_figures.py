@@ -105,6 +105,24 @@ def test_goodput_failure_figure_separates_the_reliability_curves():
     plots.show(fig, alt="two panels")
 
 
+def test_goodput_figure_marks_a_back_solved_point_as_an_input():
+    """Page 3.13's left panel reaches its last point because the restart time was solved to give it: the point is
+    ringed and labelled as an input on the figure, and the alt text says so; without a note nothing is added."""
+    ns = [1, 64, 16384]
+    shown = speedup_plots.goodput_figure(ns, 0.0, 33.0, 312.0, mtbfs=(50_000,), input_note="an input, not a result")
+    assert "a point marked on the figure: an input, not a result" in shown.alt
+    plain = speedup_plots.goodput_figure(ns, 0.0, 33.0, 312.0, mtbfs=(50_000,))
+    assert "marked on the figure" not in plain.alt
+    rows = {"m": [goodput(n, float(n), 50_000, 33.0, 312.0) for n in ns]}
+    fig = speedup_plots.plot_goodput_failures(ns, rows, [1.0] * 3, input_note="an input")
+    notes = [c for c in fig.axes[0].get_children() if isinstance(c, matplotlib.text.Annotation)]
+    assert [a.get_text() for a in notes] == ["an input"]
+    assert notes[0].xy == (ns[-1], pytest.approx(100 * (1 - rows["m"][-1].useful_fraction)))
+    assert len(fig.axes[0].get_lines()) == 1  # the ring is not a curve
+    with pytest.raises(TypeError):
+        speedup_plots.plot_goodput_failures(ns, rows, [1.0] * 3, input_note=3)
+
+
 def test_the_built_page_check_finds_a_stray_repr_and_a_figure_shown_twice():
     img = '<img src="data:image/png;base64,AAAA" alt="x">'
     assert figure_faults(f"<p>{img}</p>") == []

@@ -248,13 +248,16 @@ def stall_figure(runs: list, stall_step: int, stall_s: float, stalled_rank: int 
 
 
 def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtbfs=(5_000, 50_000, 500_000),
-                   contrast_share=None, marks=None, title=None, rate_label: str = "device MTBF"):
+                   contrast_share=None, marks=None, title=None, rate_label: str = "device MTBF",
+                   input_note=None):
     """What failures cost as a job grows, for device MTBFs ``mtbfs`` (hours): the share of time lost, and
     one-device hours per paid device-hour beside the no-failure line (see :func:`plot_goodput_failures`).
 
     ``contrast_share`` (a serial share) adds a dotted contrast curve with the first MTBF's failures;
     ``marks`` maps a label to one-device hours per paid device-hour at the largest count (a real run's
-    points); ``title`` replaces the default title; ``rate_label`` names the failure rate in the legend.
+    points); ``title`` replaces the default title; ``rate_label`` names the failure rate in the legend;
+    ``input_note`` marks the left panel's point at the largest count as an input, not a result (a restart
+    time back-solved to give it), with that text beside it and in the alt text.
     """
     ns = counts("ns", ns)
     check_share("serial_share", serial_share)
@@ -270,6 +273,8 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
     if title is not None:
         text("title", title)
     text("rate_label", rate_label)
+    if input_note is not None:
+        text("input_note", input_note)
     try:
         rows = {f"{rate_label} {mt:,.0f} h": [goodput(n, speedup_from_share(serial_share, n), mt, ckpt_s, restart_s)
                                             for n in ns] for mt in mtbfs}
@@ -284,7 +289,7 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
     default = (f"Serial share {serial_share:.1%}, saves of {round(ckpt_s):,} s, restarts of "
                f"{round(restart_s / 60, 1):g} min")
     fig = plot_goodput_failures(list(ns), rows, no_failure, title=default if title is None else title,
-                                contrast=contrast, marks=marks or None)
+                                contrast=contrast, marks=marks or None, input_note=input_note)
     lost = ", ".join(f"{100 * (1 - gs[-1].useful_fraction):.0f} % at {rate_label} {mt:,.0f} h"
                      for mt, gs in zip(mtbfs, rows.values()))
     extra = ""
@@ -303,7 +308,10 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
                 "the share of wall-clock time lost to saves, redone work and restarts; it grows with the device "
                 "count, because a job on n devices fails n times as often"
                 + (", and the less reliable the devices the faster" if several else "")
-                + f": at {ns[-1]:,} devices {lost}. Right: one-device hours of progress per paid device-hour, "
+                + f": at {ns[-1]:,} devices {lost}"
+                + ("" if input_note is None else
+                   f", a point marked on the figure: {' '.join(input_note.split())}")
+                + ". Right: one-device hours of progress per paid device-hour, "
                 + ("on a log axis, " if fig.axes[1].get_yscale() == "log" else "")
                 + f"with serial share {100 * serial_share:g} %: the dotted no-failure line "
                 + ("(perfect scaling, flat at 1) " if flat else "") + "lies on top; "
@@ -327,7 +335,7 @@ def progress_on_log_axis(values) -> bool:
 
 @_reads("rows", "no_failure")
 def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title: str = "", contrast=None,
-                          marks=None):
+                          marks=None, input_note=None):
     """Two panels on what failures cost a synchronous job as it grows.
 
     ``world_sizes`` is the device counts (each a ``world_size``); ``rows`` maps a curve label (e.g. a
@@ -337,7 +345,8 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
     (%, linear). Right: useful progress per paid device-hour (on a log axis when its values span more than
     :data:`LOG_SPAN`, linear otherwise), with the no-failure line drawn on top, so the gap that failures open is
     visible beside Amdahl's fall. ``contrast`` is an optional (label, values) curve, one value per count;
-    ``marks`` maps labels to values drawn as points at the largest count. Returns the figure.
+    ``marks`` maps labels to values drawn as points at the largest count; ``input_note`` (a text) rings the
+    left panel's first curve at the largest count and labels it as an input. Returns the figure.
     """
     world_sizes = counts("world_sizes", world_sizes)
     for label, gs in mapping("rows", rows).items():
@@ -372,6 +381,13 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
         ax.grid(alpha=0.3)
     lost_max = max(100 * (1 - g.useful_fraction) for gs in rows.values() for g in gs)
     left.set_ylim(0, min(100.0, max(1.0, 1.2 * lost_max)))  # fitted to the curves, never past 100 %
+    if input_note is not None:  # the point a caller back-solved an input to give: marked, not plotted as a curve
+        y = 100 * (1 - next(iter(rows.values()))[-1].useful_fraction)
+        left.annotate(text("input_note", input_note), xy=(world_sizes[-1], y), xytext=(0.42, 0.55),
+                      textcoords="axes fraction", ha="center", va="center", fontsize=8,
+                      bbox=dict(boxstyle="round", fc="white", ec="0.6"),
+                      arrowprops=dict(arrowstyle="->", color="0.3"))
+        left.scatter([world_sizes[-1]], [y], s=220, facecolors="none", edgecolors="C3", linewidths=1.8, zorder=4)
     left.set_ylabel("time lost to saves, redone work, restarts (%)")
     left.set_title("What failures take from the wall-clock time", fontsize=10)
     shown = [g.per_device_hour for gs in rows.values() for g in gs] + no_failure

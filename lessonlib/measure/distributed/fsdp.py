@@ -278,7 +278,7 @@ def _sharding_worker(rank, world_size, device, progress, world_sizes, steps, glo
 
     from .buckets import ring_all_reduce
 
-    # The ring all-reduce of page 4 on every process of this launch: its bytes counted as sent.
+    # The ring all-reduce of page 3.4 on every process of this launch: its bytes counted as sent.
     g = torch.Generator().manual_seed(20 + rank)
     mine = torch.randn(4096, generator=g).to(device)
     summed, reference = mine.clone(), mine.clone()
