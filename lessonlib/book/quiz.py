@@ -97,8 +97,7 @@ def _normalise_choices(choices, answer) -> list[Choice]:
 def display_order(question: str, n: int) -> list:
     """The order in which a choice quiz shows its ``n`` choices: a shuffle seeded by ``question``, the same on
     every build. Authors list the right choice where they like (often first); a reader must not learn that
-    the first choice is the answer. Each shown input keeps its choice's index as its value, so grading, which
-    works on indices, never sees the order."""
+    the first choice is the answer. An input's value is its shown position and the verdicts are listed by it."""
     import hashlib
     import random
 
@@ -171,10 +170,11 @@ class SingleChoice(_ChoiceQuiz):
 
     def static_html(self) -> str:
         uid = stable_id("single", self.question, [c.text for c in self.choices])
-        verdicts = [self.check(i) for i in range(len(self.choices))]
+        order = display_order(self.question, len(self.choices))
+        verdicts = [self.check(i) for i in order]  # by shown position, the input's value
         opts = "".join(
-            f'<label><input type="radio" name="{uid}" value="{i}"> {self.choices[i].text}</label>'
-            for i in display_order(self.question, len(self.choices))
+            f'<label><input type="radio" name="{uid}" value="{pos}"> {self.choices[i].text}</label>'
+            for pos, i in enumerate(order)
         )
         data = {"kind": "single", "verdicts": [[v.correct, v.feedback] for v in verdicts]}
         return _static_box(uid, self, opts, data)
@@ -228,14 +228,15 @@ class MultipleSelect(_ChoiceQuiz):
         n = len(self.choices)
         if n > 10:
             raise ValueError("a MultipleSelect quiz offers at most 10 choices")
-        # Every subset, indexed by its bitmask (bit i = choice i selected).
+        # Every subset, indexed by its bitmask over the shown positions (bit p = the p-th shown input checked).
+        order = display_order(self.question, n)
         verdicts = []
         for mask in range(2 ** n):
-            v = self.check([i for i in range(n) if mask >> i & 1])
+            v = self.check([order[p] for p in range(n) if mask >> p & 1])
             verdicts.append([v.correct, v.feedback])
         opts = "".join(
-            f'<label><input type="checkbox" name="{uid}" value="{i}"> {self.choices[i].text}</label>'
-            for i in display_order(self.question, len(self.choices))
+            f'<label><input type="checkbox" name="{uid}" value="{pos}"> {self.choices[i].text}</label>'
+            for pos, i in enumerate(order)
         )
         return _static_box(uid, self, opts, {"kind": "multiple", "verdicts": verdicts})
 
