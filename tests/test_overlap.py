@@ -362,3 +362,20 @@ def test_collective_timer_counts_a_nested_call_once_and_puts_the_functions_back(
     assert dist.all_gather_single is outer and dist.all_gather_into_tensor is inner
     dist.reduce_scatter_tensor()
     assert timer.seconds == 5.0
+
+
+def test_ring_chunk_and_ring_steps_play_the_ring_all_reduce_without_processes():
+    import pytest
+    from lessonlib.measure.distributed.buckets import ring_chunk, ring_steps
+
+    rows = ring_steps(4)
+    assert len(rows) == 2 * 3
+    # reduce-scatter: each device starts on its own chunk, one more device's share added each step
+    assert rows[0][2] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert rows[2][2] == [(2, 3), (3, 3), (0, 3), (1, 3)]
+    # all-gather: device d starts with chunk d + 1, fully summed
+    assert rows[3][2] == [(1, 4), (2, 4), (3, 4), (0, 4)]
+    assert all(k == 4 for _, _, sends in rows[3:] for _, k in sends)
+    assert ring_steps(1) == [] and len(ring_steps(7)) == 12
+    with pytest.raises(ValueError):
+        ring_chunk(0, 0, "broadcast", 4)

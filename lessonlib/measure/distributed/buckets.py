@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from ...checks import count as _check_count, instance as _check_instance
 
-__all__ = ["layer_stack", "average_gradients", "all_reduce_in_buckets", "ring_all_reduce", "MAX_SIZE"]
+__all__ = ["layer_stack", "average_gradients", "all_reduce_in_buckets", "ring_all_reduce", "ring_chunk", "ring_steps",
+           "MAX_SIZE"]
 
 #: The largest width and layer count :func:`layer_stack` accepts.
 MAX_SIZE = 4096
@@ -123,6 +124,44 @@ def all_reduce_in_buckets(model, bucket_bytes: int):
     return finish
 
 
+def ring_chunk(rank: int, step: int, phase: str, n: int) -> int:
+    """The chunk process ``rank`` of ``n`` sends right at ``step`` (from 0) of ``phase`` in :func:`ring_all_reduce`.
+
+    Reduce-scatter starts each process on its own chunk and steps one chunk back
+    each time, so the chunk it sends is the one it has just added to; the
+    all-gather starts one chunk later, on the chunk the reduce-scatter left
+    fully summed there.
+    """
+    if phase not in ("reduce-scatter", "all-gather"):
+        raise ValueError(f"phase: 'reduce-scatter' or 'all-gather', not {phase!r}")
+    return (rank - step + (phase == "all-gather")) % n
+
+
+def ring_steps(n: int) -> list[tuple[str, int, list[tuple[int, int]]]]:
+    """Simulate :func:`ring_all_reduce` on ``n`` processes, with shares instead of numbers.
+
+    Returns one row per step, ``(phase, step, sends)``, where ``sends[rank]`` is
+    ``(chunk, shares)``: the chunk that process sends right, by :func:`ring_chunk`,
+    and how many processes' values it holds summed. Checks that the chunk that
+    arrives is the one the code expects, and that at the end every process holds
+    every chunk summed over all ``n``.
+    """
+    held = [[{rank} for _ in range(n)] for rank in range(n)]  # held[rank][chunk]: whose values are summed in it
+    rows = []
+    for phase in ("reduce-scatter", "all-gather"):
+        for step in range(n - 1):
+            outs = [ring_chunk(rank, step, phase, n) for rank in range(n)]
+            rows.append((phase, step, [(out, len(held[rank][out])) for rank, out in enumerate(outs)]))
+            parcels = [set(held[rank][out]) for rank, out in enumerate(outs)]
+            for rank in range(n):
+                left = (rank - 1) % n
+                inc = (outs[rank] - 1) % n
+                assert outs[left] == inc, "what arrives from the left is the chunk the code adds to"
+                held[rank][inc] = held[rank][inc] | parcels[left] if phase == "reduce-scatter" else parcels[left]
+    assert all(chunk == set(range(n)) for row in held for chunk in row)
+    return rows
+
+
 def ring_all_reduce(tensor) -> int:
     """Sum ``tensor`` over the default group's processes in place, by the ring algorithm; returns bytes sent.
 
@@ -150,7 +189,7 @@ def ring_all_reduce(tensor) -> int:
     sent = 0
     for phase in ("reduce-scatter", "all-gather"):
         for step in range(n - 1):
-            out = (rank - step + (phase == "all-gather")) % n  # the chunk this process passes on
+            out = ring_chunk(rank, step, phase, n)  # the chunk this process passes on
             inc = (out - 1) % n  # the chunk arriving from the left
             arrived = torch.empty_like(chunks[inc])
             request = dist.isend(chunks[out], right)

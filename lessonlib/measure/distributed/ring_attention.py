@@ -87,10 +87,10 @@ def ring_forward(q, k, v, layout):
     ``layout[rank]`` laid end to end. ``lse`` is the log of each query's softmax
     denominator (kept for backward); ``blocks`` counts the chunk pairs computed.
     """
-    layout = _checked(layout, q=q, k=k, v=v)
+    layout = _checked(layout, q=q, k=k, v=v)  # layout[r]: the chunk numbers process r holds, in order
     rank, world_size = dist.get_rank(), dist.get_world_size()
     c = q.shape[-2] // len(layout[rank])  # tokens per chunk
-    qs = q.split(c, dim=-2)
+    qs = q.split(c, dim=-2)  # this process's query chunks
     m = [torch.full_like(qi[..., :1], -math.inf) for qi in qs]  # running max of each query's scores
     l = [torch.zeros_like(mi) for mi in m]  # running sum of exp(score - max)
     acc = [torch.zeros_like(qi) for qi in qs]  # running sum of exp(score - max) * value
@@ -106,11 +106,11 @@ def ring_forward(q, k, v, layout):
             for j, kc in enumerate(layout[src]):
                 if kc > qc:
                     continue  # every key of that chunk is in this chunk's future
-                s = (qs[i] @ ks[j].transpose(-2, -1)) * q.shape[-1] ** -0.5
+                scores = (qs[i] @ ks[j].transpose(-2, -1)) * q.shape[-1] ** -0.5
                 if kc == qc:  # the diagonal block: mask each key that comes after its query
-                    s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), -math.inf)
-                m_new = torch.maximum(m[i], s.amax(-1, keepdim=True))
-                p = torch.exp(s - m_new)
+                    scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), -math.inf)
+                m_new = torch.maximum(m[i], scores.amax(-1, keepdim=True))
+                p = torch.exp(scores - m_new)
                 rescale = torch.exp(m[i] - m_new)  # earlier blocks were weighed against an older max
                 l[i] = l[i] * rescale + p.sum(-1, keepdim=True)
                 acc[i] = acc[i] * rescale + p @ vs[j]
