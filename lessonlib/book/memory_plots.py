@@ -190,37 +190,76 @@ def plot_memory_multiplier(ratios: dict, slogan: float = 3.0,
     return fig
 
 
-@_reads("kept_per_sbh", "extra_flops_pct")
-def recompute_policy_figure(kept_per_sbh: dict, extra_flops_pct: dict,
-                            title: str = "Recomputation policies: what a layer keeps, what the step reruns"):
-    """One labelled point per recomputation policy: the bytes a transformer layer keeps for backward per token
-    and unit of width (per s·b·h, y) against the FLOPs the policy adds to a training step (% of a plain step, x).
-
-    ``kept_per_sbh`` and ``extra_flops_pct`` map the same policy names (``recompute`` values) to those numbers.
-    Returns :func:`lessonlib.book.plots.show`'s figure, with alt text that reads every point.
-    """
-    kept, extra = mapping("kept_per_sbh", kept_per_sbh), mapping("extra_flops_pct", extra_flops_pct)
-    if set(kept) != set(extra):
-        raise ValueError(f"kept_per_sbh and extra_flops_pct must name the same policies, got {sorted(map(str, kept))} "
-                         f"and {sorted(map(str, extra))}")
+def _policy_panel(name: str, kept: dict, extra: dict, gb: dict | None = None):
+    """Check one panel's points: the same policies in ``kept`` and ``extra`` (and ``gb``)."""
+    kept, extra = mapping(f"{name}kept_per_sbh", kept), mapping(f"{name}extra_flops_pct", extra)
+    if set(kept) != set(extra) or (gb is not None and set(mapping(f"{name}gb", gb)) != set(kept)):
+        raise ValueError(f"{name}kept_per_sbh and {name}extra_flops_pct must name the same policies, got "
+                         f"{sorted(map(str, kept))} and {sorted(map(str, extra))}")
     for k in kept:
-        positive(f"kept_per_sbh[{k!r}]", kept[k])
-        amount(f"extra_flops_pct[{k!r}]", extra[k], maximum=1000.0)
-    text("title", title)
-    fig, ax = plt.subplots(figsize=(6.6, 4.2))
-    for name in kept:
+        positive(f"{name}kept_per_sbh[{k!r}]", kept[k])
+        amount(f"{name}extra_flops_pct[{k!r}]", extra[k], maximum=1000.0)
+        if gb is not None:
+            positive(f"{name}gb[{k!r}]", gb[k])
+    return kept, extra
+
+
+def _draw_policies(ax, kept: dict, extra: dict, title: str, gb: dict | None = None):
+    top, right = 1.2 * max(kept.values()), 1.6 * max(extra.values()) + 1
+    gap, label_y = 0.07 * top, float("-inf")
+    for name in sorted(kept, key=kept.get):  # from the bottom up, each label at least `gap` above the last
+        label_y = max(kept[name], label_y + gap)
         ax.plot(extra[name], kept[name], "o", ms=9, color="#4C72B0", zorder=3)
-        ax.annotate(f"{name}: {kept[name]:.0f} B, +{extra[name]:.1f} %", (extra[name], kept[name]),
-                    textcoords="offset points", xytext=(8, 5), fontsize=9)
-    ax.set_xlim(-0.05 * max(extra.values()) - 0.5, 1.6 * max(extra.values()) + 1)
-    ax.set_ylim(0, 1.2 * max(kept.values()))
+        size = f"{kept[name]:.0f} B" + ("" if gb is None else f" ({gb[name]:.1f} GB)")
+        moved = label_y - kept[name] > 0.01 * top  # pushed up by a point below: a line joins label and point
+        ax.annotate(f"{name}: {size}, +{extra[name]:.1f} %", (extra[name], kept[name]),
+                    xytext=(extra[name] + 0.03 * right, label_y), textcoords="data", va="center", fontsize=9,
+                    arrowprops=dict(arrowstyle="-", lw=0.6, color="0.4") if moved else None)
+    top = max(top, label_y + gap)
+    ax.set_xlim(-0.05 * max(extra.values()) - 0.5, right)
+    ax.set_ylim(0, top)
     ax.set_xlabel("extra FLOPs of a training step (% of a plain step)")
     ax.set_ylabel("kept a layer (bytes per s·b·h)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    points = "; ".join(f"{k}: {kept[k]:.0f} bytes, {extra[k]:.1f} percent more FLOPs" for k in kept)
+
+
+def _alt_points(kept: dict, extra: dict, gb: dict | None = None) -> str:
+    return "; ".join(f"{k}: {kept[k]:.0f} bytes" + ("" if gb is None else f" ({gb[k]:.1f} GB a sequence)")
+                     + f", {extra[k]:.1f} percent more FLOPs" for k in kept)
+
+
+@_reads("kept_per_sbh", "extra_flops_pct")
+def recompute_policy_figure(kept_per_sbh: dict, extra_flops_pct: dict,
+                            title: str = "Recomputation policies: what a layer keeps, what the step reruns",
+                            large: dict | None = None):
+    """One labelled point per recomputation policy: the bytes a transformer layer keeps for backward per token
+    and unit of width (per s·b·h, y) against the FLOPs the policy adds to a training step (% of a plain step, x).
+
+    ``kept_per_sbh`` and ``extra_flops_pct`` map the same policy names (``recompute`` values) to those numbers.
+    ``large``, if given, draws a second panel beside it, for a large model: a dict with ``"title"``,
+    ``"kept_per_sbh"``, ``"extra_flops_pct"`` and ``"gb"`` (the model's activations a sequence, GB, per policy),
+    each mapping its own policy names.
+    Returns :func:`lessonlib.book.plots.show`'s figure, with alt text that reads every point.
+    """
+    kept, extra = _policy_panel("", kept_per_sbh, extra_flops_pct)
+    text("title", title)
+    if large is not None:
+        large = mapping("large", large)
+        missing = {"title", "kept_per_sbh", "extra_flops_pct", "gb"} - set(large)
+        if missing:
+            raise ValueError(f"large must hold title, kept_per_sbh, extra_flops_pct and gb; missing {sorted(missing)}")
+        big_kept, big_extra = _policy_panel("large ", large["kept_per_sbh"], large["extra_flops_pct"], large["gb"])
+        big_title = text("large title", large["title"])
+    fig, axes = plt.subplots(1, 1 if large is None else 2, figsize=(6.6, 4.2) if large is None else (13.2, 4.4))
+    first = axes if large is None else axes[0]
+    _draw_policies(first, kept, extra, title)
     least, most = min(kept, key=kept.get), max(extra, key=extra.get)
-    return show(fig, alt=f"One point per recomputation policy, the bytes a layer keeps per token and unit of width "
-                f"against the extra FLOPs of a training step ({points}). {least} keeps the least; {most} adds the "
-                f"most FLOPs.")
+    alt = (f"One point per recomputation policy, the bytes a layer keeps per token and unit of width "
+           f"against the extra FLOPs of a training step ({_alt_points(kept, extra)}). {least} keeps the least; "
+           f"{most} adds the most FLOPs.")
+    if large is not None:
+        _draw_policies(axes[1], big_kept, big_extra, big_title, large["gb"])
+        alt += (f" Second panel, {big_title}: {_alt_points(big_kept, big_extra, large['gb'])}.")
+    fig.tight_layout()
+    return show(fig, alt=alt)
