@@ -72,7 +72,7 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
 @_reads("rows")
 def data_parallel_figure(rows: list, world_size: int):
     """The sum of measured pieces against the measured two-process step (left), and speedup against batch
-    (right): measured, the sum of measured pieces, and the ideal-device prediction
+    (right): measured, the sum of measured pieces, and the ideal-compute prediction
     (:attr:`~lessonlib.measure.distributed.data_parallel.DataParallelRow.ideal_device_step`).
 
     ``rows`` are the :class:`~lessonlib.measure.distributed.data_parallel.DataParallelRow` of a
@@ -104,7 +104,7 @@ def data_parallel_figure(rows: list, world_size: int):
     ax2.plot(gb, [r.speedup for r in rows], marker="o", label="measured")
     ax2.plot(gb, [r.predicted_speedup for r in rows], marker="s", ls="--", label="sum of measured pieces")
     ax2.plot(gb, [r.single / r.ideal_device_step for r in rows], marker="^", ls="-.",
-             label="ideal-device prediction")
+             label="ideal compute, this machine's exchange")
     ax2.axhline(1, color="black", lw=1, ls=":")
     ax2.axhline(world_size, color="grey", lw=1, ls=":")
     ax2.text(gb[0], world_size * 0.97, f"{world_size}× (linear)", va="top", fontsize=8)
@@ -121,9 +121,9 @@ def data_parallel_figure(rows: list, world_size: int):
                 f"and {last.ddp / last.single:.0%} at {last.global_batch}; the optimizer and all-reduce "
                 "pieces are a large part of the bar at small batch and a small part at large batch. Right: the measured "
                 "speedup against global batch, with the speedups of the sum of measured pieces and of the "
-                "ideal-device prediction (forward and backward divided exactly), and reference lines at 1x and "
+                "ideal-compute prediction (forward and backward divided exactly, this machine's exchange), and reference lines at 1x and "
                 f"{world_size}x; measured {first.speedup:.2f}x at the smallest batch and {last.speedup:.2f}x at the "
-                f"largest, against {last.single / last.ideal_device_step:.2f}x for the ideal-device prediction there.")
+                f"largest, against {last.single / last.ideal_device_step:.2f}x for the ideal-compute prediction there.")
 
 
 def allreduce_volume_figure(grad_bytes: int, ns, name: str):
