@@ -15,7 +15,7 @@ from ..checks import amount, count, mapping, positive, sequence, text
 from .plots import MIB, show
 
 
-_SWEEP_NAMES = {"batch": "batch (sequences)", "seq_len": "sequence length (tokens)", "layers": "layers", "hidden": "width h"}
+_SWEEP_NAMES = {"batch": "batch (sequences)", "seq_len": "sequence length (tokens)", "layers": "layers", "hidden": "hidden width h"}
 
 
 @_reads("results", "sweeps")
@@ -135,7 +135,7 @@ def plot_activation_sweep(results: dict, sweeps: dict, names: dict | None = None
         ax.minorticks_off()
         name = names.get(knob, knob)
         ax.set_xlabel(f"{name[:-1]}, log scale)" if name.endswith(")") else f"{name} (log scale)")
-        ax.set_title(f"varying {knob}", fontsize=10)
+        ax.set_title(name.split(" (")[0].capitalize(), fontsize=10)  # in words: "Sequence length", not "seq_len"
         ax.grid(alpha=0.3)
     for row in axes:
         row[0].set_ylabel("activations (MiB, log scale)")

@@ -66,7 +66,7 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
 # left (a name read at the height of its point is read as that point's); then right of it above and below, centred
 # above or below it, left of it above and below, then these further away. Centred comes before left: a long name
 # hung above and to the left of its point reaches far from it, and reads as naming whatever it ends beside.
-_PLACES = [(8, 0), (-8, 0)] + [(dx, dy) for step in range(6) for dx in (6, 0, -6)
+_PLACES = [(6, 0), (-6, 0)] + [(dx, dy) for step in range(6) for dx in (6, 0, -6)
                                 for dy in (7 + 11 * step, -7 - 11 * step)]
 
 
@@ -178,15 +178,18 @@ def _normalised(ax, roofline: Roofline, points, dev) -> None:
     lo = min(bf16_intensity(p) for p in points) / 3
     hi = max(max(bf16_intensity(p) for p in points), ridge) * 3
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    ax.plot(xs, [min(1.0, dev.memory_bandwidth * x / dev.peak_flops_per_s) for x in xs], color="#C44E52",
-            linestyle="--", label=f"{dev.name}, datasheet, dense bf16 (ridge {ridge:,.0f})")
+    roof, = ax.plot(xs, [min(1.0, dev.memory_bandwidth * x / dev.peak_flops_per_s) for x in xs], color="#C44E52",
+                    linestyle="--", label=f"{dev.name}, datasheet,\ndense bf16 (ridge {ridge:,.0f})")
     markers = "osD^vP*Xh<>"
+    names = []  # each point named beside itself, placed as in the first panel (points on one spot named apart)
     for i, p in enumerate(points):
-        ax.scatter([bf16_intensity(p)], [min(1.0, dev.memory_bandwidth * bf16_intensity(p) / dev.peak_flops_per_s)], zorder=3,
-                   marker=markers[i % len(markers)], s=40, alpha=0.85, label=p.name)  # named in this legend too
+        xy = (bf16_intensity(p), min(1.0, dev.memory_bandwidth * bf16_intensity(p) / dev.peak_flops_per_s))
+        ax.scatter([xy[0]], [xy[1]], zorder=3, marker=markers[i % len(markers)], s=40, alpha=0.85, label=p.name)
+        names.append(ax.annotate(p.name, xy, xytext=(6, 7), textcoords="offset points", fontsize=8, va="bottom"))
+    ax.add_artist(_PointLabels(ax, names))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity in bf16 (FLOPs per byte moved)")
     ax.set_ylabel("attainable share of the device's peak")
     ax.set_title(f"The same ops in bf16 under the {dev.name}'s roof:\nattainable, not measured")  # on the roof by construction
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, ncol=3)  # below: the roof spans the panel
+    ax.legend(handles=[roof], loc="upper left", fontsize=8)  # the roof only: the points are named beside them
