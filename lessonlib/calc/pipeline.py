@@ -6,6 +6,7 @@ dimensionless. Pure Python (no torch).
 from __future__ import annotations
 
 import re
+from statistics import median
 from dataclasses import dataclass
 
 from ..checks import reads as _reads
@@ -295,7 +296,11 @@ class ScheduleReading:
     ``replay_idle``: the same actions, each with its own measured time, every
     one started as soon as its inputs and its process allow (transfers free):
     no real run of those actions can idle less, so it is a lower bound on
-    ``measured_idle``; ``equal_stage_idle``: the same order with
+    ``measured_idle``; ``fixed_stage_idle``: the same order with every action of a stage and kind
+    taking that stage's median measured time for the kind (unequal stages, but no call varying
+    from one micro-batch to the next: for GPipe, and for 1F1B with more micro-batches than stages,
+    it never idles less than the equal-stage figure, since the slowest stage sets the pace; so a
+    replay below that figure comes from the calls' variation and rounding); ``equal_stage_idle``: the same order with
     :data:`EQUAL_STAGE_TIMES` on every stage (the idealised figure the bubble
     formulas give); ``peak_chunks``: per process, the most stage micro-batches
     held at once (:func:`peak_in_flight`).
@@ -304,6 +309,7 @@ class ScheduleReading:
     order: dict
     measured_idle: float
     replay_idle: float
+    fixed_stage_idle: float
     equal_stage_idle: float
     peak_chunks: dict
 
@@ -321,5 +327,10 @@ def read_schedule(spans) -> ScheduleReading:
         order[proc] = [f"{stage}{kind}{mb}" for kind, mb, _, _, stage in ran]
     measured = schedule_idle_fraction(tasks)
     replay = schedule_idle_fraction(simulate_actions(order, durations))
+    by_kind: dict = {}
+    for (stage, kind, _), d in durations.items():
+        by_kind.setdefault((stage, kind), []).append(d)
+    typical = {key: median(ds) for key, ds in by_kind.items()}
+    fixed = schedule_idle_fraction(simulate_actions(order, {k: typical[(k[0], k[1])] for k in durations}))
     equal = schedule_idle_fraction(simulate_actions(order, EQUAL_STAGE_TIMES))
-    return ScheduleReading(order, measured, replay, equal, peak_in_flight(order))
+    return ScheduleReading(order, measured, replay, fixed, equal, peak_in_flight(order))
