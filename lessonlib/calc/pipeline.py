@@ -138,6 +138,31 @@ def interleaved_bubble_fraction(world_size, microbatches, stages_per_device, of:
     return (p - 1) / (v * m) if of == "work" else (p - 1) / (v * m + p - 1)
 
 
+def dualpipe_bubble_work_fraction(stages, microbatches, forward=1.0, backward=2.0, weight=1.0) -> float:
+    """DualPipe's bubble over the useful time, from DeepSeek-V3's report (Table 2), dimensionless.
+
+    The report gives DualPipe's bubble as ``(p/2 - 1)(F&B + B - 3W)`` against 1F1B's
+    ``(p - 1)(F + B)``: ``F`` a forward chunk's time, ``B`` a full backward chunk's, ``W`` its
+    weight-gradient part, ``F&B`` a forward and a backward chunk run overlapped (their compute
+    adds, ``F + B``: the overlap hides communication, not computation). Divided by the useful
+    time of ``m`` micro-batches, ``m (F + B)``. With a backward twice a forward and ``W`` half of
+    it: ``(p/2 - 1) · 2 / (3 m)``, two thirds of the ``(p/2 - 1)/m`` one gets by reading the bracket as ``F + B``.
+
+    >>> round(dualpipe_bubble_work_fraction(16, 60), 4)  # DeepSeek-V3's 16 stages
+    0.0778
+    """
+    p = _check_count("stages", stages)
+    m = _check_count("microbatches", microbatches)
+    f = _check_amount("forward", forward, allow_zero=False)
+    b = _check_amount("backward", backward, allow_zero=False)
+    w = _check_amount("weight", weight)
+    if p % 2:
+        raise ValueError(f"stages must be even for DualPipe (its two directions share the stages), got {p}")
+    if w > b:
+        raise ValueError(f"weight ({w}) is part of backward ({b}): it cannot be larger")
+    return (p / 2 - 1) * max(0.0, (f + b) + b - 3 * w) / (m * (f + b))
+
+
 _ACTION = re.compile(r"^(\d+)(F|B|I|W)(\d+)$")
 #: The most actions :func:`simulate_actions` schedules.
 MAX_ACTIONS = 200_000
