@@ -188,7 +188,18 @@ def test_the_same_rule_for_every_layout_with_as_many_layer_slots():
     ds, ds_cluster, ds_pub = published_models()["DeepSeek-V3"]
     cost = layout_cost(ds, ds_cluster, ds_pub)
     m = ds.global_batch // ds_pub.data
-    assert cost.bubble_s == pytest.approx(cost.compute_s * (16 / 2 - 1) / m * 64 / 61)
+    # DeepSeek-V3's Table 2: (p/2 - 1)(F&B + B - 3W) with F = 1, B = 2, W = 1 and F&B = F + B, over m (F + B)
+    assert cost.bubble_s == pytest.approx(cost.compute_s * (16 / 2 - 1) * (3 + 2 - 3) / (3 * m) * 64 / 61)
+
+
+def test_dualpipe_bubble_is_deepseeks_table_2():
+    from lessonlib.calc.pipeline import dualpipe_bubble_work_fraction
+    assert dualpipe_bubble_work_fraction(8, 20) == pytest.approx(3 * 2 / (3 * 20))
+    # with W = 0 (no split backward) the bracket is F + 2B: more than 1F1B's F + B per slot
+    assert dualpipe_bubble_work_fraction(8, 20, weight=0.0) == pytest.approx(3 * 5 / (3 * 20))
+    assert dualpipe_bubble_work_fraction(2, 5) == 0.0  # two stages: nothing to fill
+    with pytest.raises(ValueError, match="even"):
+        dualpipe_bubble_work_fraction(3, 5)
 
 
 def test_the_interleaved_bubble_matches_a_depth_first_timeline():

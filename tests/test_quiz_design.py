@@ -81,7 +81,7 @@ ALL = [(p, q) for p in PAGES for q in quizzes(p)]
 
 
 def test_the_check_reads_the_quizzes():
-    assert len(PAGES) >= 26 and len(ALL) >= 50  # chapters 1-3: dropping a chapter fails here
+    assert len(PAGES) >= 26 and len(ALL) >= 49  # chapters 1-3: dropping a chapter fails here (49: 3.14's MFU/HFU quiz became a Numeric)
 
 
 def _lengths(rows):

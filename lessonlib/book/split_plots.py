@@ -215,8 +215,8 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
         ax.set_yticks(range(p), [f"process {s}" for s in range(p)])
         ax.set_ylim(p - 0.4, -0.6)
         ax.set_xlim(0, 1.02e3 * (t1 - t0))  # a margin, so that the last bar is not cut at the edge
-        ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}, "
-                     f"idle share {st['idle_share']:.0%}", fontsize=10)
+        ax.set_title(f"{r['schedule']}, measured: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}, "
+                     f"idle share {st['idle_share']:.0%} (gaps = waiting)", fontsize=10)
         ax.set_xlabel("time since the step's first computation (ms)", fontsize=8)
         ax.set_ylabel("process")
         order_ax.set_yticks(range(p), [f"process {s}" for s in range(p)])

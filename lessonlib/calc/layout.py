@@ -23,6 +23,7 @@ from .comm import LINKS, MULTI_NODE_ALGORITHMS, Link, multi_node_seconds
 # KERNEL_EFFICIENCY, a per-kernel share of the peak and not an MFU, lives beside the course's MFU (UTILISATION)
 from .hardware import DEVICES, KERNEL_EFFICIENCY, Device
 from .mfu import model_hardware_flops
+from .pipeline import dualpipe_bubble_work_fraction
 from .stage_memory import (busiest_chunk_share, first_stage_activation_bytes, interleaving_problem,
                            layer_bubble_fraction, stage_state_bytes)
 from .sharding import ZERO_STAGES, zero_step_traffic
@@ -277,8 +278,9 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
       ridge point (:func:`ridge_flops_per_byte`): a few tokens a weight read cannot keep it busy;
     * bubble: compute x (pipeline - 1) / (virtual x micro-batches) for the interleaved 1F1B
       schedule (more with fewer micro-batches than stages:
-      :func:`~lessonlib.calc.stage_memory.interleaved_bubble_work_fraction`), (pipeline / 2 - 1) /
-      micro-batches for DualPipe; either times :func:`~lessonlib.calc.stage_memory.busiest_chunk_share`;
+      :func:`~lessonlib.calc.stage_memory.interleaved_bubble_work_fraction`), DeepSeek-V3's
+      (pipeline / 2 - 1)(F&B + B - 3W) over m (F + B) for DualPipe
+      (:func:`~lessonlib.calc.pipeline.dualpipe_bubble_work_fraction`); either times :func:`~lessonlib.calc.stage_memory.busiest_chunk_share`;
     * tensor: with sequence parallelism, the equivalent of 4 all-reduces of a micro-batch's
       activations per layer (2 forward, 2 backward), none hidden (an upper bound: Megatron-LM overlaps part);
     * context, ``context_method="ring"``: the ring passes each device's keys and values context - 1
@@ -358,7 +360,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     rerun = 2 * layers * h * s * tokens if layout.recompute == "save_matmuls" else 0.0  # causal attention, again
     compute = ((useful - expert_flops + expert_flops * slow) * extra + rerun) / (cluster.world_size * peak * eff)
     # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m), more when m < p; the busiest chunk paces either
-    bubble = compute * ((p / 2 - 1) / micro * busiest_chunk_share(layers, p) if dualpipe
+    bubble = compute * (dualpipe_bubble_work_fraction(p, micro) * busiest_chunk_share(layers, p) if dualpipe
                         else layer_bubble_fraction(layers, p, v, micro))
     act_bytes = model.bytes_per_value * (s // c) * h  # one micro-batch's activations at a layer boundary
     tensor_comm = 0.0

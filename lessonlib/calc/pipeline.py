@@ -6,6 +6,7 @@ dimensionless. Pure Python (no torch).
 from __future__ import annotations
 
 import re
+from statistics import median
 from dataclasses import dataclass
 
 from ..checks import reads as _reads
@@ -135,6 +136,31 @@ def interleaved_bubble_fraction(world_size, microbatches, stages_per_device, of:
     v = _check_count("stages_per_device", stages_per_device, maximum=10**6)
     of = _check_choice("of", of, ("step", "work"))
     return (p - 1) / (v * m) if of == "work" else (p - 1) / (v * m + p - 1)
+
+
+def dualpipe_bubble_work_fraction(stages, microbatches, forward=1.0, backward=2.0, weight=1.0) -> float:
+    """DualPipe's bubble over the useful time, from DeepSeek-V3's report (Table 2), dimensionless.
+
+    The report gives DualPipe's bubble as ``(p/2 - 1)(F&B + B - 3W)`` against 1F1B's
+    ``(p - 1)(F + B)``: ``F`` a forward chunk's time, ``B`` a full backward chunk's, ``W`` its
+    weight-gradient part, ``F&B`` a forward and a backward chunk run overlapped (their compute
+    adds, ``F + B``: the overlap hides communication, not computation). Divided by the useful
+    time of ``m`` micro-batches, ``m (F + B)``. With a backward twice a forward and ``W`` half of
+    it: ``(p/2 - 1) · 2 / (3 m)``, two thirds of the ``(p/2 - 1)/m`` one gets by reading the bracket as ``F + B``.
+
+    >>> round(dualpipe_bubble_work_fraction(16, 60), 4)  # DeepSeek-V3's 16 stages
+    0.0778
+    """
+    p = _check_count("stages", stages)
+    m = _check_count("microbatches", microbatches)
+    f = _check_amount("forward", forward, allow_zero=False)
+    b = _check_amount("backward", backward, allow_zero=False)
+    w = _check_amount("weight", weight)
+    if p % 2:
+        raise ValueError(f"stages must be even for DualPipe (its two directions share the stages), got {p}")
+    if w > b:
+        raise ValueError(f"weight ({w}) is part of backward ({b}): it cannot be larger")
+    return (p / 2 - 1) * max(0.0, (f + b) + b - 3 * w) / (m * (f + b))
 
 
 _ACTION = re.compile(r"^(\d+)(F|B|I|W)(\d+)$")
@@ -295,7 +321,11 @@ class ScheduleReading:
     ``replay_idle``: the same actions, each with its own measured time, every
     one started as soon as its inputs and its process allow (transfers free):
     no real run of those actions can idle less, so it is a lower bound on
-    ``measured_idle``; ``equal_stage_idle``: the same order with
+    ``measured_idle``; ``fixed_stage_idle``: the same order with every action of a stage and kind
+    taking that stage's median measured time for the kind (unequal stages, but no call varying
+    from one micro-batch to the next: for GPipe, and for 1F1B with more micro-batches than stages,
+    it never idles less than the equal-stage figure, since the slowest stage sets the pace; so a
+    replay below that figure comes from the calls' variation and rounding); ``equal_stage_idle``: the same order with
     :data:`EQUAL_STAGE_TIMES` on every stage (the idealised figure the bubble
     formulas give); ``peak_chunks``: per process, the most stage micro-batches
     held at once (:func:`peak_in_flight`).
@@ -304,6 +334,7 @@ class ScheduleReading:
     order: dict
     measured_idle: float
     replay_idle: float
+    fixed_stage_idle: float
     equal_stage_idle: float
     peak_chunks: dict
 
@@ -321,5 +352,10 @@ def read_schedule(spans) -> ScheduleReading:
         order[proc] = [f"{stage}{kind}{mb}" for kind, mb, _, _, stage in ran]
     measured = schedule_idle_fraction(tasks)
     replay = schedule_idle_fraction(simulate_actions(order, durations))
+    by_kind: dict = {}
+    for (stage, kind, _), d in durations.items():
+        by_kind.setdefault((stage, kind), []).append(d)
+    typical = {key: median(ds) for key, ds in by_kind.items()}
+    fixed = schedule_idle_fraction(simulate_actions(order, {k: typical[(k[0], k[1])] for k in durations}))
     equal = schedule_idle_fraction(simulate_actions(order, EQUAL_STAGE_TIMES))
-    return ScheduleReading(order, measured, replay, equal, peak_in_flight(order))
+    return ScheduleReading(order, measured, replay, fixed, equal, peak_in_flight(order))

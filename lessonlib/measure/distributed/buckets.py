@@ -168,12 +168,12 @@ def ring_all_reduce(tensor) -> int:
     The algorithm NCCL and gloo use for large all-reduces, written with
     point-to-point sends for reading. The processes form a ring; the tensor
     is cut into as many chunks as there are processes. Reduce-scatter: in
-    each of n - 1 steps every process sends one chunk to its right-hand
+    each of N - 1 steps every process sends one chunk to its right-hand
     neighbour and adds the chunk arriving from its left; afterwards each
-    holds one chunk fully summed. All-gather: n - 1 more steps pass the summed
+    holds one chunk fully summed. All-gather: N - 1 more steps pass the summed
     chunks on until every process has all of them. ``tensor``: a contiguous
     tensor of the same shape on every process. Returns the bytes this process
-    sent: 2(n - 1)/n of the tensor's bytes when n divides its size.
+    sent: 2(N - 1)/N of the tensor's bytes when N divides its size.
     """
     import torch
     import torch.distributed as dist
@@ -183,14 +183,14 @@ def ring_all_reduce(tensor) -> int:
         raise ValueError("tensor: must be contiguous (its chunks are views that the sums are written into)")
     if not dist.is_initialized():
         raise ValueError("tensor: no process group to sum it over; call torch.distributed.init_process_group first")
-    rank, n = dist.get_rank(), dist.get_world_size()
-    chunks = torch.tensor_split(tensor.view(-1), n)  # n views into tensor
-    right, left = (rank + 1) % n, (rank - 1) % n
+    rank, N = dist.get_rank(), dist.get_world_size()
+    chunks = torch.tensor_split(tensor.view(-1), N)  # N views into tensor
+    right, left = (rank + 1) % N, (rank - 1) % N
     sent = 0
     for phase in ("reduce-scatter", "all-gather"):
-        for step in range(n - 1):
-            out = ring_chunk(rank, step, phase, n)  # the chunk this process passes on
-            inc = (out - 1) % n  # the chunk arriving from the left
+        for step in range(N - 1):
+            out = ring_chunk(rank, step, phase, N)  # the chunk this process passes on
+            inc = (out - 1) % N  # the chunk arriving from the left
             arrived = torch.empty_like(chunks[inc])
             request = dist.isend(chunks[out], right)
             dist.recv(arrived, left)
