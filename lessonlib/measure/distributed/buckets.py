@@ -134,6 +134,8 @@ def ring_chunk(rank: int, step: int, phase: str, n: int) -> int:
     """
     if phase not in ("reduce-scatter", "all-gather"):
         raise ValueError(f"phase: 'reduce-scatter' or 'all-gather', not {phase!r}")
+    n = _check_count("n", n)
+    rank, step = _check_count("rank", rank, minimum=0), _check_count("step", step, minimum=0)
     return (rank - step + (phase == "all-gather")) % n
 
 
@@ -144,8 +146,9 @@ def ring_steps(n: int) -> list[tuple[str, int, list[tuple[int, int]]]]:
     ``(chunk, shares)``: the chunk that process sends right, by :func:`ring_chunk`,
     and how many processes' values it holds summed. Checks that the chunk that
     arrives is the one the code expects, and that at the end every process holds
-    every chunk summed over all ``n``.
+    every chunk summed over all ``n`` (at most 64: the table is n rows of n sets of up to n).
     """
+    n = _check_count("n", n, maximum=64)
     held = [[{rank} for _ in range(n)] for rank in range(n)]  # held[rank][chunk]: whose values are summed in it
     rows = []
     for phase in ("reduce-scatter", "all-gather"):
