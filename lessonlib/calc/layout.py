@@ -276,10 +276,8 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
       other rebuilt operations cost no FLOPs worth counting), over all devices at ``kernel_efficiency`` of the peak;
       the experts' matmuls slow further when each expert gets fewer tokens than the roofline's
       ridge point (:func:`ridge_flops_per_byte`): a few tokens a weight read cannot keep it busy;
-    * bubble: compute x (pipeline - 1) / (virtual x micro-batches) for the interleaved 1F1B
-      schedule (more with fewer micro-batches than stages:
-      :func:`~lessonlib.calc.stage_memory.interleaved_bubble_work_fraction`), DeepSeek-V3's
-      (pipeline / 2 - 1)(F&B + B - 3W) over m (F + B) for DualPipe
+    * bubble: compute x (pipeline - 1) / (virtual x micro-batches) for the interleaved 1F1B schedule (more with
+      fewer micro-batches than stages: :func:`~lessonlib.calc.stage_memory.interleaved_bubble_work_fraction`), DualPipe's by DeepSeek-V3's Table 2
       (:func:`~lessonlib.calc.pipeline.dualpipe_bubble_work_fraction`); either times :func:`~lessonlib.calc.stage_memory.busiest_chunk_share`;
     * tensor: with sequence parallelism, the equivalent of 4 all-reduces of a micro-batch's
       activations per layer (2 forward, 2 backward), none hidden (an upper bound: Megatron-LM overlaps part);
@@ -359,7 +357,7 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     extra = 4 / 3 if layout.recompute == "full" else 1.0
     rerun = 2 * layers * h * s * tokens if layout.recompute == "save_matmuls" else 0.0  # causal attention, again
     compute = ((useful - expert_flops + expert_flops * slow) * extra + rerun) / (cluster.world_size * peak * eff)
-    # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m), more when m < p; the busiest chunk paces either
+    # the bubble over the compute: DualPipe's, or interleaved 1F1B's (p - 1) / (v m); the busiest chunk paces either
     bubble = compute * (dualpipe_bubble_work_fraction(p, micro) * busiest_chunk_share(layers, p) if dualpipe
                         else layer_bubble_fraction(layers, p, v, micro))
     act_bytes = model.bytes_per_value * (s // c) * h  # one micro-batch's activations at a layer boundary
