@@ -78,8 +78,8 @@ def data_parallel_display_rows(result) -> list:
 
     Times are the medians of :func:`run_data_parallel`, in milliseconds,
     rounded to 0.01 ms; ``predicted`` (the sum of measured pieces) is the sum of the three rounded
-    pieces, ``ideal_device`` (the ideal-device prediction) is the one-process step less its optimizer
-    step, divided by the processes, plus the optimizer step and the all-reduce, and every speedup is a
+    pieces, ``ideal_device`` (the ideal-compute prediction) is the row's
+    :attr:`~lessonlib.measure.distributed.data_parallel.DataParallelRow.ideal_device_step`, and every speedup is a
     ratio of the rounded steps, rounded to 0.01, so a reader who adds or divides the shown numbers gets
     the shown results.
     """
@@ -91,8 +91,7 @@ def data_parallel_display_rows(result) -> list:
     for row in result.rows:
         ms = {k: round(1e3 * getattr(row, k), 2) for k in ("single", "ddp") + DATA_PARALLEL_PIECES}
         predicted = round(sum(ms[k] for k in DATA_PARALLEL_PIECES), 2)
-        world = row.global_batch // row.per_process_batch
-        ideal = round((ms["single"] - ms["optimizer"]) / world + ms["optimizer"] + ms["allreduce"], 2)
+        ideal = round(1e3 * row.ideal_device_step, 2)
         out.append({"global_batch": row.global_batch, **ms, "predicted": predicted,
                     "predicted_speedup": round(ms["single"] / predicted, 2),
                     "ideal_device": ideal, "ideal_device_speedup": round(ms["single"] / ideal, 2),

@@ -264,7 +264,7 @@ class DataParallelRow:
 
     @property
     def ideal_device_step(self) -> float:
-        """The ideal-device prediction of the data-parallel step, in seconds: one process's forward and
+        """The ideal-compute prediction of the data-parallel step, in seconds: one process's forward and
         backward (``single - optimizer``) divided exactly among the processes, plus the whole ``optimizer``
         step every replica repeats, plus the ``allreduce``, one after another. What a device per process
         would give if the update and the exchange took what they took here."""
