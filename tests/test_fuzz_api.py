@@ -140,7 +140,7 @@ def _good():
         "span_seconds": 86400.0, "failures": 3, "useful_fraction": 0.9, "checkpoint_bytes": 1e9,
         "bandwidth_bytes_per_s": 1e9, "shapes": [(4, 3), ()], "rank": 0, "stage": 1,
         # by function, where an argument's name means something else elsewhere ("function.argument")
-        "fit_alpha_beta.n_bytes": [1e3, 1e5, 1e7], "fit_alpha_beta.seconds": [1e-4, 2e-4, 1e-2],
+        "hash_rate.blob": b"checkpoint bytes" * 256, "fit_alpha_beta.n_bytes": [1e3, 1e5, 1e7], "fit_alpha_beta.seconds": [1e-4, 2e-4, 1e-2],
         "relative_errors.n_bytes": [1e3, 1e5], "relative_errors.seconds": [1e-4, 2e-4],
         "relative_errors.link": _link(), "fsdp_shard_rows.rows": 10, "static_text.name": "widgets.css",
         "plot_resume_comparison.resumed": {"resumed": {1: 1.0, 2: 0.5}}, "plan_html.model": "1.3B", "plan_html.optimizer": "adam",

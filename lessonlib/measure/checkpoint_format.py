@@ -211,3 +211,17 @@ def newest_checkpoint(run_dir) -> Path | None:
     """The newest checkpoint file of a run folder by the step in its name (not verified), or None."""
     files = checkpoint_files(run_dir)
     return files[-1][1] if files else None
+
+
+def hash_rate(blob: bytes, rounds: int = 3) -> float:
+    """Bytes a second at which this machine computes the SHA-256 every checkpoint entry carries, on one
+    core: the median of ``rounds`` timed passes over ``blob`` (bytes; some MB for a steady figure), timed
+    with :func:`lessonlib.measure.rounds.time_rounds`. Hashing is part of a save's and a load's time."""
+    from .rounds import time_rounds
+
+    check_instance("blob", blob, bytes, "bytes")
+    if not blob:
+        raise ValueError("blob: no bytes to hash")
+    rounds = check_count("rounds", rounds, maximum=100)
+    timed = time_rounds(lambda clock: clock.time("sha256", hashlib.sha256, blob), rounds, device="cpu")
+    return len(blob) / timed.median("sha256")
