@@ -70,8 +70,7 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
     if node_size is not None:
         node_size = check_count("node_size", node_size, maximum=4096)
         if ts[-1] > node_size:
-            beyond = min(t for t in ts if t > node_size)  # the shading starts past t = node_size, which fits
-            ax.axvspan((node_size * beyond) ** 0.5, ts[-1] * 1.1, color="grey", alpha=0.15,
+            ax.axvspan(node_size, ts[-1] * 1.1, color="grey", alpha=0.15,  # from t = node_size, which still fits
                        label=f"t > {node_size}: the layer's all-reduces cross nodes")
     ax.legend(fontsize=8)
     return fig

@@ -217,7 +217,8 @@ def tp_collective_table(records, expected) -> str:
         c, b = got.get(key, (0, 0))
         ec, eb = expected.get(key, (0, 0))
         rows.append([key[1], key[0].replace("_", "-"), c, ec, _b(b), _b(eb)])
-    return table(["pass", "collective", "count", "expected", "bytes logged", "expected bytes"], rows, markdown=True)
+    return table(["pass", "collective", "count", "expected", "bytes logged (all of them)",
+                  "bytes expected (all of them)"], rows, markdown=True)
 
 
 @_reads("items")
