@@ -29,3 +29,15 @@ def figure_faults(html: str) -> list[str]:
             faults.append(f"an image shown twice: {src[:60]}…")
         seen.add(src)
     return faults
+
+
+#: A control character in shown text (tab, form feed, backspace, bell, vertical tab): what a LaTeX command such as
+#: ``\tfrac`` or ``\frac`` becomes in a Python string that is not raw (``"\t"`` is a tab, ``"\f"`` a form feed).
+CONTROL_CHARACTER = re.compile("[\t\f\b\a\v]")
+
+
+def control_character_faults(text: str) -> list[str]:
+    """Each control character in ``text`` (a built page, or an executed notebook's output) with its neighbours
+    (``[]``: none)."""
+    return [f"{m.group(0)!r} in …{text[max(0, m.start() - 40):m.end() + 20]!r}…"
+            for m in CONTROL_CHARACTER.finditer(text)]

@@ -1,8 +1,9 @@
 """The book builds with warnings as errors, and every page it should have exists."""
+import json
 import re
 
 from conftest import ROOT
-from built_pages import figure_faults
+from built_pages import control_character_faults, figure_faults
 
 
 def test_book_builds_with_zero_warnings(built_book):
@@ -32,6 +33,26 @@ def test_no_page_shows_a_matplotlib_repr_or_a_figure_twice(built_book):
     pages = sorted((built_book / "chapters").rglob("*.html")) + sorted((built_book / "exercises").rglob("*.html"))
     assert pages, f"no pages in {built_book}"
     faults = {p.name: f for p in pages if (f := figure_faults(p.read_text(errors="replace")))}
+    assert not faults, faults
+
+
+def test_no_page_shows_a_control_character(built_book):
+    """Rendering: "(n/s - \\tfrac12)" showed as "(n/s - <tab>frac12)", a LaTeX command in a Python string that was not
+    raw. No built chapter or exercise page, its prose and its executed cells' outputs, holds a tab, form feed,
+    backspace, bell or vertical tab."""
+    pages = sorted((built_book / "chapters").rglob("*.html")) + sorted((built_book / "exercises").rglob("*.html"))
+    assert pages, f"no pages in {built_book}"
+    faults = {p.name: f for p in pages if (f := control_character_faults(p.read_text(errors="replace")))}
+    assert not faults, faults
+    executed = sorted((built_book.parent / "jupyter_execute").rglob("*.ipynb"))
+    faults = {}
+    for nb in executed:
+        for i, cell in enumerate(json.loads(nb.read_text())["cells"]):
+            for out in cell.get("outputs", []):
+                texts = [out.get("text", "")] + [v for k, v in out.get("data", {}).items() if k.startswith("text/")]
+                for text in texts:
+                    if f := control_character_faults("".join(text) if isinstance(text, list) else text):
+                        faults[f"{nb.name} cell {i}"] = f
     assert not faults, faults
 
 

@@ -128,3 +128,50 @@ def test_pages_import_lessonlib_modules_under_their_own_names():
                 if importlib.util.find_spec(f"{pkg}.{mod}") is not None:
                     aliased.append(f"{page.name}: {mod} as {alias}")
     assert not aliased, aliased
+
+
+#: In a Python string that is not raw, a backslash escape that eats the start of a LaTeX command: ``\t`` (``\tfrac``,
+#: ``\times``, ``\text``), ``\f`` (``\frac``), ``\b`` (``\beta``), ``\a`` (``\alpha``), ``\v`` (``\vert``), ``\n``
+#: (``\nabla``, ``\neq``, ``\nu``) and ``\r`` (``\rho``, ``\right``, ``\rceil``): the page would show a control
+#: character or a line break where the formula was.
+EATEN_LATEX = re.compile(r"(?<!\\)(?:\\\\)*\\(?:[tfbav]|n(?=abla|eq|u\b|ot|leq|geq|mid|parallel|ewline)"
+                         r"|r(?=ho|ight|angle|ceil|floor))(?=[A-Za-z])")
+
+
+def eaten_latex(code: str) -> list[str]:
+    """The string literals of Python ``code`` that are not raw and hold an escape of :data:`EATEN_LATEX`."""
+    import io
+    import tokenize
+
+    found = []
+    for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+        if tok.type == tokenize.STRING:
+            prefix = re.match(r"[A-Za-z]*", tok.string).group(0).lower()
+            if "r" not in prefix and EATEN_LATEX.search(tok.string):
+                found.append(f"line {tok.start[0]}: {tok.string[:90]}")
+    return found
+
+
+def test_the_latex_check_finds_an_eaten_command():
+    assert eaten_latex('say(f"rerun $(s - 1)(n/s - \\\\tfrac12)$ blocks")') == []       # escaped: fine
+    assert eaten_latex('say(rf"rerun $(s - 1)(n/s - \\tfrac12)$ blocks")') == []        # raw: fine
+    assert len(eaten_latex('x = (f"so $(n/s - \\tfrac12)$ blocks: "\n     + "$\\frac{a}{b}$")')) == 2
+    assert len(eaten_latex('say("""$\\nabla L$ and $\\rho$""")')) == 1
+    assert eaten_latex('print("a\\t1\\nThe end")') == []  # a tab before a digit, a line break before a word
+    assert eaten_latex('print("\\n".join(rows))') == []
+
+
+@pytest.mark.parametrize("source", [*PAGES, *sorted((ROOT / "lessonlib").rglob("*.py"))],
+                         ids=[*IDS, *[str(p.relative_to(ROOT)) for p in sorted((ROOT / "lessonlib").rglob("*.py"))]])
+def test_no_latex_command_is_eaten_by_a_string_escape(source):
+    """Review: 2.2 showed "(n/s - <tab>frac12)": ``\\tfrac`` in an f-string that was not raw became a tab. Every
+    code cell of every page, and lessonlib's code, writes LaTeX in raw strings (``rf"..."``), or doubles the
+    backslash. The text itself must hold no control character either."""
+    text = source.read_text()
+    assert not re.search("[\t\f\b\a\v]", text), f"a control character in {source.name}"
+    if source.suffix == ".py":
+        cells = [text]
+    else:
+        cells = [c.source for c in jupytext.reads(text, fmt="md:myst").cells if c.cell_type == "code"]
+    found = [hit for cell in cells for hit in eaten_latex(cell)]
+    assert not found, found

@@ -98,16 +98,16 @@ def forward(blocks: torch.nn.Sequential, x: torch.Tensor, recompute: str = "none
     return _run(blocks, x, recompute if recompute in ("none", "full") else POLICIES[recompute])
 
 
-def _run(blocks, x, how):
-    """``how``: "none", "full" or a policy function (the timing control passes :func:`save_everything`)."""
+def _run(blocks, x, policy):
+    """``policy``: "none", "full" or a policy function (the timing control passes :func:`save_everything`)."""
     for block in blocks:
-        if how == "none":
+        if policy == "none":
             x = block(x)
-        elif how == "full":
+        elif policy == "full":
             x = checkpoint(block, x, use_reentrant=False)
         else:
             x = checkpoint(block, x, use_reentrant=False,
-                           context_fn=functools.partial(create_selective_checkpoint_contexts, how))
+                           context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
     return x
 
 
@@ -253,7 +253,7 @@ def time_ratio_rounds(blocks, x, rounds: int = 15, progress: bool = False) -> di
     progress = flag("progress", progress)
     cases = {"none": functools.partial(forward, recompute="none"), CORE_ONLY: core_checkpointed,
              **{rc: functools.partial(forward, recompute=rc) for rc in RECOMPUTE if rc != "none"},
-             POLICY_ONLY: functools.partial(_run, how=save_everything)}
+             POLICY_ONLY: functools.partial(_run, policy=save_everything)}
 
     def step(fn):
         fn(blocks, x).float().pow(2).mean().backward()
