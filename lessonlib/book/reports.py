@@ -351,13 +351,16 @@ def timing_table(t: StepTiming):
     """An HTML table from :attr:`StepTiming.account`: ms, x prediction and share of step, adding up to the step."""
     _check_instance("t", t, StepTiming, "a StepTiming (from time_training_step)")
     ms = {k: 1000 * v for k, v in t.account.items()}
+    spread = {k: t.quartiles(k) for k in PHASES + ("step",)}
     rows = [(k if k != "step" else "step (sum of the four phases)", f"{ms[k]:.3f}", f"{t.ratios[k]:.2f}",
+             f"{spread[k][0]:.2f} to {spread[k][1]:.2f}" if k in spread else "",
              f"{100 * t.shares[k]:.1f} %" if k in t.shares else ("100 %" if k == "step" else ""))
             for k in ("prediction",) + PHASES + ("step",)]
-    note = ("x prediction: median over the rounds of (phase time / prediction time in the same round); ms: that "
+    note = ("x prediction: median over the rounds of (phase time / prediction time in the same round); middle half: "
+            "the quartiles of those per-round ratios (the step's: of each round's step / prediction); ms: the median "
             "ratio x the median prediction time; the step is the sum of its phases. Not timed, outside the step: "
             "optimizer.zero_grad(set_to_none=True) before the forward, and a shape check of the output.")
-    return table(["phase", "ms", "x prediction", "share of step"], rows, caption=note)
+    return table(["phase", "ms", "x prediction", "middle half of rounds", "share of step"], rows, caption=note)
 
 
 def interval_report(save_minutes, mtbf_hours) -> str:

@@ -67,6 +67,17 @@ class Rounds:
         """Median over rounds of ``num / den``, both from the same round."""
         return statistics.median([a / b for a, b in zip(self.seconds[num], self.seconds[den])])
 
+    def quartiles(self, num: Hashable, den: Hashable | None = None) -> tuple:
+        """First and third quartiles over rounds of ``num / den`` (or of ``num``'s seconds): what a median hides.
+
+        Their difference, the interquartile range, is the spread this course prints beside a median.
+        """
+        vals = self.seconds[num] if den is None else [a / b for a, b in zip(self.seconds[num], self.seconds[den])]
+        if len(vals) < 2:
+            return (vals[0], vals[0])
+        q1, _, q3 = statistics.quantiles(vals, n=4, method="inclusive")
+        return (q1, q3)
+
     @classmethod
     def slowest(cls, runs: list) -> "Rounds":
         """Merge the rounds of several processes: per round, the slowest one's time.

@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..checks import count as check_count, flag as check_flag, function as check_function, text as check_text
 from .device import MAX_THREADS
 from .step_args import check_step_args, check_targets_fit
-from .rounds import time_rounds
+from .rounds import Rounds, time_rounds
 
 #: The most rounds (and warm-up rounds) :func:`time_training_step` runs.
 MAX_ROUNDS = 200
@@ -256,6 +256,10 @@ class StepTiming:
     def step_over_prediction(self) -> float:
         """Median of per-round (training step time / prediction time)."""
         return self.ratios["step"]
+
+    def quartiles(self, phase: str) -> tuple:
+        """First and third quartiles over rounds of (``phase`` time / prediction time in the same round)."""
+        return Rounds(self.rounds).quartiles(phase, "prediction")
 
     @property
     def account(self) -> dict:
