@@ -327,7 +327,7 @@ def test_gpu_reference_is_the_published_figure_and_the_first_screen_says_what_a_
     assert "VLDB" in DDP_PAPER and PYTORCH_DDP["gpus"].where == "Abstract"
     for page in ("02-data-parallel.md", "03-overlap.md"):
         text = (CH3 / page).read_text()
-        assert 'PYTORCH_DDP["gpus"]' in text and "On real accelerators" in text
+        assert 'PYTORCH_DDP["gpus"]' in text and "### On GPUs:" in text  # the GPU section, titled for what it holds
         assert not re.search(r"\b256\s*GPUs", text)  # typed, not rendered
         first_screen = text.split("## What you will be able to do")[0]
         assert "What this machine can and cannot show" in first_screen
