@@ -174,7 +174,7 @@ def _overlap_row():
     from lessonlib.measure.distributed.overlap import OverlapRow
 
     return OverlapRow(variant="ddp", label="DDP", step=0.007, comm=0.003, exposed=0.002, hidden=0.33,
-                      hidden_raw=0.33)
+                      hidden_raw=0.33, exposed_rounds=(0.002, 0.003))
 
 
 def _overlap_timeline():

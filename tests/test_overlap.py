@@ -216,7 +216,6 @@ def test_ring_all_reduce_on_one_process_sends_nothing_and_keeps_the_tensor(one_p
 
 @pytest.mark.parametrize("kwargs, name", [
     (dict(world_size=1), "world_size"),
-    (dict(hidden=255), "hidden"),
     (dict(hidden=0), "hidden"),
     (dict(layers=1), "layers"),
     (dict(batch=0), "batch"),
@@ -253,13 +252,16 @@ def test_table_and_timeline_render_a_measured_run():
     from lessonlib.measure.distributed.overlap import OverlapRow
 
     rows = [OverlapRow("ddp", "DDP", step=0.012, comm=0.003, exposed=0.006, hidden=0.0, hidden_raw=-1.0,
-                       measured_against="sync_after"),
+                       measured_against="sync_after", exposed_rounds=(0.006, 0.009, 0.007, 0.020)),
             OverlapRow("sync_after", "after", step=0.009, comm=0.003, exposed=0.003, hidden=0.0, hidden_raw=0.0,
-                       measured_against="sync_after"),
-            OverlapRow("fsdp", "FSDP", step=0.02, comm=0.01, exposed=0.014, hidden=0.0, hidden_raw=0.0)]
+                       measured_against="sync_after", exposed_rounds=(0.003,))]
     html = overlap_table(rows, 0.006)
-    assert "unclipped -100 %" in html and "12.00" in html and "0 % (the baseline)" in html
-    assert html.count("<td>–</td>") >= 4  # the compute row's three, and FSDP's share: no sequential FSDP step
+    # the fastest round's step and exposed time; the median of the rounds with its middle half (inclusive quartiles)
+    assert "12.00" in html and "+6.00" in html and "+8.00 (+6.75 to +11.75)" in html
+    assert "+3.00 (+3.00 to +3.00)" in html  # one round: its own value
+    assert html.count("<td>–</td>") == 3  # the compute row's: it exchanges nothing
+    with pytest.raises(ValueError, match="ddp"):
+        OverlapRow("ddp", "DDP", step=0.01, comm=0.0, exposed=0.0, hidden=0.0, hidden_raw=0.0).exposed_quartiles
     step = {"forward": (0.0, 0.001), "backward": (0.001, 0.004), "end": 0.005,
             "comm": [{"bucket": 0, "bytes": 8, "start": 0.002, "end": 0.003}]}
     fig = plot_overlap_timeline([{"a": step, "b": step}, {"a": step, "b": step}])
@@ -303,17 +305,10 @@ def test_two_processes_same_gradients_buckets_and_bytes():
     for r in res.rows:  # the table adds up: exposed = step - compute; hidden from the same fastest rounds
         assert math.isclose(r.exposed, r.step - res.compute)
         assert 0.0 <= r.hidden <= 1.0
-        if r.variant.startswith("fsdp"):
-            assert r.measured_against == "" and r.hidden_raw == 0.0
-        elif r.measured_against:
+        if r.measured_against:
             assert math.isclose(r.hidden_raw, (serial - r.step) / (serial - res.compute))
-            assert len(r.hidden_rounds) <= 2
-    kinds = {k for k, _ in res.fsdp_collectives["fsdp"]}
-    assert kinds == {"all_gather", "reduce_scatter"}
-    # FSDP2 with weights freed after forward: an all-gather per layer (and root) in forward and backward,
-    # one reduce-scatter per layer
-    n_rs = sum(k == "reduce_scatter" for k, _ in res.fsdp_collectives["fsdp"])
-    assert n_rs == 4
+        # every round's exposed time, step and compute from the same round
+        assert r.exposed_rounds == tuple(s - c for s, c in zip(res.per_round[r.variant], res.per_round["compute"]))
     ranks = res.timeline
     assert len(ranks) == 2
     # the figure's steps are the table's: from the later process's start (the axis's 0) to the last end
@@ -322,8 +317,6 @@ def test_two_processes_same_gradients_buckets_and_bytes():
             assert max(ev[label]["forward"][0] for ev in ranks) == 0.0
             assert min(ev[label]["forward"][0] for ev in ranks) <= 0.0
             assert math.isclose(max(ev[label]["end"] for ev in ranks), r.step)
-        # FSDP's time inside its collectives is part of the same step; the others record none
-        assert (0.0 < r.in_collectives < r.step) if name.startswith("fsdp") else r.in_collectives == 0.0
     assert sum(label in ranks[0] for _, label, _ in VARIANTS) == 2
     for per_rank in ranks:
         ddp = per_rank["DDP, gradient buckets during backward"]

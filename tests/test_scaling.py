@@ -31,6 +31,23 @@ def test_gustafson_is_the_scaled_speedup_and_has_no_ceiling():
     assert speedup_from_share(0.2, 10**6) < 5 < gustafson_speedup(0.2, 64)
     for n in (2, 4, 64):
         assert gustafson_speedup(0.2, n) >= speedup_from_share(0.2, n)
+    for s, n in ((0.2, 4), (0.05, 128), (0.5, 3)):  # the page writes it S(n) = s + (1 - s) n
+        assert gustafson_speedup(s, n) == pytest.approx(s + (1 - s) * n)
+
+
+def test_amdahl_figure_draws_gustafson_at_the_examples_share(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from lessonlib.book import speedup_plots
+
+    drawn = []
+    monkeypatch.setattr(speedup_plots, "show", lambda fig, alt: drawn.append((fig, alt)))
+    speedup_plots.amdahl_figure([1, 2, 4, 8], [0.0, 0.2], 0.2, 0.05, 0.005)
+    (fig, alt), = drawn
+    dashed = [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() == "--"]
+    assert len(dashed) == 1 and list(dashed[0].get_ydata()) == pytest.approx([1.0, 1.8, 3.4, 6.6])
+    assert "Gustafson" in alt
+    plt.close(fig)
 
 
 @pytest.mark.parametrize("call, name", [
@@ -310,7 +327,7 @@ def test_gpu_reference_is_the_published_figure_and_the_first_screen_says_what_a_
     assert "VLDB" in DDP_PAPER and PYTORCH_DDP["gpus"].where == "Abstract"
     for page in ("02-data-parallel.md", "03-overlap.md"):
         text = (CH3 / page).read_text()
-        assert 'PYTORCH_DDP["gpus"]' in text and "On real accelerators" in text
+        assert 'PYTORCH_DDP["gpus"]' in text and "### On GPUs:" in text  # the GPU section, titled for what it holds
         assert not re.search(r"\b256\s*GPUs", text)  # typed, not rendered
         first_screen = text.split("## What you will be able to do")[0]
         assert "What this machine can and cannot show" in first_screen

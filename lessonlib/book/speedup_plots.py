@@ -10,7 +10,7 @@ import textwrap
 
 import matplotlib.pyplot as plt
 
-from ..calc.amdahl import speedup_from_share
+from ..calc.amdahl import gustafson_speedup, speedup_from_share
 from ..calc.collectives import ring_allreduce_bytes
 from ..calc.goodput import goodput
 from ..calc.pipeline import pipeline_bubble_fraction
@@ -30,7 +30,8 @@ def growing_communication(share: float, ns, per_step: float) -> list[float]:
 
 
 def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
-    """Left: speedup against devices for several serial ``shares``. Right: serial ``share``
+    """Left: speedup against devices for several serial ``shares``, and Gustafson's scaled speedup at ``share``
+    (dashed). Right: serial ``share``
     with no, a ``fixed`` and a growing (``per_step`` x 2(n-1)) communication cost (shares of the one-device time,
     each at most 10)."""
     ns = counts("ns", ns)
@@ -41,8 +42,10 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for sh in shares:
         ax1.plot(ns, [speedup_from_share(sh, n) for n in ns], marker="o", ms=3, label=f"serial share {sh:.0%}")
+    ax1.plot(ns, [gustafson_speedup(share, n) for n in ns], ls="--", color="black", lw=1,
+             label=f"Gustafson's scaled speedup, serial share {share:.0%}")
     ax1.set(xscale="log", yscale="log", xlabel="devices (count, log scale)", ylabel="speedup (×, log scale)",
-            title="Amdahl: the serial share sets a ceiling")
+            title="Amdahl: the serial share sets a ceiling (dashed: Gustafson)")
     ax1.set_xticks(ns, [str(n) for n in ns])
     ax1.legend(fontsize=8)
     curves = {
@@ -64,7 +67,8 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
     pct = ", ".join(f"{100 * s:g}" for s in shares if s > 0)
     return show(fig, alt="Two line charts of speedup against device count on a log axis. Left: with no serial work "
                 f"the speedup grows in step with the devices; with {pct} percent serial work each curve flattens "
-                f"towards a ceiling of one over the serial share. Right: serial share {100 * share:g} percent; a fixed "
+                f"towards a ceiling of one over the serial share; a dashed line, Gustafson's scaled speedup at {100 * share:g} "
+                "percent serial work, rises in a straight line with no ceiling. Right: serial share {100 * share:g} percent; a fixed "
                 "communication cost lowers the ceiling; a communication cost that grows with the device count makes "
                 "the speedup peak and then fall. A dotted line marks the ceiling, one over the serial share.")
 

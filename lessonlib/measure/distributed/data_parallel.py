@@ -19,6 +19,8 @@ from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
 MAX_SIZE = 65_536
 #: How many all-reduces of 4 bytes each round times back to back; ``latency`` is the fastest of them.
 LATENCY_REPEATS = 5
+#: All-reduces of the gradient bytes per round, back to back; the fastest is kept (``allreduce``).
+ALLREDUCE_REPEATS = 3
 
 
 FEATURES = 64  # inputs of the stand-in forecast model (recent sales figures)
@@ -89,7 +91,8 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
        all-reducing the gradients inside ``backward``; the optimizer step is
        timed separately;
     3. the pieces: forward+backward on the share with no gradient exchange
-       (``no_sync``) and one all-reduce of a tensor as large as the gradients;
+       (``no_sync``) and the fastest of ``ALLREDUCE_REPEATS`` back-to-back all-reduces of a tensor as large
+       as the gradients;
        then the fastest of ``LATENCY_REPEATS`` back-to-back all-reduces of a single float (``latency``: the per-message cost
        that the alpha-beta model of :mod:`lessonlib.calc.comm` calls alpha, paid
        once per ring step); and ``bucket_copy``: the gradients copied into one
@@ -188,8 +191,14 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
             # 3a'. DDP's copies into its buckets and back, without the all-reduce between them
             clock.time("bucket_copy", bucket_copies)
             dist.barrier()
-            # 3b. the all-reduce of the gradient bytes alone
-            clock.time("allreduce", dist.all_reduce, flat)
+            # 3b. the all-reduce of the gradient bytes alone: the fastest of a few, back to back. The bytes are the
+            # same at every batch, but on a shared machine one descheduled call took 3-17 times the usual time, and
+            # a median of single calls once showed 2.9 ms at one batch against 1.0 ms at the others
+            ar_seconds = []
+            for _ in range(ALLREDUCE_REPEATS):
+                clock.time("allreduce", dist.all_reduce, flat)
+                ar_seconds.append(clock.seconds["allreduce"])
+            clock.add("allreduce", min(ar_seconds))
             dist.barrier()
             # 3c. an all-reduce of 4 bytes: the fixed cost of its ring steps. The fastest of a few, back to back:
             # on a busy machine one descheduled call can make 4 bytes look slower than the whole gradient
@@ -232,7 +241,8 @@ class DataParallelRow:
     Seconds, medians over rounds: ``single`` (one process, whole batch),
     ``ddp`` (the measured data-parallel step, ``ddp_backward`` + ``optimizer``),
     ``half_compute`` (forward + backward on one process's share, no exchange),
-    ``optimizer``, ``allreduce`` (one all-reduce of the gradient bytes) and
+    ``optimizer``, ``allreduce`` (in each round the fastest of ``ALLREDUCE_REPEATS`` all-reduces of the
+    gradient bytes, back to back) and
     ``predicted`` (= half_compute + optimizer + allreduce, per round) and
     ``latency`` (the fastest of ``LATENCY_REPEATS`` all-reduces of a single float, 4 bytes, in each round: the fixed cost of
     an all-reduce's ring steps, whatever its size) and ``bucket_copy`` (the
