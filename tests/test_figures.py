@@ -187,7 +187,7 @@ def test_bill_gap_parts_add_up_and_fill_in_order():
 
 def test_bill_gap_figure_alt_text_reads_the_parts():
     shown = bill_plots.bill_gap_figure({"high MFU": 24.0e6}, 30.0e6, 0.05, 3.0e6)
-    assert "30.00 M" in shown.alt and "attention 1.20 M" in shown.alt and "other stages 1.80 M" in shown.alt
+    assert "30.00 M" in shown.alt and "attention 1.20 M" in shown.alt and "other stages and the rest, 1.80 M" in shown.alt and "by construction" in shown.alt
     with pytest.raises(ValueError, match="computed"):
         bill_plots.bill_gap_figure({}, 30.0e6, 0.05, 3.0e6)
 

@@ -115,7 +115,7 @@ def test_one_page_prints_the_one_account_and_the_other_links_to_it():
         text = (ROOT / path).read_text()
         assert "llama3_scale()" in text, key
         for field in ("per_device_hour", "bill_per_device_hour", "contrast_per_device_hour", "step_efficiency",
-                      "stage_utilisation", "bill_utilisation", "serial_share", "fit.throughput_low",
+                      "stage_utilisation", "bill_utilisation", "fit.throughput_low",
                       "fit.throughput_high", "goodput.useful_fraction"):
             assert f".{field}" in text, (key, field)
         for typed in (f"{a.per_device_hour:.2f}", f"{a.bill_per_device_hour:.2f}", f"{a.contrast_per_device_hour:.3f}",

@@ -44,16 +44,16 @@ def bill_gap_figure(computed: dict, published_hours: float, attention_share: flo
     text("title", title)
     parts = {text("computed", k): bill_gap_parts(v, published_hours, attention_share, failures_max_hours)
              for k, v in computed.items()}
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     labels = list(parts) + ["published bill"]
     colours = {"computed": "tab:blue", "attention": "tab:orange", "failures": "tab:red", "other": "tab:grey"}
     names = {"computed": "6ND at the table's MFU", "attention": "attention scores (if counted in the TFLOP/s)",
-             "failures": "failures, saves, restarts (at most; a snapshot's share extrapolated)",
-             "other": "other stages and the rest"}
+             "failures": "failures, saves, restarts\n(at most; a snapshot's share extrapolated)",
+             "other": "leftover: other stages and the rest\n(fills each bar to the bill by construction)"}
     for key in colours:
         bottoms = [sum(p[k] for k in list(colours)[:list(colours).index(key)]) / 1e6 for p in parts.values()]
         ax.bar(list(parts), [p[key] / 1e6 for p in parts.values()], bottom=bottoms, color=colours[key],
-               label=names[key], hatch=None if key == "computed" else "//", alpha=1.0 if key == "computed" else 0.6)
+               label=names[key], hatch="//" if key == "other" else None, alpha=1.0 if key == "computed" else 0.6)
     ax.bar(["published bill"], [published_hours / 1e6], color="black", label="published bill")
     for i, p in enumerate(parts.values()):
         ax.text(i, p["computed"] / 2e6, f"{p['computed'] / 1e6:.2f} M", ha="center", color="white", fontsize=9)
@@ -61,13 +61,16 @@ def bill_gap_figure(computed: dict, published_hours: float, attention_share: flo
             fontsize=9)
     ax.set_ylabel("GPU-hours (millions)")
     ax.set_xticks(range(len(labels)), [textwrap.fill(s, 18) for s in labels], fontsize=8)
-    ax.set_ylim(0, 1.3 * max(published_hours, max(computed.values())) / 1e6)
-    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    ax.set_ylim(0, 1.1 * max(published_hours, max(computed.values())) / 1e6)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title)
     fig.tight_layout()
     alt = (f"Stacked bars in millions of GPU-hours. The published bill is {published_hours / 1e6:.2f} M. "
            + " ".join(f"{k}: computed {p['computed'] / 1e6:.2f} M, then attention {p['attention'] / 1e6:.2f} M, "
                       f"failures at most {p['failures'] / 1e6:.2f} M (the failure share of a snapshot of the run, "
-                      f"extrapolated to the whole bill) and other stages {p['other'] / 1e6:.2f} M."
-                      for k, p in parts.items()))
+                      f"extrapolated to the whole bill) and the leftover, other stages and the rest, "
+                      f"{p['other'] / 1e6:.2f} M (hatched)."
+                      for k, p in parts.items())
+           + " The leftover is whatever the named parts do not fill, so every bar equals the published bill by "
+             "construction.")
     return show(fig, alt=alt)

@@ -60,6 +60,11 @@ DEVICES = {
         "max TDP 400 W", 1.555e12, 400.0),
 }
 
+#: The H100 SXM's link to its host, one direction: the datasheet's "PCIe Gen5: 128 GB/s" counts both directions.
+#: A device-to-host copy (an asynchronous checkpoint's staging) moves at most this many bytes a second.
+HOST_LINK_BYTES_PER_S = 64e9
+HOST_LINK_SOURCE = f"{_H100_SHEET}: PCIe Gen5, 128 GB/s in both directions together"
+
 #: The device the course prices on when a page does not say otherwise.
 DEFAULT_DEVICE = "H100 SXM 80GB"
 
