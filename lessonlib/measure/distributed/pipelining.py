@@ -76,6 +76,9 @@ class LiveSavedBytes:
         self.peak = 0
 
     def _pack(self, t):
+        # self._exclude: storages not counted (the parameters, the input batch: they exist anyway)
+        # self._refs: storage address -> [holders alive, bytes], so a storage saved twice counts once
+        # _Held: the holder autograd keeps; when it is dropped, _release subtracts the storage's bytes
         key = t.untyped_storage().data_ptr()
         if key in self._exclude or t.numel() == 0:
             return t
