@@ -76,9 +76,8 @@ class LiveSavedBytes:
         self.peak = 0
 
     def _pack(self, t):
-        # self._exclude: storages not counted (the parameters, the input batch: they exist anyway)
-        # self._refs: storage address -> [holders alive, bytes], so a storage saved twice counts once
-        # _Held: the holder autograd keeps; when it is dropped, _release subtracts the storage's bytes
+        # _exclude: storages not counted (parameters, input batch); _refs: address -> [holders, bytes]
+        # _Held: what autograd keeps instead of t; deleting it calls _release, which subtracts the bytes
         key = t.untyped_storage().data_ptr()
         if key in self._exclude or t.numel() == 0:
             return t
