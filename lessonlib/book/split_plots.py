@@ -115,6 +115,21 @@ def _draw_step(ax, st, p, row: str, *, fade: float, share: float, fontsize: int,
     return t0, t1
 
 
+def _drop_unfit_labels(fig, labels) -> None:
+    """Fit each label ``(ax, text, start, end)`` (``"W3"`` on a bar spanning start..end in data units) to its bar
+    once the figure is laid out: stacked (``"W"`` above ``"3"``) where one line is wider than the bar, removed
+    where that is too: a label that spills over its neighbours' is worse than none."""
+    renderer = fig.canvas.get_renderer()
+    for ax, text, a, b in labels:
+        (x0, _), (x1, _) = ax.transData.transform([(a, 0), (b, 0)])
+        room = abs(x1 - x0) - 1
+        if text.get_window_extent(renderer).width > room:
+            label = text.get_text()
+            text.set_text(label[0] + "\n" + label[1:])
+            if text.get_window_extent(renderer).width > room:
+                text.remove()
+
+
 @_reads("run")
 def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
     """Busy spans of each stage as recorded in one real step, GPipe above 1F1B (ms from the step's start),
@@ -184,8 +199,8 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
 
     For results of ``run_pipelines`` whose spans carry a stage index: bars are
     coloured by micro-batch, hatched on a process's later stage (its second
-    stage of an interleaved or V placement), and left unlabelled (short bars cannot
-    hold a label); under each timeline the same actions in their order, one equal
+    stage of an interleaved or V placement), and labelled where the label fits the
+    bar; under each timeline the same actions in their order, one equal
     cell each, every one labelled ``F``, ``B``, ``I`` (input-gradient backward) or
     ``W`` (weight-gradient backward) with the micro-batch.
     """
@@ -196,6 +211,7 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
     fig, axes = plt.subplots(2 * len(runs), 1, figsize=(8, 1.6 + 1.9 * p * len(runs)), squeeze=False,
                              gridspec_kw={"height_ratios": [1.05, 0.8] * len(runs)})
     cmap = plt.get_cmap("tab10")
+    labels = []
     for i, r in enumerate(runs):
         ax, order_ax = axes[2 * i, 0], axes[2 * i + 1, 0]
         st = r["steps"][step]
@@ -208,6 +224,8 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
                 style = dict(facecolors=cmap(mb % 10), edgecolor="white", hatch="///" if later else None,
                              alpha=1.0 if kind == "F" else 0.6)
                 ax.broken_barh([(1e3 * (a - t0), 1e3 * (b - a))], (proc - 0.4, 0.8), **style)
+                labels.append((ax, ax.text(1e3 * ((a + b) / 2 - t0), proc, f"{kind}{mb}", ha="center", va="center",
+                                           fontsize=7), 1e3 * (a - t0), 1e3 * (b - t0)))
                 order_ax.broken_barh([(j, 1)], (proc - 0.4, 0.8), **style)
                 order_ax.text(j + 0.5, proc, f"{kind}{mb}", ha="center", va="center", fontsize=8)
             longest = max(longest, len(spans))
@@ -229,6 +247,7 @@ def plot_schedule_timelines(run: dict, microbatches: int, schedules=None, step: 
                            "hatched = a process's later stage; gaps = waiting", fontsize=8)
     fig.suptitle("Pipeline schedules recorded on real processes")
     fig.tight_layout()
+    _drop_unfit_labels(fig, labels)
     return fig
 
 
@@ -294,14 +313,15 @@ def plot_simulated_timelines(orders: dict, title: str = "Equal stages, simulated
     procs = max(len(order) for order in orders.values())
     fig, axes = plt.subplots(len(sims), 1, figsize=(9, 0.9 + 1.1 * procs * len(sims)), squeeze=False, sharex=True)
     cmap = plt.get_cmap("tab10")
+    labels = []
     for ax, (name, tasks) in zip(axes[:, 0], sims.items()):
         for t in tasks:
             later = t["stage_index"] >= procs  # a process's later stage (loop or V placement)
             ax.broken_barh([(t["start"], t["end"] - t["start"])], (t["process"] - 0.4, 0.8),
                            facecolors=cmap(t["microbatch"] % 10), edgecolor="white",
                            hatch="///" if later else None, alpha=1.0 if t["kind"] == "F" else 0.6)
-            ax.text((t["start"] + t["end"]) / 2, t["process"], f"{t['kind']}{t['microbatch']}", ha="center",
-                    va="center", fontsize=7)
+            labels.append((ax, ax.text((t["start"] + t["end"]) / 2, t["process"], f"{t['kind']}{t['microbatch']}",
+                                       ha="center", va="center", fontsize=7), t["start"], t["end"]))
         ax.set_yticks(range(procs), [f"process {q}" for q in range(procs)])
         ax.set_ylim(procs - 0.4, -0.6)
         ax.set_xlim(0, 1.01 * end)
@@ -312,4 +332,5 @@ def plot_simulated_timelines(orders: dict, title: str = "Equal stages, simulated
                            "micro-batch; hatched = a process's later stage", fontsize=8)
     fig.suptitle(check_text("title", title))
     fig.tight_layout()
+    _drop_unfit_labels(fig, labels)
     return fig

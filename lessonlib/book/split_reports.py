@@ -359,7 +359,8 @@ def comm_rows(result, link: Link, stat=fastest) -> list:
                          "predicted_s": link.seconds(kind, b, n)})
     d = result.ddp
     pred = sum(link.seconds("all_reduce", b, n) for b in d.bucket_bytes)
-    rows.append({"what": f"DDP buckets, all-reduced alone ({len(d.bucket_bytes)})", "bytes": d.grad_bytes,
+    rows.append({"what": "DDP's gradient bucket, all-reduced alone" if len(d.bucket_bytes) == 1 else
+                 f"DDP's {len(d.bucket_bytes)} gradient buckets, each all-reduced alone", "bytes": d.grad_bytes,
                  "measured_s": sum(stat(t) for t in d.bucket_times), "predicted_s": pred})
     rows.append({"what": "DDP step: backward minus no_sync backward", "bytes": d.grad_bytes,
                  "measured_s": stat(d.backward) - stat(d.backward_no_sync), "predicted_s": pred})

@@ -76,6 +76,8 @@ class LiveSavedBytes:
         self.peak = 0
 
     def _pack(self, t):
+        # _exclude: storages not counted (parameters, input batch); _refs: address -> [holders, bytes]
+        # _Held: what autograd keeps instead of t; deleting it calls _release, which subtracts the bytes
         key = t.untyped_storage().data_ptr()
         if key in self._exclude or t.numel() == 0:
             return t
