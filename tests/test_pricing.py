@@ -202,7 +202,7 @@ def test_the_bill_implies_deepseek_v3s_step_time():
                                      ds["batch"] * ds["seq_len"]) == pytest.approx(hand) == pytest.approx(19.9, abs=0.05)
     with pytest.raises(ValueError, match="world_size"):
         pricing.bill_step_seconds(1.0, 0, 1.0, 1.0)
-    assert "bill_step_seconds(" in open("chapters/03-distributed-speedup/11-choose-a-layout.md").read()
+    assert "bill_step_seconds(" in open("chapters/03-distributed-speedup/14-price-a-real-run.md").read()
 
 
 def test_the_secondary_caveat_is_said_once_above_the_table_not_on_every_row():
