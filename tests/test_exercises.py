@@ -492,16 +492,16 @@ def test_2a_counts_the_recomputation_of_question_2s_plan_only():
     checks = reference.load(EXERCISES / "2a-place-the-checkpoints.ipynb", questions=["2a-q3", "2a-q3b"])
     whole, early = checks["2a-q3"], checks["2a-q3b"]
     whole(_plan_answers([2, 4], [2, 4], 4))
-    early(_plan_answers([2, 4], [2, 4], None, 1))  # early stop: one call fewer for each of the 3 segments
+    early(_plan_answers([2, 4], [2, 4], None, 4))  # early stop skips each segment's last GELU, never its Linear
     for check in (whole, early):
         with pytest.raises(AssertionError, match="your plan from question 2"):
             check(_plan_answers([1, 2, 3, 4, 5, 6], [2, 4], 0, 0))
         with pytest.raises(AssertionError, match="nothing was handed in to 2a-q2"):
             check(_plan_answers([1, 2, 3, 4, 5, 6], None, 0, 0))
-    with pytest.raises(AssertionError, match="extra_forward_calls_early"):  # early stop taken as whole reruns
-        early(_plan_answers([2, 4], [2, 4], 4, 4))
+    with pytest.raises(AssertionError, match="extra_forward_calls_early"):  # one call fewer a segment: a GELU's count
+        early(_plan_answers([2, 4], [2, 4], 4, 1))
     # the two counts are scored on their own: a wrong early-stop count costs only its own point
-    whole(_plan_answers([2, 4], [2, 4], 4, 4))
+    whole(_plan_answers([2, 4], [2, 4], 4, 1))
 
 
 # --------------------------------------------------------------------------
