@@ -346,11 +346,13 @@ def test_free_text_with_each_key_point_in_its_own_sentence_passes(check_2b_q5, t
     _run(check_2b_q5, text)
 
 
-# the run's length with checkpointing, in days: right within 5 % of 21 x 4/3 = 28 (whole blocks; whole days; 1.3
-# for a step whose update is not rerun) or of 21 x 7/6 = 24.5 (early stop); missing or another length is flagged
-RIGHT_DAYS = ["about 28 days", "27 days", "28.0 days", "roughly 27-28 days", "a 28-day run", "about 24.5 days",
-              "25 days"]
-WRONG_DAYS = {"about 32 days": "check the arithmetic", "35 days": "check the arithmetic",
+# the run's length with checkpointing, in days: right within 5 % of 21 x 7/6 = 24.5 (early stop, inside the
+# 26-day deadline); 21 x 4/3 = 28 (whole blocks) alone, missing or another length is flagged
+RIGHT_DAYS = ["about 24.5 days", "25 days", "24 days", "a 25-day run"]
+# whole blocks' length alone is past the deadline: a "yes" on it loses the verdict point, so it is read by hand
+WHOLE_BLOCK_DAYS = {d: "past the deadline" for d in ("about 28 days", "27 days", "28.0 days", "roughly 27-28 days",
+                                                      "a 28-day run")}
+WRONG_DAYS = {**WHOLE_BLOCK_DAYS, "about 32 days": "check the arithmetic", "35 days": "check the arithmetic",
               "42 days": "check the arithmetic", "21 days": "no length of the checkpointed run",
               "a few more weeks": "no length of the checkpointed run"}
 
