@@ -733,18 +733,18 @@ def test_3e_held_follows_from_the_measurement_not_from_the_formula():
 
     check = reference.load(EXERCISES / "3e-shard-the-state.ipynb", questions=["3e-q2"], given=False)["3e-q2"]
     n = sum(p.numel() for p in TinyGPT(**MODEL).parameters())
-    share = {"weights": 4 * n // 2, "gradients": 4 * n // 2, "optimizer_state": 8 * n // 2, "step_counters": 116}
+    share = {"weights": 4 * n // 4, "gradients": 4 * n // 4, "optimizer_state": 8 * n // 4, "step_counters": 116}
 
     def answers(held, measured):
-        return decode_answers({"held": held, "formula": 16 * n / 2,
+        return decode_answers({"held": held, "formula": 16 * n / 4,
                                "measured": [{"$dict": [[k, v] for k, v in m.items()]} for m in measured]})
 
-    check(answers([16 * n // 2] * 2, [share, share]))
+    check(answers([16 * n // 4] * 4, [share] * 4))
     with pytest.raises(AssertionError, match="held\\[0\\]"):  # the formula typed in, against another measurement
-        check(answers([16 * n // 2] * 2, [dict(share, weights=share["weights"] + 64), share]))
+        check(answers([16 * n // 4] * 4, [dict(share, weights=share["weights"] + 64)] + [share] * 3))
     with pytest.raises(Flag, match="not what fully_shard leaves"):  # a measurement made to match a typed answer
         typed = dict(share, weights=share["weights"] + 64)
-        check(answers([sum(typed[k] for k in ("weights", "gradients", "optimizer_state"))] * 2, [typed, typed]))
+        check(answers([sum(typed[k] for k in ("weights", "gradients", "optimizer_state"))] * 4, [typed] * 4))
 
 
 def test_no_summary_reads_a_name_only_a_solution_or_a_hidden_check_defines():
