@@ -1031,9 +1031,9 @@ def test_2b_q5_accepts_the_early_stop_length_and_its_worked_examples_hold(check_
                 "step takes longer.", "") + " " + bad + DAYS)
 
 
-def test_3f_q2_accepts_a_layout_within_1_percent_of_the_fastest():
-    """The runner-up is a tie by the page's own words (under 1 % behind): the check takes it, with its own step
-    time and why_part, and still rejects a layout clearly slower (degrees no layout within 1 % has)."""
+def test_3f_q2_accepts_a_layout_within_2_percent_of_the_fastest():
+    """The runner-up is a tie by the page's own words (within the exercise's 2 % tie): the check takes it, with its own step
+    time and why_part, and still rejects a layout clearly slower (degrees no layout within 2 % has)."""
     from lessonlib.calc.layout_search import search_layouts
     from lessonlib.grading.graders import Answers
 
@@ -1055,11 +1055,11 @@ def test_3f_q2_accepts_a_layout_within_1_percent_of_the_fastest():
 
     degrees = lambda c: (c.layout.tensor, c.layout.context, c.layout.pipeline, c.layout.data)  # noqa: E731
     tie = next(c for c in ranked[1:] if degrees(c) != degrees(ranked[0]))
-    assert tie.step_s <= 1.01 * ranked[0].step_s, "the page's runner-up is a tie"
+    assert tie.step_s <= 1.02 * ranked[0].step_s, "the page's runner-up is a tie"
     check(answers(ranked[0]))
     check(answers(tie))
-    ties = {degrees(c) for c in ranked if c.step_s <= 1.01 * ranked[0].step_s}  # every set of degrees accepted
+    ties = {degrees(c) for c in ranked if c.step_s <= 1.02 * ranked[0].step_s}  # every set of degrees accepted
     assert {degrees(ranked[0]), degrees(tie)} <= ties
-    slow = next(c for c in ranked if c.step_s > 1.01 * ranked[0].step_s and degrees(c) not in ties)
-    with pytest.raises(AssertionError, match="within 1 %"):
+    slow = next(c for c in ranked if c.step_s > 1.02 * ranked[0].step_s and degrees(c) not in ties)
+    with pytest.raises(AssertionError, match="within 2 %"):
         check(answers(slow))
