@@ -548,7 +548,7 @@ def test_3a_typed_in_times_are_flagged_measured_ones_pass():
 
 def test_the_measuring_cells_of_3a_and_3b_are_declared_for_the_grader():
     for stem, questions in (("3a-amdahl-for-the-retailer", {"3a-q4"}), ("3b-predict-the-two-process-step",
-                                                                        {"3b-q2", "3b-q2b", "3b-q3", "3b-q4", "3b-q4b",
+                                                                        {"3b-q2", "3b-q2b", "3b-q3", "3b-q3b", "3b-q4", "3b-q4b",
                                                                          "3b-q5", "3b-q5b", "3b-q5c"}),
                             ("3e-shard-the-state", {"3e-q2"})):
         ex = autograde.Exercise.load(EXERCISES / f"{stem}.ipynb")

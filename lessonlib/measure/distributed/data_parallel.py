@@ -8,6 +8,7 @@ Times are seconds of wall-clock time.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from ...checks import amount as _check_amount, count as _check_count, sequence as _check_sequence
@@ -17,7 +18,7 @@ from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
 
 #: The largest global batch, width and round count :func:`run_data_parallel` accepts.
 MAX_SIZE = 65_536
-#: How many all-reduces of 4 bytes each round times back to back; ``latency`` is the fastest of them.
+#: How many all-reduces of 4 bytes each round times back to back; ``latency`` is their median.
 LATENCY_REPEATS = 5
 
 
@@ -90,7 +91,7 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
        timed separately;
     3. the pieces: forward+backward on the share with no gradient exchange
        (``no_sync``) and one all-reduce of a tensor as large as the gradients;
-       then the fastest of ``LATENCY_REPEATS`` back-to-back all-reduces of a single float (``latency``: the per-message cost
+       then the median of ``LATENCY_REPEATS`` back-to-back all-reduces of a single float (``latency``: the per-message cost
        that the alpha-beta model of :mod:`lessonlib.calc.comm` calls alpha, paid
        once per ring step); and ``bucket_copy``: the gradients copied into one
        flat buffer, averaged and copied back, as DDP does around its all-reduce.
@@ -191,13 +192,14 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
             # 3b. the all-reduce of the gradient bytes alone
             clock.time("allreduce", dist.all_reduce, flat)
             dist.barrier()
-            # 3c. an all-reduce of 4 bytes: the fixed cost of its ring steps. The fastest of a few, back to back:
-            # on a busy machine one descheduled call can make 4 bytes look slower than the whole gradient
+            # 3c. an all-reduce of 4 bytes: the fixed cost of its ring steps. The median of a few, back to back:
+            # on a busy machine one descheduled call can make 4 bytes look slower than the whole gradient, and a
+            # median (not the fastest) keeps the same statistic as the gradient all-reduce it is fitted with
             tiny_seconds = []
             for _ in range(LATENCY_REPEATS):
                 clock.time("latency", dist.all_reduce, tiny)
                 tiny_seconds.append(clock.seconds["latency"])
-            clock.add("latency", min(tiny_seconds))
+            clock.add("latency", statistics.median(tiny_seconds))
 
         # one thread per process is set by launch; timed like every other comparison
         timed = time_rounds(one_round, rounds, warmup, device=device, num_threads=None,
@@ -234,7 +236,7 @@ class DataParallelRow:
     ``half_compute`` (forward + backward on one process's share, no exchange),
     ``optimizer``, ``allreduce`` (one all-reduce of the gradient bytes) and
     ``predicted`` (= half_compute + optimizer + allreduce, per round) and
-    ``latency`` (the fastest of ``LATENCY_REPEATS`` all-reduces of a single float, 4 bytes, in each round: the fixed cost of
+    ``latency`` (the median of ``LATENCY_REPEATS`` all-reduces of a single float, 4 bytes, in each round: the fixed cost of
     an all-reduce's ring steps, whatever its size) and ``bucket_copy`` (the
     gradients copied into a flat buffer, averaged and copied back: DDP's own
     bookkeeping around its all-reduce, which ``predicted`` leaves out) and
