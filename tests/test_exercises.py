@@ -1043,7 +1043,7 @@ def test_3f_q2_accepts_a_layout_within_2_percent_of_the_fastest():
     ns = {}
     exec(given[:given.index("```")], ns)
     model, cluster = ns["model"], ns["cluster"]
-    ranked = search_layouts(model, cluster, top=20, zero_stages=(1,))
+    ranked = search_layouts(model, cluster, top=50, zero_stages=(1,))
     tp8 = search_layouts(model, cluster, top=1, fixed={"tensor": 8}, zero_stages=(1,))[0]
     parts = ("compute_s", "bubble_s", "tensor_comm_s", "context_comm_s", "pipeline_comm_s", "data_comm_s",
              "expert_comm_s")
