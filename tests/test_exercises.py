@@ -346,11 +346,13 @@ def test_free_text_with_each_key_point_in_its_own_sentence_passes(check_2b_q5, t
     _run(check_2b_q5, text)
 
 
-# the run's length with checkpointing, in days: right within 5 % of 21 x 4/3 = 28 (whole blocks; whole days; 1.3
-# for a step whose update is not rerun) or of 21 x 7/6 = 24.5 (early stop); missing or another length is flagged
-RIGHT_DAYS = ["about 28 days", "27 days", "28.0 days", "roughly 27-28 days", "a 28-day run", "about 24.5 days",
-              "25 days"]
-WRONG_DAYS = {"about 32 days": "check the arithmetic", "35 days": "check the arithmetic",
+# the run's length with checkpointing, in days: right within 5 % of 21 x 7/6 = 24.5 (early stop, inside the
+# 26-day deadline); 21 x 4/3 = 28 (whole blocks) alone, missing or another length is flagged
+RIGHT_DAYS = ["about 24.5 days", "25 days", "24 days", "a 25-day run"]
+# whole blocks' length alone is past the deadline: a "yes" on it loses the verdict point, so it is read by hand
+WHOLE_BLOCK_DAYS = {d: "past the deadline" for d in ("about 28 days", "27 days", "28.0 days", "roughly 27-28 days",
+                                                      "a 28-day run")}
+WRONG_DAYS = {**WHOLE_BLOCK_DAYS, "about 32 days": "check the arithmetic", "35 days": "check the arithmetic",
               "42 days": "check the arithmetic", "21 days": "no length of the checkpointed run",
               "a few more weeks": "no length of the checkpointed run"}
 
@@ -463,7 +465,7 @@ def test_a_wrong_answer_in_a_real_exercise_loses_exactly_its_question(graded_rea
     by, _ = graded_real
     wrong = by[("wrong", "3c-bubbles-and-paid-capacity")]
     lost = {q.grade_id: q.max_points - q.points for q in wrong.questions}
-    assert lost == {"3c-q1": 0, "3c-q1b": 0, "3c-q2": 2, "3c-q3": 0, "3c-q3b": 0}, wrong.questions
+    assert lost == {"3c-q1": 0, "3c-q1b": 0, "3c-q2": 3, "3c-q3": 0, "3c-q3b": 0}, wrong.questions
     assert "not right: it is too large" in next(q for q in wrong.questions if q.grade_id == "3c-q2").message
 
 
@@ -492,16 +494,16 @@ def test_2a_counts_the_recomputation_of_question_2s_plan_only():
     checks = reference.load(EXERCISES / "2a-place-the-checkpoints.ipynb", questions=["2a-q3", "2a-q3b"])
     whole, early = checks["2a-q3"], checks["2a-q3b"]
     whole(_plan_answers([2, 4], [2, 4], 4))
-    early(_plan_answers([2, 4], [2, 4], None, 1))  # early stop: one call fewer for each of the 3 segments
+    early(_plan_answers([2, 4], [2, 4], None, 4))  # early stop skips each segment's last GELU, never its Linear
     for check in (whole, early):
         with pytest.raises(AssertionError, match="your plan from question 2"):
             check(_plan_answers([1, 2, 3, 4, 5, 6], [2, 4], 0, 0))
         with pytest.raises(AssertionError, match="nothing was handed in to 2a-q2"):
             check(_plan_answers([1, 2, 3, 4, 5, 6], None, 0, 0))
-    with pytest.raises(AssertionError, match="extra_forward_calls_early"):  # early stop taken as whole reruns
-        early(_plan_answers([2, 4], [2, 4], 4, 4))
+    with pytest.raises(AssertionError, match="extra_forward_calls_early"):  # one call fewer a segment: a GELU's count
+        early(_plan_answers([2, 4], [2, 4], 4, 1))
     # the two counts are scored on their own: a wrong early-stop count costs only its own point
-    whole(_plan_answers([2, 4], [2, 4], 4, 4))
+    whole(_plan_answers([2, 4], [2, 4], 4, 1))
 
 
 # --------------------------------------------------------------------------
@@ -546,7 +548,7 @@ def test_3a_typed_in_times_are_flagged_measured_ones_pass():
 
 def test_the_measuring_cells_of_3a_and_3b_are_declared_for_the_grader():
     for stem, questions in (("3a-amdahl-for-the-retailer", {"3a-q4"}), ("3b-predict-the-two-process-step",
-                                                                        {"3b-q2", "3b-q2b", "3b-q3", "3b-q4", "3b-q4b",
+                                                                        {"3b-q2", "3b-q2b", "3b-q3", "3b-q3b", "3b-q4", "3b-q4b",
                                                                          "3b-q5", "3b-q5b", "3b-q5c"}),
                             ("3e-shard-the-state", {"3e-q2"})):
         ex = autograde.Exercise.load(EXERCISES / f"{stem}.ipynb")
@@ -705,7 +707,9 @@ def test_3c_says_how_the_losses_combine_and_that_the_schedule_is_a_simulation():
     q2 = text[text.index("## Question 2"):text.index("## Question 3")]
     q3 = text[text.index("## Question 3"):text.index("# Check 3c-q3")]
     assert q2.startswith("## Question 2: count") and "measure the" not in q2.lower() and "not a measurement" in q2
-    assert "multiply" in q3 and "running hours" in q3 and "US dollars" in q3
+    # the stall and the bubble are stated as facts (the bubble in the hours it runs); how they combine is the
+    # question (a later review: "so the two losses multiply" gave it away)
+    assert "multiply" not in q3 and "In the hours it runs" in q3 and "US dollars" in q3
     assert "zero-bubble" in text[text.index("## What this exercise showed"):]
 
 
@@ -729,18 +733,18 @@ def test_3e_held_follows_from_the_measurement_not_from_the_formula():
 
     check = reference.load(EXERCISES / "3e-shard-the-state.ipynb", questions=["3e-q2"], given=False)["3e-q2"]
     n = sum(p.numel() for p in TinyGPT(**MODEL).parameters())
-    share = {"weights": 4 * n // 2, "gradients": 4 * n // 2, "optimizer_state": 8 * n // 2, "step_counters": 116}
+    share = {"weights": 4 * n // 4, "gradients": 4 * n // 4, "optimizer_state": 8 * n // 4, "step_counters": 116}
 
     def answers(held, measured):
-        return decode_answers({"held": held, "formula": 16 * n / 2,
+        return decode_answers({"held": held, "formula": 16 * n / 4,
                                "measured": [{"$dict": [[k, v] for k, v in m.items()]} for m in measured]})
 
-    check(answers([16 * n // 2] * 2, [share, share]))
+    check(answers([16 * n // 4] * 4, [share] * 4))
     with pytest.raises(AssertionError, match="held\\[0\\]"):  # the formula typed in, against another measurement
-        check(answers([16 * n // 2] * 2, [dict(share, weights=share["weights"] + 64), share]))
+        check(answers([16 * n // 4] * 4, [dict(share, weights=share["weights"] + 64)] + [share] * 3))
     with pytest.raises(Flag, match="not what fully_shard leaves"):  # a measurement made to match a typed answer
         typed = dict(share, weights=share["weights"] + 64)
-        check(answers([sum(typed[k] for k in ("weights", "gradients", "optimizer_state"))] * 2, [typed, typed]))
+        check(answers([sum(typed[k] for k in ("weights", "gradients", "optimizer_state"))] * 4, [typed] * 4))
 
 
 def test_no_summary_reads_a_name_only_a_solution_or_a_hidden_check_defines():
@@ -1027,9 +1031,9 @@ def test_2b_q5_accepts_the_early_stop_length_and_its_worked_examples_hold(check_
                 "step takes longer.", "") + " " + bad + DAYS)
 
 
-def test_3f_q2_accepts_a_layout_within_1_percent_of_the_fastest():
-    """The runner-up is a tie by the page's own words (under 1 % behind): the check takes it, with its own step
-    time and why_part, and still rejects a layout clearly slower (degrees no layout within 1 % has)."""
+def test_3f_q2_accepts_a_layout_within_2_percent_of_the_fastest():
+    """The runner-up is a tie by the page's own words (within the exercise's 2 % tie): the check takes it, with its own step
+    time and why_part, and still rejects a layout clearly slower (degrees no layout within 2 % has)."""
     from lessonlib.calc.layout_search import search_layouts
     from lessonlib.grading.graders import Answers
 
@@ -1039,7 +1043,7 @@ def test_3f_q2_accepts_a_layout_within_1_percent_of_the_fastest():
     ns = {}
     exec(given[:given.index("```")], ns)
     model, cluster = ns["model"], ns["cluster"]
-    ranked = search_layouts(model, cluster, top=20, zero_stages=(1,))
+    ranked = search_layouts(model, cluster, top=50, zero_stages=(1,))
     tp8 = search_layouts(model, cluster, top=1, fixed={"tensor": 8}, zero_stages=(1,))[0]
     parts = ("compute_s", "bubble_s", "tensor_comm_s", "context_comm_s", "pipeline_comm_s", "data_comm_s",
              "expert_comm_s")
@@ -1051,11 +1055,11 @@ def test_3f_q2_accepts_a_layout_within_1_percent_of_the_fastest():
 
     degrees = lambda c: (c.layout.tensor, c.layout.context, c.layout.pipeline, c.layout.data)  # noqa: E731
     tie = next(c for c in ranked[1:] if degrees(c) != degrees(ranked[0]))
-    assert tie.step_s <= 1.01 * ranked[0].step_s, "the page's runner-up is a tie"
+    assert tie.step_s <= 1.02 * ranked[0].step_s, "the page's runner-up is a tie"
     check(answers(ranked[0]))
     check(answers(tie))
-    ties = {degrees(c) for c in ranked if c.step_s <= 1.01 * ranked[0].step_s}  # every set of degrees accepted
+    ties = {degrees(c) for c in ranked if c.step_s <= 1.02 * ranked[0].step_s}  # every set of degrees accepted
     assert {degrees(ranked[0]), degrees(tie)} <= ties
-    slow = next(c for c in ranked if c.step_s > 1.01 * ranked[0].step_s and degrees(c) not in ties)
-    with pytest.raises(AssertionError, match="within 1 %"):
+    slow = next(c for c in ranked if c.step_s > 1.02 * ranked[0].step_s and degrees(c) not in ties)
+    with pytest.raises(AssertionError, match="within 2 %"):
         check(answers(slow))

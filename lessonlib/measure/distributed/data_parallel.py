@@ -200,8 +200,9 @@ def _data_parallel_worker(rank, world_size, device, progress, batch_sizes, round
                 ar_seconds.append(clock.seconds["allreduce"])
             clock.add("allreduce", min(ar_seconds))
             dist.barrier()
-            # 3c. an all-reduce of 4 bytes: the fixed cost of its ring steps. The fastest of a few, back to back:
-            # on a busy machine one descheduled call can make 4 bytes look slower than the whole gradient
+            # 3c. an all-reduce of 4 bytes: the fixed cost of its ring steps. The fastest of a few, back to back, as
+            # for the gradient all-reduce it is fitted with: on a busy machine one descheduled call can make 4 bytes
+            # look slower than the whole gradient
             tiny_seconds = []
             for _ in range(LATENCY_REPEATS):
                 clock.time("latency", dist.all_reduce, tiny)
@@ -243,7 +244,7 @@ class DataParallelRow:
     ``half_compute`` (forward + backward on one process's share, no exchange),
     ``optimizer``, ``allreduce`` (in each round the fastest of ``ALLREDUCE_REPEATS`` all-reduces of the
     gradient bytes, back to back) and
-    ``predicted`` (= half_compute + optimizer + allreduce, per round) and
+    ``predicted`` (= half_compute + optimizer + allreduce, the sum of their medians) and
     ``latency`` (the fastest of ``LATENCY_REPEATS`` all-reduces of a single float, 4 bytes, in each round: the fixed cost of
     an all-reduce's ring steps, whatever its size) and ``bucket_copy`` (the
     gradients copied into a flat buffer, averaged and copied back: DDP's own
@@ -251,7 +252,7 @@ class DataParallelRow:
     ``together`` (every process running the one-process step on the whole batch
     at the same time, no exchange: the control for what the machine's cores
     deliver together; see :attr:`concurrent_throughput`).
-    Ratios, medians of per-round ratios: ``speedup`` (= single / ddp),
+    Ratios of those medians: ``speedup`` (= single / ddp),
     ``predicted_speedup`` (= single / predicted) and ``predicted_over_measured``
     (= predicted / ddp).
     """
