@@ -99,3 +99,28 @@ def test_public_signatures_use_the_precision_vocabulary():
     assert seen >= 8
     assert tuple(RECIPES) == PRECISIONS
 
+
+
+def test_magnitude_histogram_marks_each_formats_smallest_numbers_and_its_zeros():
+    """1.4 had no figure on range against precision: a log-axis histogram of the gradients now marks each format's
+    smallest normal (solid) and subnormal (dashed) number, names the share each cast turns into 0, and names a format
+    whose lines lie far off the axis (bf16) rather than stretching the axis to it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from lessonlib.book.plots import plot_magnitudes
+
+    g = torch.logspace(-9, -3, 1000) * torch.tensor([1.0, -1.0]).repeat(500)
+    names = ("fp16", "bf16", "e4m3")
+    zeros = {n: rounding(g, n).underflow for n in names}
+    fig = plot_magnitudes(g, {n: format_range(n) for n in names}, zeros)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_title() and "|gradient|" in ax.get_xlabel() and "count" in ax.get_ylabel()
+    xs = sorted(line.get_xdata()[0] for line in ax.lines if len(line.get_xdata()))
+    assert xs == sorted([format_range("fp16").sub_min, format_range("fp16").normal_min,
+                         format_range("e4m3").sub_min, format_range("e4m3").normal_min])  # bf16's: off the axis
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith(f"fp16: {100 * zeros['fp16']:.2f} %") for t in labels)
+    assert any(t.startswith("bf16: 0.00 %") and "off the axis" in t for t in labels)
+    with pytest.raises(ValueError, match="zeros"):
+        plot_magnitudes(g, {"fp16": format_range("fp16")}, {"fp16": 2.0})
+    matplotlib.pyplot.close(fig)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ..checks import choice, count, instance, mapping, number, positive, sequence, text
+from ..checks import choice, count, instance, mapping, number, positive, sequence, share, text
 from ..checks import reads as _reads
 from .figures import (DPI, PHONE_MAX_WIDTH, PHONE_MIN_FONT_PT, PHONE_WIDTH_IN, Figure, font_px,  # noqa: F401
                       for_phone, show, stack_panels)  # (pages and tests call plots.show; it lives in figures)
@@ -287,5 +287,49 @@ def plot_resume_comparison(reference: dict, resumed: dict, resumed_from: int | N
     bottom.set_ylabel("|loss − uninterrupted loss|")
     bottom.set_xlabel("training step")
     fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_magnitudes(values, formats: dict, zeros: dict,
+                    title: str = "Gradient magnitudes against each format's smallest numbers"):
+    """Histogram of ``|values|`` (the nonzero ones, a torch tensor) on a log x axis, with each format's smallest
+    normal number (solid line) and smallest subnormal (dashed) marked. ``formats``: ``{name: FormatRange}``
+    (:func:`lessonlib.measure.formats.format_range`); ``zeros``: ``{name: share of values the cast turns into 0}``
+    (a fraction, for the legend). A format whose lines lie far left of every value is named as off the axis."""
+    import numpy as np
+    import torch
+
+    instance("values", values, torch.Tensor, "a torch tensor")
+    mags = values.detach().abs().flatten().double().cpu().numpy()
+    mags = mags[(mags > 0) & np.isfinite(mags)]
+    if mags.size == 0:
+        raise ValueError("values must hold nonzero finite numbers")
+    for name, f in mapping("formats", formats).items():
+        positive(f"formats[{name!r}].sub_min", getattr(f, "sub_min", None))
+        positive(f"formats[{name!r}].normal_min", getattr(f, "normal_min", None))
+        share(f"zeros[{name!r}]", mapping("zeros", zeros).get(name))
+    _check_title(title)
+    lo = mags.min() / 3  # formats whose lines reach below the values by more than 1,000 times stay off the axis
+    shown = {n: f for n, f in formats.items() if f.sub_min > mags.min() / 1e3}
+    lo = min([lo, *(f.sub_min / 3 for f in shown.values())])
+    hi = max([mags.max() * 1.5, *(f.normal_min * 3 for f in shown.values())])
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    ax.hist(mags, bins=np.geomspace(lo, hi, 90), color="#999999", label="gradient values")
+    for i, (name, f) in enumerate(formats.items()):
+        color = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3"][i % 5]
+        label = f"{name}: {100 * zeros[name]:.2f} % become 0"
+        lw = 3.2 - 0.6 * i  # later lines thinner: one that falls on another (fp16's and e5m2's normal) shows both
+        if name in shown:
+            ax.axvline(f.normal_min, color=color, lw=lw, label=label)
+            ax.axvline(f.sub_min, color=color, lw=lw, ls="--")
+        else:
+            ax.plot([], [], color=color, lw=1.6, label=f"{label} (lines off the axis, at {f.normal_min:.0e})")
+    ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("|gradient| (log scale; solid line: smallest normal, dashed: smallest subnormal)")
+    ax.set_ylabel("values per bin (count)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below: clear of the lines
     fig.tight_layout()
     return fig

@@ -50,7 +50,8 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
         ax.scatter([p.intensity], [p.measured / 1e9], zorder=3, marker=markers[i % len(markers)], s=40, label=p.name,
                    alpha=0.85)
         names.append(ax.annotate(p.name, (p.intensity, p.measured / 1e9), xytext=(6, 7), textcoords="offset points",
-                                 fontsize=8, va="bottom"))
+                                 fontsize=8, va="bottom",  # a line that a name must cross passes behind it
+                                 bbox=dict(boxstyle="square,pad=0.05", facecolor="white", edgecolor="none", alpha=0.8)))
     ax.add_artist(_PointLabels(ax, names))
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -105,6 +106,7 @@ class _PointLabels(Artist):
         drawn = ax.get_lines()
         roof_line = sampled(drawn[0]) if drawn else np.empty((0, 2))
         ridge_lines = np.concatenate([sampled(x) for x in drawn[1:]]) if len(drawn) > 1 else np.empty((0, 2))
+        ridge_x = ridge_lines[0, 0] if len(ridge_lines) else None  # the ridge is a vertical line
         inside = ax.get_window_extent(renderer)
 
         def place(name, dx, dy):
@@ -148,8 +150,14 @@ class _PointLabels(Artist):
                 def crosses(pts):
                     return bool(np.any((pts[:, 0] > box.x0) & (pts[:, 0] < box.x1) & (pts[:, 1] > box.y0)
                                        & (pts[:, 1] < box.y1)))
+                # A name that reaches across the ridge, to the other side from its point (the 64 x 64 product's
+                # name, hung left of its point, ended left of the ridge), reads as far from its point: it ranks
+                # before the rest; merely touching the ridge's faint dots comes last.
+                across = paired and ridge_x is not None and (box.x0 < ridge_x < centres[i][0]
+                                                             or centres[i][0] < ridge_x < box.x1)
                 # level with its point beats above or below it, but not at the price of lying across the roof
-                return covers, outside, misread, far, crosses(roof_line), place_[1] != 0, crosses(ridge_lines)
+                return (covers, outside, misread, across, far, crosses(roof_line), place_[1] != 0,
+                        crosses(ridge_lines))
             best = None  # the first of the places with the fewest faults, the worst counted first
             for place_ in _PLACES:
                 faults = cost(place_)

@@ -1,8 +1,8 @@
 """The roofline of the reader's device, measured: peak FLOP/s, memory bandwidth, and where the course's ops sit.
 
-* :func:`measure_roofline` - matrix-product FLOP/s at growing sizes (the roof is the
-  fastest) and the bandwidth of a large copy (bytes read + bytes written per second):
-  a :class:`Roofline`.
+* :func:`measure_roofline` - square matrix-product FLOP/s at growing sizes (the flat roof is
+  the fastest square) and the bandwidth of a large copy (bytes read + bytes written per
+  second): a :class:`Roofline`.
 * :func:`block_ops` - the operations of one transformer block of the course's GPT
   (its matrix products, the per-head attention products, LayerNorm, GELU, softmax)
   at a given size, with their FLOPs and the bytes they move.
@@ -54,11 +54,11 @@ class Roofline:
 
     sizes:              matrix sides timed (n x n times n x n)
     matmul_flops_per_s: FLOP/s at each size
-    peak_flops_per_s:   the fastest of them and of ``products`` (the flat roof)
+    peak_flops_per_s:   the fastest of the squares (the flat roof), measured apart from ``products``
     bandwidth:          bytes per second of a large copy, read + write (the slanted roof)
     copy_bytes:         bytes of the copied tensor
     products:           FLOP/s of the other products timed in the same rounds, {name: FLOP/s}
-                        (e.g. a block's own products: a roof no product of the block runs above)
+                        (e.g. a block's own products, placed under the roof, not defining it)
     product_times:      the same products' {name: (FLOPs per call, seconds per call)}, fastest round:
                         :func:`measure_ops` reuses them rather than timing those products again
     """
@@ -88,8 +88,8 @@ def measure_roofline(device=None, sizes=None, copy_mib: int | None = None, round
     """Time ``n x n`` products for each side in ``sizes`` and a copy of ``copy_mib`` MiB; return a :class:`Roofline`.
 
     ``products``: more :class:`Op` (matrix products, e.g. those of :func:`block_ops`) timed in the
-    same rounds; the flat roof is the fastest of all, so that none of them sits above it because
-    its shape suits the device better than the square sweep's.
+    same rounds, so that they meet the same load; the flat roof is the fastest square alone, so
+    that it does not depend on the products placed under it.
 
     Default sizes: 16 to 512 on a CPU (one thread), 256 to 8192 on a GPU; default copy:
     64 MiB on a CPU, 1 GiB on a GPU (beyond any cache), copied in 16 slices, each timed
@@ -138,7 +138,7 @@ def measure_roofline(device=None, sizes=None, copy_mib: int | None = None, round
     bandwidth = 2 * src.numel() * src.element_size() / sum(min(raw.seconds[("copy", i)]) for i in range(SLICES))
     extra = {o.name: o.flops * o.repeat / min(raw.seconds[("product", o.name)]) for o in products}
     times = {o.name: (o.flops, min(raw.seconds[("product", o.name)]) / o.repeat) for o in products}
-    peak = max((*rates, *extra.values()))
+    peak = max(rates)
     return Roofline(sizes, rates, peak, bandwidth, src.numel() * src.element_size(), extra, times)
 
 
@@ -256,3 +256,97 @@ def measure_ops(ops, roofline: Roofline, device=None, rounds: int = 9) -> list:
         intensity = o.flops / o.bytes_moved
         points.append(OpPoint(o.name, o.flops, o.bytes_moved, s, intensity, o.flops / s, roofline.attainable(intensity)))
     return points
+
+
+def last_level_cache_bytes(device=None) -> int | None:
+    """The largest cache of ``device`` in bytes: a GPU's L2 (from torch), a CPU's last level (from Linux's
+    ``/sys/devices/system/cpu/cpu0/cache``); ``None`` where neither tells."""
+    from pathlib import Path
+
+    device = as_device("device", device)
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or None
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            t = f.read_text().strip().upper()
+            sizes.append(int(t.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(t[-1:], 1))
+        except (OSError, ValueError):
+            continue
+    return max(sizes) if sizes else None
+
+
+#: Bytes of the tensor :func:`measure_streaming` uses where the cache's size is unknown (beyond any cache).
+STREAM_DEFAULT_BYTES = 256 * 2**20
+#: Its rounds at most: each round moves the tensor eight times (about a quarter of a second on a CPU thread).
+MAX_STREAM_ROUNDS = 9
+
+
+@dataclass
+class StreamingRun:
+    """LayerNorm, GELU and softmax timed on a tensor larger than the last-level cache.
+
+    tensor_bytes: bytes of the input (each op reads it once and writes as many); cache_bytes: the
+                  last-level cache (None: unknown, :data:`STREAM_DEFAULT_BYTES` used)
+    bandwidth:    bytes per second of a copy of the same tensor (read + write), timed in the same rounds
+    rates:        {op: bytes per second moved, read + write}; flops_per_s: {op: FLOP/s}
+    """
+
+    tensor_bytes: int
+    cache_bytes: int | None
+    bandwidth: float
+    rates: dict
+    flops_per_s: dict
+
+    def share(self, name: str) -> float:
+        """The op's bytes per second over the copy's: how close it comes to the bandwidth roof."""
+        from ..checks import choice
+
+        return self.rates[choice("name", name, tuple(self.rates))] / self.bandwidth
+
+
+def measure_streaming(device=None, hidden: int = 1024, rounds: int = 3) -> StreamingRun:
+    """Time LayerNorm, GELU and softmax (rows of ``hidden`` values) and a copy on a tensor of twice the
+    last-level cache (:func:`last_level_cache_bytes`; :data:`STREAM_DEFAULT_BYTES` where unknown), in
+    interleaved rounds, each keeping its fastest; a :class:`StreamingRun`.
+
+    Each op writes into an output allocated once: a fresh output every call would add its allocation (on a
+    CPU, the page faults of a large new tensor), which is not the memory traffic the roofline counts.
+    Takes about a second on one CPU thread (a 32 MiB cache: 64 MiB tensors)."""
+    device = as_device("device", device)
+    hidden = count("hidden", hidden, maximum=2**16)
+    rounds = count("rounds", rounds, maximum=MAX_STREAM_ROUNDS)
+    cache = last_level_cache_bytes(device)
+    size = 2 * cache if cache else STREAM_DEFAULT_BYTES
+    if size > MAX_COPY_MIB * 2**20:
+        raise ValueError(f"the last-level cache ({cache:,} bytes) asks for more than {MAX_COPY_MIB} MiB")
+    rows = max(1, size // (4 * hidden))
+    x = torch.randn(rows, hidden, device=device)
+    y, stats = torch.empty_like(x), (torch.empty(rows, 1, device=device), torch.empty(rows, 1, device=device))
+    w, b = torch.ones(hidden, device=device), torch.zeros(hidden, device=device)
+    aten = torch.ops.aten
+    # LayerNorm allocates a temporary as large as its input, even in its out= form: on a CPU a large fresh
+    # tensor costs a page fault every 4 KiB, which is not memory traffic. There it runs on 1 MiB slices of rows,
+    # whose temporaries the allocator reuses, each written into its slice of y.
+    step = rows if device.type == "cuda" else max(1, 2**20 // (4 * hidden))
+    parts = list(zip(x.split(step), y.split(step), stats[0].split(step), stats[1].split(step)))
+
+    def layer_norm():
+        for xs, ys, mean, rstd in parts:
+            aten.native_layer_norm.out(xs, [hidden], w, b, 1e-5, out0=ys, out1=mean, out2=rstd)
+
+    ops = {"LayerNorm": layer_norm,
+           "GELU": lambda: aten.gelu.out(x, out=y),
+           "softmax": lambda: aten._softmax.out(x, -1, False, out=y)}
+    flops = {"LayerNorm": "layer_norm", "GELU": "gelu", "softmax": "softmax"}
+
+    def one_round(clock):
+        clock.time("copy", y.copy_, x)
+        for name, fn in ops.items():
+            clock.time(name, fn)
+
+    raw = time_rounds(one_round, rounds, warmup=1, device=device).seconds
+    moved = 2 * x.numel() * x.element_size()
+    rates = {name: moved / min(raw[name]) for name in ops}
+    per_s = {name: ELEMENTWISE_FLOPS[flops[name]] * x.numel() / min(raw[name]) for name in ops}
+    return StreamingRun(x.numel() * x.element_size(), cache, moved / min(raw["copy"]), rates, per_s)
