@@ -84,4 +84,10 @@ def test_generate_removes_instructor_cells_and_autograde_scores_honestly(nbgrade
     nbgrader(nbgrader_python, course, "autograde", "ex3c", "--create")
     nbgrader(nbgrader_python, course, "export", "--to", str(tmp_path / "grades.csv"))
     scores = {r["student_id"]: float(r["score"]) for r in csv.DictReader((tmp_path / "grades.csv").open())}
-    assert scores == {"ada": 7.0, "cy": 5.0, "bob": 0.0}, scores
+    # the points come from the exercise's own grade cells: cy loses exactly the checks that read schedule_idle
+    points = {c.metadata["nbgrader"]["grade_id"]: float(c.metadata["nbgrader"]["points"]) for c in src.cells
+              if c.metadata.get("nbgrader", {}).get("grade")}
+    lost = sum(float(c.metadata["nbgrader"]["points"]) for c in src.cells
+               if c.metadata.get("nbgrader", {}).get("grade") and "schedule_idle" in c.source)
+    assert 0 < lost < sum(points.values()), points
+    assert scores == {"ada": sum(points.values()), "cy": sum(points.values()) - lost, "bob": 0.0}, (scores, points)

@@ -68,8 +68,10 @@ def test_a_rank_that_exits_without_a_traceback_is_named_first():
     assert text.startswith("2 of 2 worker processes did not succeed; rank 1 failed first"), text[:500]
     heads = [line for line in text.splitlines() if line.startswith("-- ")]
     assert heads[0] == "-- rank 1 exited with code 3 without a Python traceback (the first to fail) --"
-    # rank 0 comes after its cause: it lost its peer in all_reduce, or was stopped before it noticed
+    # rank 0 comes after its cause: it lost its peer in all_reduce, or was stopped before it noticed, or (a race
+    # seen on a loaded machine) it wrote its lost-peer traceback and the stop reached it before it exited
     assert heads[1] in ("-- rank 0 raised an exception after a peer went away, then exited with code 1 --",
+                        "-- rank 0 raised an exception after a peer went away, then was ended by signal SIGTERM --",
                         "-- rank 0 was still running and was stopped (was ended by signal SIGTERM) --"), heads
     assert multiprocessing.active_children() == []
 

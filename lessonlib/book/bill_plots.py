@@ -44,7 +44,8 @@ def bill_gap_figure(computed: dict, published_hours: float, attention_share: flo
     text("title", title)
     parts = {text("computed", k): bill_gap_parts(v, published_hours, attention_share, failures_max_hours)
              for k, v in computed.items()}
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    # constrained layout makes room for the legend outside the axes (tight_layout cannot, and warns)
+    fig, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
     labels = list(parts) + ["published bill"]
     colours = {"computed": "tab:blue", "attention": "tab:orange", "failures": "tab:red", "other": "tab:grey"}
     names = {"computed": "6ND at the table's MFU", "attention": "attention scores (if counted in the TFLOP/s)",
@@ -64,7 +65,6 @@ def bill_gap_figure(computed: dict, published_hours: float, attention_share: flo
     ax.set_ylim(0, 1.1 * max(published_hours, max(computed.values())) / 1e6)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title)
-    fig.tight_layout()
     alt = (f"Stacked bars in millions of GPU-hours. The published bill is {published_hours / 1e6:.2f} M. "
            + " ".join(f"{k}: computed {p['computed'] / 1e6:.2f} M, then attention {p['attention'] / 1e6:.2f} M, "
                       f"failures at most {p['failures'] / 1e6:.2f} M (the failure share of a snapshot of the run, "
