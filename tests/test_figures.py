@@ -209,3 +209,17 @@ def test_simulated_timelines_title_each_schedule_with_its_equal_stage_idle_share
     assert big.axes[0].get_xlim()[1] == pytest.approx(2 * fig.axes[0].get_xlim()[1])
     with pytest.raises(ValueError, match="stage_size"):
         plot_simulated_timelines({"1F1B": order}, stage_size={"ZBV": 2})
+
+
+def test_an_alt_text_with_an_unfilled_template_is_refused():
+    import matplotlib.pyplot as plt
+
+    from lessonlib.book.figures import show
+
+    fig, _ = plt.subplots()
+    with pytest.raises(ValueError, match=r"unfilled template, '\{100 \* share:g\}'"):
+        show(fig, alt="Right: serial share {100 * share:g} percent")
+    plt.close(fig)
+    # the Amdahl figure, whose alt text once lost an f prefix, fills every field
+    fig = speedup_plots.amdahl_figure([1, 2, 4], [0.0, 0.2], 0.2, 0.05, 0.005)
+    assert "{" not in fig.alt and "Gustafson" in fig.alt

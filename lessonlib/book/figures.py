@@ -7,9 +7,11 @@ import base64
 import html
 import io
 import math
+import re
 import textwrap
 
 import matplotlib.pyplot as plt
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.text import Text
 from matplotlib.transforms import offset_copy
 
@@ -179,7 +181,10 @@ def for_phone(fig) -> bool:
         chars = max(20, int(PHONE_WIDTH_IN * 72 / (0.55 * t.get_fontsize())))
         if len(t.get_text()) > chars:
             t.set_text("\n".join(textwrap.wrap(t.get_text().replace("\n", " "), chars)))
-    fig.tight_layout()
+    # a figure drawn with constrained layout (a legend outside its axes) lays itself out again when drawn;
+    # tight_layout would replace that engine, and warn
+    if not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine):
+        fig.tight_layout()
     untangle_tick_labels(fig)
     return True
 
@@ -231,6 +236,9 @@ def show(fig, alt: str, phone=None):
     or ``phone``, a figure the page drew for phones itself (closed too).
     """
     text("alt", alt)
+    # an f-string that lost its f leaves "{100 * share:g}" in the text a screen reader speaks
+    if (left := re.search(r"\{[^{}\s][^{}]*\}", alt)):
+        raise ValueError(f"alt holds an unfilled template, {left.group(0)!r}: a string without its f prefix?")
     for name, f in (("fig", fig), ("phone", phone)):
         if f is not None and not callable(getattr(f, "savefig", None)):
             raise TypeError(f"{name} must be a matplotlib figure, got {f!r:.80}")

@@ -43,7 +43,7 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
     for sh in shares:
         ax1.plot(ns, [speedup_from_share(sh, n) for n in ns], marker="o", ms=3, label=f"serial share {sh:.0%}")
     ax1.plot(ns, [gustafson_speedup(share, n) for n in ns], ls="--", color="black", lw=1,
-             label=f"Gustafson's scaled speedup, serial share {share:.0%}")
+             label=f"Gustafson's scaled speedup, {share:.0%} of the time\non n devices serial (not of one device's)")
     ax1.set(xscale="log", yscale="log", xlabel="devices (count, log scale)", ylabel="speedup (×, log scale)",
             title="Amdahl: the serial share sets a ceiling (dashed: Gustafson)")
     ax1.set_xticks(ns, [str(n) for n in ns])
@@ -68,7 +68,8 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
     return show(fig, alt="Two line charts of speedup against device count on a log axis. Left: with no serial work "
                 f"the speedup grows in step with the devices; with {pct} percent serial work each curve flattens "
                 f"towards a ceiling of one over the serial share; a dashed line, Gustafson's scaled speedup at {100 * share:g} "
-                "percent serial work, rises in a straight line with no ceiling. Right: serial share {100 * share:g} percent; a fixed "
+                f"percent of the time on n devices serial (not of one device's time, as Amdahl's shares are), rises in a "
+                f"straight line with no ceiling. Right: serial share {100 * share:g} percent; a fixed "
                 "communication cost lowers the ceiling; a communication cost that grows with the device count makes "
                 "the speedup peak and then fall. A dotted line marks the ceiling, one over the serial share.")
 
