@@ -53,7 +53,7 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
                                            attention=attention) / 2 ** 20 for t in ts]
 
     fused, per = per_device("fused"), per_device("stored")  # the default, and the 2022 paper's stored scores
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    fig, ax = plt.subplots(figsize=(6.5, 5.0), layout="constrained")
     ax.plot(ts, fused, "o-", color="#4C72B0", label="fused attention: s·b·h·(10 + 24/t)")
     ax.plot(ts, per, "s-", color="#DD8452", label="stored scores (2022 paper): s·b·h·(10 + 24/t + 5as/(ht))")
     for curve, colour in ((fused, "#4C72B0"), (per, "#DD8452")):
@@ -64,6 +64,7 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
     ax.set(xscale="log", xlabel="tensor-parallel degree t (devices per layer, log scale)",
            ylabel="activations per layer per device (MiB)",
            title=f"One layer's activations per device (s={seq_len}, b={batch}, h={hidden}, a={heads}, 16-bit)")
+    ax.title.set_fontsize(10)
     ax.set_xticks(ts, [str(t) for t in ts])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(0, per[0] * 1.05)
@@ -72,7 +73,7 @@ def plot_tp_activations(seq_len: int, batch: int, hidden: int, heads: int, degre
         if ts[-1] > node_size:
             ax.axvspan(node_size, ts[-1] * 1.1, color="grey", alpha=0.15,  # from t = node_size, which still fits
                        label=f"t > {node_size}: the layer's all-reduces cross nodes")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: off the shaded degrees
     return fig
 
 
