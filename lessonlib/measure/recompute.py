@@ -277,7 +277,8 @@ def time_ratios(model, x, strategies: Sequence, rounds: int = 21, baseline="none
     The strategies run interleaved in every round (one thread), by
     :func:`lessonlib.measure.rounds.time_rounds`, so a busy machine slows them
     alike; only ratios measured in the same round are compared. Returns
-    ``{strategy: median ratio}`` (the baseline maps to 1.0).
+    ``{strategy: median ratio}`` (the baseline maps to 1.0), whose ``quartiles``
+    attribute maps each strategy to the first and third quartiles of its ratio.
     """
     _check_model_and_input(model, x)
     for s in sequence("strategies", strategies):
@@ -299,7 +300,13 @@ def time_ratios(model, x, strategies: Sequence, rounds: int = 21, baseline="none
     finally:
         model.zero_grad(set_to_none=True)
         x.grad = None
-    return {s: raw.ratio(s, baseline) for s in order}
+    medians = _Ratios({s: raw.ratio(s, baseline) for s in order})
+    medians.quartiles = {s: raw.quartiles(s, baseline) for s in order}
+    return medians
+
+
+class _Ratios(dict):
+    """A plain ``{strategy: median ratio}`` dict that also carries ``quartiles``: the middle half of the rounds."""
 
 
 @dataclass
