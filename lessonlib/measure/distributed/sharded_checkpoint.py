@@ -9,7 +9,7 @@ loaded on a different number of processes than saved it (resharding).
 * :func:`save_sharded` - train :data:`~lessonlib.measure.distributed.fsdp.MODEL`
   with ``fully_shard`` on ``world_size`` processes for a few steps, save model
   and optimizer with ``dcp.save``, and return, for comparison, the same state
-  gathered whole (``full_state_dict=True``) and the loss of one more step.
+  gathered whole (``full_state_dict=True``), the loss the next step starts from and the loss after it.
 * :func:`load_unsharded` - load the checkpoint into one ordinary process,
   with no process group: an unsharded model and optimizer.
 * :func:`compare_states` - largest difference between two state dicts.
@@ -91,11 +91,17 @@ def _save_worker(rank, world_size, device, progress, path, steps, global_batch, 
         local_bytes = sum(v.to_local().numel() * v.element_size() for v in model_sd.values() if hasattr(v, "to_local"))
         full_model, full_optim = get_state_dict(
             model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full_optim = copy.deepcopy(full_optim)  # some entries (the step counters) are the live tensors: the step below moves them
         with torch.no_grad():  # the loss the next step starts from, on the whole batch
             next_loss = lm_loss(model(xs), ys).detach().clone()
         dist.all_reduce(next_loss)
+        step()  # one step more from the saved state, to compare with a resumed run's first step
+        with torch.no_grad():
+            after_step = lm_loss(model(xs), ys).detach().clone()
+        dist.all_reduce(after_step)
         progress.put(1)
-    out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world_size, "local_model_bytes": local_bytes,
+    out = {"rank": rank, "losses": losses, "next_loss": next_loss.item() / world_size,
+           "after_step_loss": after_step.item() / world_size, "local_model_bytes": local_bytes,
            "save_seconds": save_seconds, "async_seconds": async_seconds}
     if rank == 0:
         out["full_model"] = {k: v.clone() for k, v in full_model.items()}
@@ -107,7 +113,8 @@ def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 
                  timeout: float = 180.0, async_path=None) -> dict:
     """Train with ``fully_shard`` on ``world_size`` processes and save a DCP checkpoint in folder ``path``.
 
-    Returns ``{"losses", "next_loss", "local_model_bytes" (per rank: bytes
+    Returns ``{"losses", "next_loss", "after_step_loss" (the loss after one more step, taken after the
+    saves), "local_model_bytes" (per rank: bytes
     of model shards each rank wrote), "save_seconds" (per rank: how long its
     ``dcp.save`` took, from a common start), "async_seconds", "full_model", "full_optim"}``; the
     last two are the state gathered whole on rank 0, for checking a load.
@@ -141,7 +148,7 @@ def save_sharded(path, world_size: int = 2, steps: int = 3, global_batch: int = 
                       timeout=timeout,
                       progress_total=world_size, desc=f"sharded save from {world_size} processes")
     r0 = per_rank[0]
-    return {"losses": r0["losses"], "next_loss": r0["next_loss"],
+    return {"losses": r0["losses"], "next_loss": r0["next_loss"], "after_step_loss": r0["after_step_loss"],
             "local_model_bytes": [r["local_model_bytes"] for r in per_rank],
             "save_seconds": [r["save_seconds"] for r in per_rank],
             "async_seconds": None if async_path is None else [r["async_seconds"] for r in per_rank],
