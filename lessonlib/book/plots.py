@@ -310,21 +310,29 @@ def plot_magnitudes(values, formats: dict, zeros: dict,
         positive(f"formats[{name!r}].normal_min", getattr(f, "normal_min", None))
         share(f"zeros[{name!r}]", mapping("zeros", zeros).get(name))
     _check_title(title)
-    lo = mags.min() / 3  # formats whose lines reach below the values by more than 1,000 times stay off the axis
-    shown = {n: f for n, f in formats.items() if f.sub_min > mags.min() / 1e3}
-    lo = min([lo, *(f.sub_min / 3 for f in shown.values())])
+    floor = float(np.quantile(mags, 1e-4))  # the axis starts at the data: a few stray tiny values do not stretch it
+    shown = {n: f for n, f in formats.items() if f.sub_min > floor / 1e3}  # lines far left of the values: off the axis
+    lo = min([floor / 3, *(f.sub_min / 3 for f in shown.values())])
     hi = max([mags.max() * 1.5, *(f.normal_min * 3 for f in shown.values())])
     fig, ax = plt.subplots(figsize=(8, 4.6))
     ax.hist(mags, bins=np.geomspace(lo, hi, 90), color="#999999", label="gradient values")
+    colors = dict(zip(formats, ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3"] * 5))
     for i, (name, f) in enumerate(formats.items()):
-        color = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3"][i % 5]
         label = f"{name}: {100 * zeros[name]:.2f} % become 0"
-        lw = 3.2 - 0.6 * i  # later lines thinner: one that falls on another (fp16's and e5m2's normal) shows both
         if name in shown:
-            ax.axvline(f.normal_min, color=color, lw=lw, label=label)
-            ax.axvline(f.sub_min, color=color, lw=lw, ls="--")
+            # a normal line that falls on an earlier format's (e5m2's and fp16's: the same exponent range) is drawn
+            # thin over the thick one, so both colours show, and the two are named beside the top of the line
+            same = [n for n in list(shown)[:list(shown).index(name)] if shown[n].normal_min == f.normal_min]
+            lw = 1.0 if same else 2.6
+            ax.axvline(f.normal_min, color=colors[name], lw=lw, label=label)
+            ax.axvline(f.sub_min, color=colors[name], lw=lw, ls="--")
+            if same:
+                ax.annotate(f"{same[0]} = {name} (normal)", (f.normal_min, 1),
+                            xycoords=("data", "axes fraction"), xytext=(4, -4), textcoords="offset points",
+                            ha="left", va="top", fontsize=8,
+                            bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.8))
         else:
-            ax.plot([], [], color=color, lw=1.6, label=f"{label} (lines off the axis, at {f.normal_min:.0e})")
+            ax.plot([], [], color=colors[name], lw=1.6, label=f"{label} (lines off the axis, at {f.normal_min:.0e})")
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)
     ax.set_xlabel("|gradient| (log scale; solid line: smallest normal, dashed: smallest subnormal)")

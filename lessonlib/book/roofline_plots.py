@@ -189,11 +189,19 @@ def _normalised(ax, roofline: Roofline, points, dev) -> None:
     roof, = ax.plot(xs, [min(1.0, dev.memory_bandwidth * x / dev.peak_flops_per_s) for x in xs], color="#C44E52",
                     linestyle="--", label=f"{dev.name}, datasheet,\ndense bf16 (ridge {ridge:,.0f})")
     markers = "osD^vP*Xh<>"
-    names = []  # each point named beside itself, placed as in the first panel (points on one spot named apart)
+    # Here a point's height follows from its intensity alone, so ops of about one intensity (GELU and softmax; the
+    # QKV and MLP products) land on one spot: one name joins theirs ("GELU, softmax"), placed as in the first panel.
+    spots = []  # [xy, names]
     for i, p in enumerate(points):
         xy = (bf16_intensity(p), min(1.0, dev.memory_bandwidth * bf16_intensity(p) / dev.peak_flops_per_s))
         ax.scatter([xy[0]], [xy[1]], zorder=3, marker=markers[i % len(markers)], s=40, alpha=0.85, label=p.name)
-        names.append(ax.annotate(p.name, xy, xytext=(6, 7), textcoords="offset points", fontsize=8, va="bottom"))
+        near = next((s for s in spots if abs(np.log10(s[0][0] / xy[0])) < 0.05), None)
+        if near is None:
+            spots.append([xy, [p.name]])
+        else:
+            near[1].append(p.name)
+    names = [ax.annotate(", ".join(n), xy, xytext=(6, 7), textcoords="offset points", fontsize=8, va="bottom")
+             for xy, n in spots]
     ax.add_artist(_PointLabels(ax, names))
     ax.set_xscale("log")
     ax.set_yscale("log")
