@@ -56,6 +56,32 @@ def test_idle_share_from_spans():
         idle_share([[], []])
 
 
+def test_timed_synchronises_before_and_after_the_call_on_cuda(monkeypatch):
+    """On CUDA an NCCL receive's wait() does not block the host: the wrapper must synchronise before its first
+    timestamp, or the busy bar would include the wait for the received activation. On CPU it never synchronises."""
+    from types import SimpleNamespace
+
+    from lessonlib.measure.distributed import pipelining
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    clock = iter(range(100))
+    monkeypatch.setattr(pipelining.time, "perf_counter", lambda: events.append("clock") or next(clock))
+
+    def call(chunk, full_backward=True):
+        events.append("call")
+        return chunk
+
+    spans = []
+    wrapped = pipelining._timed(call, "B", spans, SimpleNamespace(type="cuda"), 1)
+    assert wrapped(3, full_backward=False) == 3
+    assert events == ["sync", "clock", "call", "sync", "clock"]
+    assert spans == [("I", 3, 0, 1, 1)]
+    events.clear()
+    pipelining._timed(call, "F", spans, SimpleNamespace(type="cpu"), 0)(4)
+    assert events == ["clock", "call", "clock"] and spans[-1] == ("F", 4, 2, 3, 0)
+
+
 def test_known_warnings_are_silenced_and_others_are_not():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

@@ -136,10 +136,14 @@ def _timed(fn, kind, spans, device, stage_index):
     """Wrap a stage's per-micro-batch call to record ``(kind, microbatch, start, end, stage_index)``.
 
     A backward called with ``full_backward=False`` computes only the input gradient: kind ``I``.
+    On CUDA it synchronises before the first timestamp too: an NCCL receive's ``wait()`` does not block the
+    host, so without it the clock would start before the received activation arrives.
     """
     import torch
 
     def inner(chunk, *args, **kwargs):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         out = fn(chunk, *args, **kwargs)
         if device.type == "cuda":
