@@ -223,3 +223,15 @@ def test_an_alt_text_with_an_unfilled_template_is_refused():
     # the Amdahl figure, whose alt text once lost an f prefix, fills every field
     fig = speedup_plots.amdahl_figure([1, 2, 4], [0.0, 0.2], 0.2, 0.05, 0.005)
     assert "{" not in fig.alt and "Gustafson" in fig.alt
+
+
+def test_a_constrained_figure_keeps_its_layout_through_show_without_a_warning():
+    # 3.14's bill figure (a legend outside the axes, constrained layout) once showed matplotlib's "layout has
+    # changed to tight" warning on the built page: the phone version's re-layout must not switch its engine
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        shown = bill_plots.bill_gap_figure({"8K context, 16,384 GPUs": 25.1e6, "8K context, 8,192 GPUs": 23.4e6,
+                                            "131K context": 26.0e6}, 30.84e6, 0.04, 3.0e6)
+    assert shown.phone_png is not None, "a figure this wide gets a phone version"

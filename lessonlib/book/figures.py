@@ -78,6 +78,13 @@ def _tight_width_px(fig) -> float:
     return (fig.get_tightbbox().width + 2 * plt.rcParams["savefig.pad_inches"]) * DPI
 
 
+def _relayout(fig) -> None:
+    """Lay ``fig`` out again after a change: tight_layout, unless it was drawn with constrained layout (a legend
+    outside its axes), which lays itself out again when drawn; tight_layout would replace that engine, and warn."""
+    if not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine):
+        fig.tight_layout()
+
+
 def _phone_png(fig) -> bytes:
     """The phone version's PNG. Text outside the axes (a legend, labels) can make the tight-cropped image
     wider than :data:`PHONE_WIDTH_IN`, and a phone then shrinks all of it, text too: narrow the figure
@@ -98,7 +105,7 @@ def _phone_png(fig) -> bytes:
             moving.append((ax, *ax.get_legend_handles_labels(), legend.get_texts()[0].get_fontsize()))
             legend.remove()
     if moving:
-        fig.tight_layout()  # the axes take back the width the legends held
+        _relayout(fig)  # the axes take back the width the legends held
         fig.draw_without_rendering()
         for ax, handles, labels, size in moving:
             box, labelled = ax.get_window_extent(), ax.get_tightbbox()  # the axes, and with its tick labels
@@ -106,7 +113,7 @@ def _phone_png(fig) -> bytes:
             under = offset_copy(ax.transAxes, fig=fig, y=-((box.y0 - labelled.y0) * 72 / fig.dpi + 4), units="points")
             ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=under,
                       ncol=1, fontsize=size)
-        fig.tight_layout()  # room for each legend under its plot, before the next panel
+        _relayout(fig)  # room for each legend under its plot, before the next panel
     for _ in range(4):
         width_px = _tight_width_px(fig)
         if width_px <= target * 1.01:
@@ -144,7 +151,7 @@ def stack_panels(fig) -> bool:
     for i, key in enumerate(order):
         for ax in specs[key]:
             ax.set_subplotspec(grid[i, 0])
-    fig.tight_layout()
+    _relayout(fig)
     return True
 
 
@@ -181,10 +188,7 @@ def for_phone(fig) -> bool:
         chars = max(20, int(PHONE_WIDTH_IN * 72 / (0.55 * t.get_fontsize())))
         if len(t.get_text()) > chars:
             t.set_text("\n".join(textwrap.wrap(t.get_text().replace("\n", " "), chars)))
-    # a figure drawn with constrained layout (a legend outside its axes) lays itself out again when drawn;
-    # tight_layout would replace that engine, and warn
-    if not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine):
-        fig.tight_layout()
+    _relayout(fig)
     untangle_tick_labels(fig)
     return True
 
@@ -225,7 +229,7 @@ def untangle_tick_labels(fig) -> bool:
             ax.set_xticks(ticks, texts, rotation=30, horizontalalignment="right")  # one line each, tilted
         changed = True
     if changed:
-        fig.tight_layout()
+        _relayout(fig)
     return changed
 
 
