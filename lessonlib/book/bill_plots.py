@@ -44,8 +44,7 @@ def bill_gap_figure(computed: dict, published_hours: float, attention_share: flo
     text("title", title)
     parts = {text("computed", k): bill_gap_parts(v, published_hours, attention_share, failures_max_hours)
              for k, v in computed.items()}
-    # constrained layout makes room for the legend outside the axes (tight_layout cannot, and warns)
-    fig, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     labels = list(parts) + ["published bill"]
     colours = {"computed": "tab:blue", "attention": "tab:orange", "failures": "tab:red", "other": "tab:grey"}
     names = {"computed": "6ND at the table's MFU", "attention": "attention scores (if counted in the TFLOP/s)",
@@ -63,8 +62,10 @@ def bill_gap_figure(computed: dict, published_hours: float, attention_share: flo
     ax.set_ylabel("GPU-hours (millions)")
     ax.set_xticks(range(len(labels)), [textwrap.fill(s, 18) for s in labels], fontsize=8)
     ax.set_ylim(0, 1.1 * max(published_hours, max(computed.values())) / 1e6)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # under the axes: beside them the two-line labels left too little width for tight_layout (it warned)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     ax.set_title(title)
+    fig.tight_layout()
     alt = (f"Stacked bars in millions of GPU-hours. The published bill is {published_hours / 1e6:.2f} M. "
            + " ".join(f"{k}: computed {p['computed'] / 1e6:.2f} M, then attention {p['attention'] / 1e6:.2f} M, "
                       f"failures at most {p['failures'] / 1e6:.2f} M (the failure share of a snapshot of the run, "
