@@ -35,6 +35,7 @@ from ..checks import count, positive, result, share
 from . import hardware as _hardware, published as _pub
 from .amdahl import speedup_from_share
 from .goodput import Goodput, goodput
+from .memory import checkpoint_bytes
 from .pricing import implied_utilisation, mtbf_seconds, restart_for_useful_fraction, save_seconds
 from .reliability import optimal_interval
 
@@ -211,7 +212,8 @@ def llama3_scale(tflops_at_16k=None) -> ScaleAccount:
     The MFU is Table 4's 400 TFLOP/s per GPU over the H100's dense peak (``tflops_at_16k`` replaces the 400,
     for a calculator; None: the published figure); the failures are the reliability snapshot's unexpected
     interruptions of the job (hardware, software, hosts and network alike), spread over its GPUs; the save is
-    the largest per-GPU checkpoint on every GPU at the storage's sustained rate; the restart is the longest that
+    the checkpoint itself (:func:`lessonlib.calc.memory.checkpoint_bytes`: no gradients) at the storage's
+    sustained rate, as page 3.12 prices it; the restart is the longest that
     keeps the report's 'more than 90 %' effective training time at the best interval
     (:func:`lessonlib.calc.pricing.restart_for_useful_fraction`); the bill's utilisation is 6ND over the model
     card's GPU-hours. Amdahl's form fitted to Table 4's 430 TFLOP/s on 8,192 GPUs and this figure on 16,384
@@ -227,7 +229,7 @@ def llama3_scale(tflops_at_16k=None) -> ScaleAccount:
     h100 = _hardware.device(_pub.LLAMA3_DEVICE)
     n = int(v["gpus"])
     job_mtbf = mtbf_seconds(v["snapshot_days"] * 86400, int(v["unexpected"]))
-    save = save_seconds(v["ckpt_per_gpu_max"] * n, v["storage_sustained"])
+    save = save_seconds(checkpoint_bytes(int(v["params"])), v["storage_sustained"])
     restart = restart_for_useful_fraction(v["effective_training"], optimal_interval(save, job_mtbf), save, job_mtbf)
     flops = 6 * v["params"] * v["tokens"]
     return scale_account(
