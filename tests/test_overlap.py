@@ -324,6 +324,39 @@ def test_two_processes_same_gradients_buckets_and_bytes():
         assert all(c["start"] <= c["end"] for c in ddp["comm"])
 
 
+def test_collective_timer_counts_a_nested_call_once_and_puts_the_functions_back(monkeypatch):
+    # FSDP2's step is split into time inside its collectives and the rest: a call that another timed call
+    # makes (all_gather_single -> all_gather_into_tensor) must count once, and only inside the block
+    import time
+
+    import torch.distributed as dist
+
+    from lessonlib.measure.distributed.collectives import CollectiveTimer
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def inner(*args, **kwargs):
+        clock[0] += 2.0
+
+    def outer(*args, **kwargs):
+        clock[0] += 1.0
+        return dist.all_gather_into_tensor()
+
+    monkeypatch.setattr(dist, "all_gather_into_tensor", inner, raising=False)
+    monkeypatch.setattr(dist, "all_gather_single", outer, raising=False)
+    monkeypatch.setattr(dist, "reduce_scatter_tensor", inner, raising=False)
+    timer = CollectiveTimer()
+    with timer:
+        dist.all_gather_single()  # 3 s, the nested call included once
+        clock[0] += 10.0  # not a collective
+        dist.reduce_scatter_tensor()  # 2 s
+    assert timer.seconds == 5.0
+    assert dist.all_gather_single is outer and dist.all_gather_into_tensor is inner
+    dist.reduce_scatter_tensor()
+    assert timer.seconds == 5.0
+
+
 def test_ring_chunk_and_ring_steps_play_the_ring_all_reduce_without_processes():
     import pytest
     from lessonlib.measure.distributed.buckets import ring_chunk, ring_steps

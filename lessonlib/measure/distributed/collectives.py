@@ -7,10 +7,12 @@ collective it also records the size of the full tensor it handles, in bytes
 That is the ``n`` of the formulas in :mod:`lessonlib.calc.comm` and
 :mod:`lessonlib.calc.sharding`. CommDebugMode keeps only counts, so the size
 is read here from the operation's tensors: the largest one among its inputs
-and outputs.
+and outputs. :class:`CollectiveTimer` times the all-gathers and reduce-scatters
+issued inside it (the overlap page splits FSDP2's step with it).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +25,7 @@ from ..compat import base_class
 # CollectiveLog() raises compat.Unavailable naming it (pages check compat.requires first).
 CommDebugMode = base_class("comm_debug_mode")
 
-__all__ = ["Collective", "CollectiveLog", "collective_kind"]
+__all__ = ["Collective", "CollectiveLog", "CollectiveTimer", "collective_kind"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +94,46 @@ class CollectiveLog(CommDebugMode):
             d["count"] += 1
             d["bytes"] += r.n_bytes
         return out
+
+
+#: The torch.distributed functions FSDP2 issues its collectives through (older torch: the *_tensor names).
+_TIMED = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor")
+
+
+class CollectiveTimer:
+    """Inside ``with``, every all-gather and reduce-scatter issued through torch.distributed is timed.
+
+    ``seconds``: the wall time the calling thread spent inside them, waits for the other processes
+    included (FSDP2 issues them synchronously on gloo, so a call lasts until its collective is done; on
+    a GPU a call only queues it). A call that another timed call makes inside it is counted once.
+    """
+
+    def __init__(self):
+        self.seconds, self._depth, self._saved = 0.0, 0, {}
+
+    def _wrap(self, fn):
+        def timed(*args, **kwargs):
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - start
+        return timed
+
+    def __enter__(self):
+        import torch.distributed as dist
+
+        self.seconds = 0.0
+        self._saved = {n: getattr(dist, n) for n in _TIMED if hasattr(dist, n)}
+        for name, fn in self._saved.items():
+            setattr(dist, name, self._wrap(fn))
+        return self
+
+    def __exit__(self, *exc):
+        import torch.distributed as dist
+
+        for name, fn in self._saved.items():
+            setattr(dist, name, fn)
