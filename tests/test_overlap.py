@@ -305,10 +305,19 @@ def test_two_processes_same_gradients_buckets_and_bytes():
     for r in res.rows:  # the table adds up: exposed = step - compute; hidden from the same fastest rounds
         assert math.isclose(r.exposed, r.step - res.compute)
         assert 0.0 <= r.hidden <= 1.0
+        if r.variant.startswith("fsdp"):
+            assert r.measured_against == "" and r.hidden_raw == 0.0
+            assert 0.0 < r.in_collectives < r.step  # FSDP's time inside its collectives is part of its step
+        else:
+            assert r.in_collectives == 0.0
         if r.measured_against:
             assert math.isclose(r.hidden_raw, (serial - r.step) / (serial - res.compute))
         # every round's exposed time, step and compute from the same round
         assert r.exposed_rounds == tuple(s - c for s, c in zip(res.per_round[r.variant], res.per_round["compute"]))
+    kinds = {k for k, _ in res.fsdp_collectives["fsdp"]}
+    assert kinds == {"all_gather", "reduce_scatter"}
+    # FSDP2 with weights freed after forward: one reduce-scatter per layer
+    assert sum(k == "reduce_scatter" for k, _ in res.fsdp_collectives["fsdp"]) == 4
     ranks = res.timeline
     assert len(ranks) == 2
     # the figure's steps are the table's: from the later process's start (the axis's 0) to the last end

@@ -1,28 +1,20 @@
 """Communication hidden behind compute, measured on torch.distributed's own engines.
 
-:func:`run_overlap` starts ``world_size`` processes (gloo on CPU, NCCL with a
-GPU each) that train the same stack of layers and time, round by round
-(:func:`lessonlib.measure.rounds.time_rounds`), one forward and backward with
-its gradient exchange, each way:
-
-- ``compute``: forward and backward under DDP's ``no_sync()``: no exchange;
-- ``sync_after``: the same, then one all-reduce of all gradients (nothing hidden);
-- ``ddp``: ``DistributedDataParallel`` with small buckets (``bucket_cap_mb``):
-  each bucket's all-reduce starts during backward, when its gradients are ready;
-- ``hooks``: :func:`~lessonlib.measure.distributed.buckets.all_reduce_in_buckets`, the same
-  mechanism in a few readable lines;
-- the communication alone: one all-reduce of the gradient bytes (``allreduce``).
-
-Every ``sync_after`` and ``ddp`` step records its timeline (forward's end, each gradient's
-readiness, each all-reduce's start and end), and its time is that timeline's, so the
-figure's step is a step of the table.
-
-Times are seconds: per round, a step that exchanges runs from the later process's start (after the
-barrier before it) to the last process's end, compute alone is the slower process's own time; over the
-rounds, the fastest round, and the exposed time (step - compute) of every round for its spread. These steps last milliseconds, so on a shared machine one descheduled process
-can stretch a round several times over; the fastest round is the one least disturbed by other work
-(medians of these cases moved by 2-5x from run to run on a loaded 2-core machine).
-Workers run in spawned processes, so they live here, not in a notebook.
+:func:`run_overlap` starts ``world_size`` processes (gloo on CPU, NCCL with a GPU each) that train the same
+stack of layers and time, round by round (:func:`lessonlib.measure.rounds.time_rounds`), one forward and backward
+with its gradient exchange, each way: ``compute`` (DDP's ``no_sync()``: no exchange); ``sync_after`` (the same,
+then one all-reduce of all gradients: nothing hidden); ``ddp`` (small buckets, ``bucket_cap_mb``: each bucket's
+all-reduce starts during backward); ``hooks`` (:func:`~lessonlib.measure.distributed.buckets.all_reduce_in_buckets`,
+the same mechanism in a few readable lines); ``fsdp`` and ``fsdp_prefetch`` (FSDP2's ``fully_shard`` per layer with
+its defaults, and with forward and backward prefetch set by hand); and the communication alone: one all-reduce of
+the gradient bytes (``allreduce``), and FSDP's collectives as ``CommDebugMode`` logged them, replayed without
+compute (``fsdp_comm``; both FSDP variants issue the same collectives, which the worker checks).
+Every ``sync_after`` and ``ddp`` step records its timeline, and its time is that timeline's, so the figure's step
+is a step of the table; every FSDP step records its time inside its collectives (``OverlapRow.in_collectives``).
+Times are seconds: per round, a step that exchanges runs from the later process's start (after the barrier) to the
+last process's end, compute alone is the slower process's own time; over the rounds, the fastest round (the one
+least disturbed on a shared machine: medians moved 2-5x from run to run on a loaded 2-core machine), and the
+exposed time of every round for its spread. Workers run in spawned processes, so they live here.
 """
 from __future__ import annotations
 
@@ -36,6 +28,7 @@ from ...checks import amount as _check_amount, count as _check_count, positive a
 from ...calc.overlap import hidden_share
 from ..rounds import Rounds, time_rounds
 from .buckets import MAX_SIZE, all_reduce_in_buckets, layer_stack
+from .collectives import CollectiveLog, CollectiveTimer
 from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
 from .quiet import known_warnings_silenced
 
@@ -45,6 +38,8 @@ VARIANTS = (
     ("sync_after", "DDP no_sync + one all-reduce after backward", "allreduce"),
     ("ddp", "DDP, gradient buckets during backward", "allreduce"),
     ("hooks", "bucket hooks (all_reduce_in_buckets)", "allreduce"),
+    ("fsdp", "FSDP2, default prefetch (in backward, the next layer's weights are fetched early)", "fsdp_comm"),
+    ("fsdp_prefetch", "FSDP2, prefetch also set by hand for forward and backward", "fsdp_comm"),
 )
 
 
@@ -63,9 +58,50 @@ def _timed_allreduce_hook(record, bucket):
     return fut.then(done)
 
 
+def _fsdp(base, mesh, device, prefetch: bool):
+    from torch.distributed.fsdp import fully_shard
+
+    model = copy.deepcopy(base).to(device)
+    for block in model:
+        fully_shard(block, mesh=mesh)  # weights freed after forward, gathered again in backward
+    fully_shard(model, mesh=mesh)
+    if prefetch:  # ask for the next layers' weights early, in both directions
+        blocks = list(model)
+        for i, block in enumerate(blocks):
+            if i + 1 < len(blocks):
+                block.set_modules_to_forward_prefetch(blocks[i + 1:i + 3])
+            if i > 0:
+                block.set_modules_to_backward_prefetch(blocks[max(0, i - 2):i][::-1])
+    return model
+
+
+def _replay(plan, world_size, device):
+    """Buffers and a function that issues the logged collectives again, without any compute."""
+    import torch
+    import torch.distributed as dist
+
+    # the names torch 2.13 prefers; older torch has only the *_tensor ones
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    calls = []
+    for kind, n_bytes in plan:
+        n = n_bytes // 4  # float32
+        full, shard = torch.zeros(n, device=device), torch.zeros(n // world_size, device=device)
+        if kind == "all_gather":
+            calls.append(lambda full=full, shard=shard: gather(full, shard))
+        elif kind == "reduce_scatter":
+            calls.append(lambda full=full, shard=shard: scatter(shard, full))
+        elif kind == "all_reduce":
+            calls.append(lambda full=full: dist.all_reduce(full))
+        else:
+            raise RuntimeError(f"FSDP issued a collective this replay does not know: {kind}")
+    return lambda: [c() for c in calls]
+
+
 def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, bucket_cap_mb, rounds, warmup):
     import torch
     import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [device.index] if device.type == "cuda" else None
@@ -86,10 +122,14 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
             p.register_post_accumulate_grad_hook(lambda p: ready.append(time.perf_counter()))
         hooked = copy.deepcopy(base).to(device)
         finish = all_reduce_in_buckets(hooked, int(bucket_cap_mb * 2**20))
+        mesh = DeviceMesh(device.type, list(range(world_size)))
+        fsdp = {"fsdp": _fsdp(base, mesh, device, False),
+                "fsdp_prefetch": _fsdp(base, mesh, device, True)}
         flat = torch.zeros(param_bytes // 4, device=device)
 
         def grads(model):
-            return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+            return torch.cat([(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).reshape(-1)
+                              for p in model.parameters()])
 
         def fwd_bwd(model):
             model.zero_grad(set_to_none=True)
@@ -144,10 +184,23 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
         diffs = {"sync_after": (grads(ddp) - reference).abs().max().item()}
         hook_buckets = hooks()
         diffs["hooks"] = (grads(hooked) - reference).abs().max().item()
+        plans = {}
+        for name, model in fsdp.items():
+            log = CollectiveLog()
+            with log:
+                fwd_bwd(model)
+            plans[name] = [(r.kind, r.n_bytes) for r in log.records]
+            diffs[name] = (grads(model) - reference).abs().max().item()
+        # prefetch changes when the all-gathers are issued, not which: one replay times both
+        if sorted(plans["fsdp"]) != sorted(plans["fsdp_prefetch"]):
+            raise RuntimeError(f"FSDP2 with prefetch issued other collectives: {plans}")
+        replays = {"fsdp_comm": _replay(plans["fsdp"], world_size, device)}
 
         tick = (lambda: progress.put(1)) if rank == 0 else None
 
         events = {"sync_after": [], "ddp": []}  # per round, warm-up included: each traced step's events
+        in_collectives = {name: [] for name in fsdp}  # per round: seconds inside FSDP2's collectives
+        clocks = {name: CollectiveTimer() for name in fsdp}
 
         spans = {}  # per communicating case, per round (warm-up included): this process's (start, end)
 
@@ -162,10 +215,17 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
             spans.setdefault(name, []).append((start, end))
             clock.add(name, end - start)
 
+        def fsdp_step(name, model):
+            with clocks[name]:
+                fwd_bwd(model)
+            in_collectives[name].append(clocks[name].seconds)
+
         def one_round(clock):
             cases = [("compute", compute), ("sync_after", lambda: traced("sync_after", clock, True)),
                      ("ddp", lambda: traced("ddp", clock, False)),
                      ("hooks", hooks), ("allreduce", lambda: dist.all_reduce(flat))]
+            cases += [(name, lambda n=name, m=model: fsdp_step(n, m)) for name, model in fsdp.items()]
+            cases += list(replays.items())
             for name, fn in cases:
                 dist.barrier()  # every process starts each case together, give or take the OS's wake-up
                 if name in events:
@@ -180,8 +240,9 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
         "rank": rank, "world_size": world_size, "backend": dist.get_backend(), "device": str(device),
         "n_params": sum(p.numel() for p in params), "param_bytes": param_bytes,
         "ddp_bucket_bytes": ddp_buckets, "hook_bucket_bytes": hook_buckets,
-        "grad_max_diff": diffs, "grad_max": reference.abs().max().item(),
+        "grad_max_diff": diffs, "grad_max": reference.abs().max().item(), "fsdp_collectives": plans,
         "rounds": timed.seconds, "events": {name: evs[warmup:] for name, evs in events.items()},
+        "in_collectives": {name: secs[warmup:] for name, secs in in_collectives.items()},
         "spans": {name: sp[warmup:] for name, sp in spans.items()},
     }
 
@@ -200,9 +261,11 @@ class OverlapRow:
     backward (:data:`SEQUENTIAL`, named in ``measured_against``): ``hidden_raw``
     = (sequential − step) / (sequential − compute), the share of the
     sequential step's exchange time that this step saved (negative: it took
-    longer than the sequential step), ``hidden`` that clipped to [0, 1].
-    ``exposed_rounds``: step − compute in every round (each from the same round), for its spread
-    (:attr:`exposed_quartiles`); on shared CPU cores the rounds spread too widely for a per-round share.
+    longer than the sequential step), ``hidden`` that clipped to [0, 1]. FSDP's
+    variants have no measured sequential counterpart: for them
+    ``measured_against`` is ``""`` and the shares are 0, not a measurement.
+    ``in_collectives`` (FSDP's variants; 0 for the others): the seconds that the step of ``step``'s round, on the
+    process that started it last, spent inside its all-gathers and reduce-scatters, waits included.
     """
 
     variant: str
@@ -213,12 +276,14 @@ class OverlapRow:
     hidden: float
     hidden_raw: float
     measured_against: str = ""
-    exposed_rounds: tuple = ()
+    in_collectives: float = 0.0
+    exposed_rounds: tuple = ()  # step − compute in every round: on shared cores too wide for a per-round share
 
     @property
     def exposed_quartiles(self) -> tuple:
-        """(lower quartile, median, upper quartile) of ``exposed_rounds``, seconds: the median and its
-        interquartile range (the middle half of the rounds). One round gives its own value three times."""
+        """(lower quartile, median, upper quartile) of ``exposed_rounds`` (step − compute in every round, each
+        from the same round), seconds: the median and its interquartile range (the middle half of the rounds).
+        One round gives its own value three times."""
         if not self.exposed_rounds:
             raise ValueError(f"{self.variant}: no rounds were recorded")
         if len(self.exposed_rounds) == 1:
@@ -239,7 +304,8 @@ class OverlapRun:
     (recorded by a comm hook); ``hook_bucket_bytes``: the same for
     :func:`all_reduce_in_buckets`. ``grad_max_diff``: per variant, the largest
     difference of its averaged gradient from DDP's (``grad_max``: the largest
-    gradient entry, for scale). ``timeline``: rank by
+    gradient entry, for scale). ``fsdp_collectives``: per FSDP variant, the
+    ``(kind, bytes)`` of each collective of one step. ``timeline``: rank by
     rank, per DDP variant, the step of the round its ``step`` comes from (every such step is traced;
     the latest ``end`` is the row's ``step``), seconds from the later rank's start: ``forward``,
     ``backward`` (until the last gradient was ready), ``end`` and ``comm``
@@ -258,6 +324,7 @@ class OverlapRun:
     hook_bucket_bytes: list
     grad_max_diff: dict
     grad_max: float
+    fsdp_collectives: dict
     compute: float
     rounds: int
     rows: list = field(default_factory=list)
@@ -284,7 +351,7 @@ def _relative_timeline(per_rank, chosen):
 
 def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_mb: float = 0.5,
                 rounds: int = 7, warmup: int = 1, world_size: int = 2, timeout: float = 180.0) -> OverlapRun:
-    """Time DDP's overlap of communication with backward on ``world_size`` processes.
+    """Time DDP's and FSDP2's overlap of communication with backward on ``world_size`` processes.
 
     Each process runs :func:`layer_stack` (``layers`` blocks of width
     ``hidden``) on its own ``batch`` rows; DDP's buckets hold about
@@ -304,6 +371,8 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     rounds = _check_count("rounds", rounds, maximum=1000)
     warmup = _check_count("warmup", warmup, minimum=0, maximum=1000)
     timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
+    if hidden % world_size:
+        raise ValueError(f"hidden={hidden} does not divide evenly by world_size={world_size} (FSDP shards rows)")
     per_rank = launch(_overlap_worker, world_size, args=(hidden, layers, batch, bucket_cap_mb, rounds, warmup),
                       timeout=timeout, progress_total=rounds + warmup, desc="overlap rounds")
     merged = Rounds.slowest([r["rounds"] for r in per_rank])
@@ -316,25 +385,30 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     compute = fastest["compute"]
     rows = []
     serial = fastest[SEQUENTIAL]
-    chosen = {name: merged.seconds[name].index(fastest[name]) for name in merged.seconds}  # the fastest round
+    # the round each step comes from (the fastest), and in it the process that started last: its own time lies
+    # inside the step's, so what it spent inside its collectives is part of the step
+    chosen = {name: merged.seconds[name].index(fastest[name]) for name in merged.seconds}
+    later = {name: max(range(world_size), key=lambda k: per_rank[k]["spans"][name][chosen[name]][0])
+             for name in per_rank[0]["spans"]}
     for name, label, comm_name in VARIANTS:
         step, comm = fastest[name], fastest[comm_name]
         share = raw = 0.0
         against = ""
-        if serial > compute:  # against the measured sequential step
+        if comm_name == "allreduce" and serial > compute:  # DDP's family: the sequential step was measured
             h = hidden_share(serial, step, serial - compute)
             share, raw, against = h.share, h.raw, SEQUENTIAL
-        exposed_rounds = tuple(t - c for t, c in zip(merged.seconds[name], merged.seconds["compute"]))
+        in_comm = per_rank[later[name]]["in_collectives"][name][chosen[name]] if name.startswith("fsdp") else 0.0
         rows.append(OverlapRow(variant=name, label=label, step=step, comm=comm, exposed=step - compute,
-                               hidden=share, hidden_raw=raw, measured_against=against,
-                               exposed_rounds=exposed_rounds))
+                               hidden=share, hidden_raw=raw, measured_against=against, in_collectives=in_comm,
+                               exposed_rounds=tuple(t - c for t, c in zip(merged.seconds[name],
+                                                                          merged.seconds["compute"]))))
     r0 = per_rank[0]
     return OverlapRun(
         world_size=world_size, backend=r0["backend"], device=r0["device"], hidden=hidden, layers=layers,
         n_params=r0["n_params"], param_bytes=r0["param_bytes"], bucket_cap_bytes=int(bucket_cap_mb * 2**20),
         ddp_bucket_bytes=r0["ddp_bucket_bytes"], hook_bucket_bytes=r0["hook_bucket_bytes"],
         grad_max_diff={k: max(r["grad_max_diff"][k] for r in per_rank) for k in r0["grad_max_diff"]},
-        grad_max=max(r["grad_max"] for r in per_rank),
+        grad_max=max(r["grad_max"] for r in per_rank), fsdp_collectives=r0["fsdp_collectives"],
         compute=compute, rounds=rounds, rows=rows,
         timeline=_relative_timeline(per_rank, chosen), per_round={k: list(v) for k, v in merged.seconds.items()},
     )
