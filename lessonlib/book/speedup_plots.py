@@ -30,8 +30,9 @@ def growing_communication(share: float, ns, per_step: float) -> list[float]:
 
 
 def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
-    """Left: speedup against devices for several serial ``shares``, and Gustafson's scaled speedup at ``share``
-    (dashed). Right: serial ``share``
+    """Left: Amdahl's speedup against devices for several serial ``shares``, and, at ``share`` (drawn black, and
+    added to ``shares`` if absent), Gustafson's scaled speedup of the same one-device job grown with the devices
+    (dashed): one serial share for both lines. Right: serial ``share``
     with no, a ``fixed`` and a growing (``per_step`` x 2(n-1)) communication cost (shares of the one-device time,
     each at most 10)."""
     ns = counts("ns", ns)
@@ -40,12 +41,14 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
     amount("fixed", fixed, maximum=10.0)  # communication of up to 10 times the one-device time: a readable legend
     amount("per_step", per_step, maximum=10.0)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for sh in shares:
-        ax1.plot(ns, [speedup_from_share(sh, n) for n in ns], marker="o", ms=3, label=f"serial share {sh:.0%}")
+    for sh in sorted(set(shares) | {share}):
+        ax1.plot(ns, [speedup_from_share(sh, n) for n in ns], marker="o", ms=3, label=f"Amdahl, serial share {sh:.0%}",
+                 **({"color": "black"} if sh == share else {}))
+    # Gustafson's job on n devices takes the one-device job's time, so its serial share of that time is `share` too
     ax1.plot(ns, [gustafson_speedup(share, n) for n in ns], ls="--", color="black", lw=1,
-             label=f"Gustafson's scaled speedup, {share:.0%} of the time\non n devices serial (not of one device's)")
+             label=f"Gustafson, serial share {share:.0%}:\nthe job grows with the devices")
     ax1.set(xscale="log", yscale="log", xlabel="devices (count, log scale)", ylabel="speedup (×, log scale)",
-            title="Amdahl: the serial share sets a ceiling (dashed: Gustafson)")
+            title="A fixed job (Amdahl) or a growing job (Gustafson)")
     ax1.set_xticks(ns, [str(n) for n in ns])
     ax1.legend(fontsize=8)
     curves = {
@@ -64,13 +67,14 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
     top = max(max(ys) for ys in curves.values())
     ax2.set_ylim(0, 1.75 * max(top, 1 / share if share > 0 else top))
     ax2.legend(fontsize=8, loc="upper left", ncol=1)
-    pct = ", ".join(f"{100 * s:g}" for s in shares if s > 0)
-    return show(fig, alt="Two line charts of speedup against device count on a log axis. Left: with no serial work "
-                f"the speedup grows in step with the devices; with {pct} percent serial work each curve flattens "
-                f"towards a ceiling of one over the serial share; a dashed line, Gustafson's scaled speedup at {100 * share:g} "
-                f"percent of the time on n devices serial (not of one device's time, as Amdahl's shares are), rises in a "
-                f"straight line with no ceiling. Right: serial share {100 * share:g} percent; a fixed "
-                "communication cost lowers the ceiling; a communication cost that grows with the device count makes "
+    pct = ", ".join(f"{100 * s:g}" for s in sorted(set(shares) | {share}) if s > 0)
+    return show(fig, alt="Two line charts of speedup against device count on a log axis. Left: Amdahl's speedup of a "
+                f"fixed job; with no serial work it grows in step with the devices; with {pct} percent serial work each "
+                f"curve flattens towards a ceiling of one over the serial share. A dashed line, Gustafson's scaled "
+                f"speedup at the same {100 * share:g} percent serial share as the black curve, starts from the same "
+                "one-device job, which grows with the devices, and rises in a straight line with no ceiling. Right: "
+                f"serial share {100 * share:g} percent; a fixed communication cost lowers the ceiling; a communication "
+                "cost that grows with the device count makes "
                 "the speedup peak and then fall. A dotted line marks the ceiling, one over the serial share.")
 
 

@@ -10,8 +10,9 @@ processes (gloo on CPU, NCCL with a GPU each), interleaved round by round:
   steps, each one shorter (strong scaling, Amdahl's question);
 * ``weak``: every process at the *same per-process batch* ``batch``, so the
   global batch is ``world_size × batch`` and the budget takes
-  ``1 / world_size`` as many steps (weak scaling, Gustafson's question, and
-  how data parallelism shortens a run up to the critical batch size).
+  ``1 / world_size`` as many steps (data parallelism's weak scaling: the same
+  examples in fewer steps, which shortens a run up to the critical batch size;
+  not Gustafson's larger job in the same time).
 
 Times are seconds of wall-clock time (per round, the slowest process).
 """
