@@ -1033,7 +1033,8 @@ def test_2b_q5_accepts_the_early_stop_length_and_its_worked_examples_hold(check_
 
 def test_3f_q2_accepts_a_layout_within_2_percent_of_the_fastest():
     """The runner-up is a tie by the page's own words (within the exercise's 2 % tie): the check takes it, with its own step
-    time and why_part, and still rejects a layout clearly slower (degrees no layout within 2 % has)."""
+    time, and still rejects a layout clearly slower (degrees no layout within 2 % has) and a wrong can_gain."""
+    import math
     from lessonlib.calc.layout_search import search_layouts
     from lessonlib.grading.graders import Answers
 
@@ -1043,15 +1044,12 @@ def test_3f_q2_accepts_a_layout_within_2_percent_of_the_fastest():
     ns = {}
     exec(given[:given.index("```")], ns)
     model, cluster = ns["model"], ns["cluster"]
-    ranked = search_layouts(model, cluster, top=50, zero_stages=(1,))
-    tp8 = search_layouts(model, cluster, top=1, fixed={"tensor": 8}, zero_stages=(1,))[0]
-    parts = ("compute_s", "bubble_s", "tensor_comm_s", "context_comm_s", "pipeline_comm_s", "data_comm_s",
-             "expert_comm_s")
+    ranked = search_layouts(model, cluster, top=50, max_virtual=8, zero_stages=(1,))
+    gain = [p for p in (2, 4, 8, 16) if 2 ** int(math.log2(math.ceil(model.layers / p))) > 8]
 
-    def answers(c):
+    def answers(c, can_gain=gain):
         return Answers(best=(c.layout.tensor, c.layout.context, c.layout.pipeline, c.layout.data),
-                       best_step_s=c.step_s,
-                       why_part=max(parts, key=lambda part: getattr(tp8, part) - getattr(c, part)))
+                       best_step_s=c.step_s, can_gain=list(can_gain))
 
     degrees = lambda c: (c.layout.tensor, c.layout.context, c.layout.pipeline, c.layout.data)  # noqa: E731
     tie = next(c for c in ranked[1:] if degrees(c) != degrees(ranked[0]))
@@ -1063,3 +1061,6 @@ def test_3f_q2_accepts_a_layout_within_2_percent_of_the_fastest():
     slow = next(c for c in ranked if c.step_s > 1.02 * ranked[0].step_s and degrees(c) not in ties)
     with pytest.raises(AssertionError, match="within 2 %"):
         check(answers(slow))
+    assert gain and 8 not in gain  # a stage of ceil(L / 8) layers already takes its most chunks under the limit
+    with pytest.raises(AssertionError, match="can_gain"):
+        check(answers(ranked[0], can_gain=[2, 4, 8, 16]))

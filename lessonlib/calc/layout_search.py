@@ -23,13 +23,14 @@ def _powers_of_two(limit: int) -> list:
 
 
 def candidate_layouts(model, cluster, zero_stages=(1, 2, 3), recompute=RECOMPUTE, schedules=("1f1b",),
-                      max_tensor=None):
+                      max_tensor=None, max_virtual=None):
     """Every layout with power-of-two degrees that :func:`layout_cost` accepts for ``model`` on ``cluster``.
 
     ``max_tensor`` caps the tensor degree (default: the node size); ``virtual`` runs over the powers
     of two up to the layers the busiest pipeline stage holds (``ceil(layers / pipeline)``: at most one chunk a
     layer, uneven chunks allowed, :func:`~lessonlib.calc.stage_memory.interleaving_problem`; any number of
-    micro-batches).
+    micro-batches); ``max_virtual`` caps it too (real frameworks hold a few chunks a device: every chunk adds a
+    send at its boundary and smaller kernels, which :func:`layout_cost` does not price).
     """
     model, cluster = check_model(model), check_cluster(cluster)
     for i, sched in enumerate(sequence("schedules", schedules)):
@@ -40,6 +41,7 @@ def candidate_layouts(model, cluster, zero_stages=(1, 2, 3), recompute=RECOMPUTE
         choice(f"recompute[{i}]", r, RECOMPUTE)
     n = cluster.world_size
     max_t = count("max_tensor", max_tensor) if max_tensor is not None else cluster.node_size
+    max_v = count("max_virtual", max_virtual) if max_virtual is not None else model.layers
     kv = model.kv_heads or model.heads
     out = []
     for t, c, p in itertools.product(_powers_of_two(max_t), _powers_of_two(n), _powers_of_two(n)):
@@ -54,7 +56,8 @@ def candidate_layouts(model, cluster, zero_stages=(1, 2, 3), recompute=RECOMPUTE
             if d % e or model.experts % e:
                 continue
             micro = model.global_batch // d
-            plans = [(v, "1f1b") for v in (_powers_of_two(math.ceil(model.layers / p)) if p > 1 else [1])
+            chunks = _powers_of_two(min(max_v, math.ceil(model.layers / p))) if p > 1 else [1]
+            plans = [(v, "1f1b") for v in chunks
                      if not interleaving_problem(model.layers, p, v, micro)]
             plans += [(1, "dualpipe")] if "dualpipe" in schedules and p > 1 and p % 2 == 0 else []
             for (v, sched), z, r in itertools.product(plans, zero_stages, recompute):
