@@ -163,7 +163,7 @@ def _good():
         "data_parallel_figure.rows": [_dp_row(8), _dp_row(32)], "world_size": 2,
         "proposal_html.layouts": _layouts(), "traffic_summary.records": [("all_reduce", "backward", 1000)],
         "bucket_bytes": 4096, "t_compute_per_bucket": 2.0, "t_comm_per_bucket": 1.0, "buckets": 8,
-        "t_serial": 10.0, "t_step": 7.0, "t_comm": 4.0, "overlap_table.rows": [_overlap_row()], "compute": 0.005,
+        "t_serial": 10.0, "t_step": 7.0, "t_comm": 4.0, "overlap_table.run": _overlap_run(), "compute": 0.005,
         "timeline": _overlap_timeline(),
         "noise_scale": 1024, "min_steps": 1000, "examples": 4096, "scaling_table.run": _scaling_run(),
         "scaling_display_rows.run": _scaling_run(),
@@ -175,6 +175,18 @@ def _overlap_row():
 
     return OverlapRow(variant="ddp", label="DDP", step=0.007, comm=0.003, exposed=0.002, hidden=0.33,
                       hidden_raw=0.33, exposed_rounds=(0.002, 0.003))
+
+
+def _overlap_run():
+    """A DDP overlap result as run_overlap returns it (two processes, two rounds)."""
+    from lessonlib.measure.distributed.overlap import OverlapRun
+
+    return OverlapRun(world_size=2, backend="gloo", device="cpu", hidden=64, layers=2, n_params=8320,
+                      param_bytes=33280, bucket_cap_bytes=4096, ddp_bucket_bytes=[16640, 16640],
+                      hook_bucket_bytes=[16640, 16640], grad_max_diff={"ddp": 0.0}, grad_max=1.0,
+                      fsdp_collectives={}, compute=0.005, rounds=2, rows=[_overlap_row()],
+                      timeline=_overlap_timeline(), per_round={"compute": [0.005, 0.004], "ddp": [0.007, 0.007],
+                                                               "allreduce": [0.003, 0.003]})
 
 
 def _overlap_timeline():
@@ -871,7 +883,7 @@ def _structure_samples():
         "lessonlib.book.split_plots.plot_alpha_beta": dict(sizes=[1e3, 1e5], seconds=[1e-4, 2e-4], link=LINKS["nvlink"]),
         "lessonlib.book.sequence_plots.plot_causal_work": dict(world_size=2, measured={"contiguous": [3, 7],
                                                                                      "zigzag": [5, 5]}),
-        "lessonlib.book.overlap_plots.overlap_table": dict(rows=[_overlap_row()], compute=0.005),
+        "lessonlib.book.overlap_plots.overlap_table": dict(run=_overlap_run()),
         "lessonlib.book.overlap_plots.plot_overlap_timeline": dict(timeline=_overlap_timeline()),
         "lessonlib.book.scaling_report.scaling_table": dict(run=_scaling_run()),
         "lessonlib.book.scaling_report.scaling_display_rows": dict(run=_scaling_run()),

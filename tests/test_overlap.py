@@ -225,6 +225,7 @@ def test_ring_all_reduce_on_one_process_sends_nothing_and_keeps_the_tensor(one_p
     (dict(rounds=0), "rounds"),
     (dict(warmup=-1), "warmup"),
     (dict(timeout=0), "timeout"),
+    (dict(engine="megatron"), "engine"),
 ])
 def test_run_overlap_checks_arguments_before_starting_processes(monkeypatch, kwargs, name):
     from lessonlib.measure.distributed import overlap
@@ -249,17 +250,24 @@ def test_table_and_timeline_render_a_measured_run():
     import matplotlib.pyplot as plt
 
     from lessonlib.book.overlap_plots import overlap_table, plot_overlap_timeline
-    from lessonlib.measure.distributed.overlap import OverlapRow
+    from lessonlib.measure.distributed.overlap import OverlapRow, OverlapRun
 
     rows = [OverlapRow("ddp", "DDP", step=0.012, comm=0.003, exposed=0.006, hidden=0.0, hidden_raw=-1.0,
                        measured_against="sync_after", exposed_rounds=(0.006, 0.009, 0.007, 0.020)),
             OverlapRow("sync_after", "after", step=0.009, comm=0.003, exposed=0.003, hidden=0.0, hidden_raw=0.0,
                        measured_against="sync_after", exposed_rounds=(0.003,))]
-    html = overlap_table(rows, 0.006)
-    # the fastest round's step and exposed time; the median of the rounds with its middle half (inclusive quartiles)
-    assert "12.00" in html and "+6.00" in html and "+8.00 (+6.75 to +11.75)" in html
-    assert "+3.00 (+3.00 to +3.00)" in html  # one round: its own value
-    assert html.count("<td>–</td>") == 3  # the compute row's: it exchanges nothing
+    run = OverlapRun(world_size=2, backend="gloo", device="cpu", hidden=8, layers=2, n_params=1, param_bytes=4,
+                     bucket_cap_bytes=4, ddp_bucket_bytes=[4], hook_bucket_bytes=[4], grad_max_diff={},
+                     grad_max=1.0, fsdp_collectives={}, compute=0.006, rounds=4, rows=rows,
+                     per_round={"compute": [0.006, 0.007, 0.008, 0.006], "allreduce": [0.003, 0.002, 0.004, 0.003],
+                                "ddp": [0.012, 0.016, 0.015, 0.026], "sync_after": [0.009, 0.010, 0.011, 0.012]})
+    html = overlap_table(run)
+    # medians over the rounds (one statistic, as the verdict reads): steps, and exposed with its middle half
+    assert "6.50" in html and "3.00" in html and "15.50" in html and "10.50" in html
+    assert "+8.00 (+6.75 to +11.75)" in html and "+3.00 (+3.00 to +3.00)" in html  # one round: its own value
+    assert "12.00" not in html  # the fastest round is the figure's, not the table's
+    assert html.count("<td>–</td>") == 2  # compute and the all-reduce alone: no exposed time
+    assert "FSDP2" not in html  # only the communication this run timed
     with pytest.raises(ValueError, match="ddp"):
         OverlapRow("ddp", "DDP", step=0.01, comm=0.0, exposed=0.0, hidden=0.0, hidden_raw=0.0).exposed_quartiles
     step = {"forward": (0.0, 0.001), "backward": (0.001, 0.004), "end": 0.005,
@@ -291,19 +299,28 @@ def test_one_definition_of_the_hidden_share():
 def test_two_processes_same_gradients_buckets_and_bytes():
     from lessonlib.measure.distributed.overlap import VARIANTS, run_overlap
 
-    res = run_overlap(hidden=64, layers=4, batch=8, bucket_cap_mb=(64 * 64 + 64) * 4 / 2**20, rounds=2, warmup=0)
+    from lessonlib.measure.distributed.overlap import ENGINES
+
+    kwargs = dict(hidden=64, layers=4, batch=8, bucket_cap_mb=(64 * 64 + 64) * 4 / 2**20, rounds=2, warmup=0)
+    res, fsdp = run_overlap(**kwargs), run_overlap(**kwargs, engine="fsdp")
+    assert set(res.per_round) == {"compute", "allreduce", *ENGINES["ddp"]}  # each engine times its own
+    assert set(fsdp.per_round) == {"compute", "fsdp_comm", *ENGINES["fsdp"]}
+    assert not res.fsdp_collectives and fsdp.timeline == [{}, {}]
     # one layer per bucket: a bucket closes as soon as it reaches the cap
     assert len(res.ddp_bucket_bytes) == 4
     assert res.ddp_bucket_bytes == res.hook_bucket_bytes
     assert sum(res.ddp_bucket_bytes) == res.param_bytes == res.n_params * 4
-    for name, diff in res.grad_max_diff.items():
-        assert diff <= 1e-6 * res.grad_max, name
-    assert [r.variant for r in res.rows] == [v for v, _, _ in VARIANTS]
-    assert res.compute == min(res.per_round["compute"])  # the fastest round, as the page says
-    assert all(len(v) == 2 for v in res.per_round.values())
+    for run in (res, fsdp):
+        for name, diff in run.grad_max_diff.items():
+            assert diff <= 1e-6 * run.grad_max, name
+        assert run.compute == min(run.per_round["compute"])  # the fastest round, as the page says
+        assert all(len(v) == 2 for v in run.per_round.values())
+    assert set(res.grad_max_diff) == {"sync_after", "hooks"} and set(fsdp.grad_max_diff) == set(ENGINES["fsdp"])
+    assert [r.variant for r in res.rows + fsdp.rows] == [v for v, _, _ in VARIANTS]
     serial = min(res.per_round["sync_after"])
-    for r in res.rows:  # the table adds up: exposed = step - compute; hidden from the same fastest rounds
-        assert math.isclose(r.exposed, r.step - res.compute)
+    for run, r in [(res, r) for r in res.rows] + [(fsdp, r) for r in fsdp.rows]:
+        # the table adds up: exposed = step - compute; hidden from the same fastest rounds
+        assert math.isclose(r.exposed, r.step - run.compute)
         assert 0.0 <= r.hidden <= 1.0
         if r.variant.startswith("fsdp"):
             assert r.measured_against == "" and r.hidden_raw == 0.0
@@ -311,13 +328,13 @@ def test_two_processes_same_gradients_buckets_and_bytes():
         else:
             assert r.in_collectives == 0.0
         if r.measured_against:
-            assert math.isclose(r.hidden_raw, (serial - r.step) / (serial - res.compute))
+            assert math.isclose(r.hidden_raw, (serial - r.step) / (serial - run.compute))
         # every round's exposed time, step and compute from the same round
-        assert r.exposed_rounds == tuple(s - c for s, c in zip(res.per_round[r.variant], res.per_round["compute"]))
-    kinds = {k for k, _ in res.fsdp_collectives["fsdp"]}
+        assert r.exposed_rounds == tuple(s - c for s, c in zip(run.per_round[r.variant], run.per_round["compute"]))
+    kinds = {k for k, _ in fsdp.fsdp_collectives["fsdp"]}
     assert kinds == {"all_gather", "reduce_scatter"}
     # FSDP2 with weights freed after forward: one reduce-scatter per layer
-    assert sum(k == "reduce_scatter" for k, _ in res.fsdp_collectives["fsdp"]) == 4
+    assert sum(k == "reduce_scatter" for k, _ in fsdp.fsdp_collectives["fsdp"]) == 4
     ranks = res.timeline
     assert len(ranks) == 2
     # the figure's steps are the table's: from the later process's start (the axis's 0) to the last end

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ..checks import amount as check_amount, mapping as check_mapping, reads as _reads, sequence as check_sequence
+from ..checks import mapping as check_mapping, reads as _reads, sequence as check_sequence
 from .plots import COLORS
 from .tables import table
 
@@ -17,22 +17,23 @@ COMM_COLOR = "#55A868"
 WAIT_COLOR = "#C9E6D1"
 
 
-@_reads("rows", "compute", signed=("rows",))
-def overlap_table(rows, compute: float):
-    """An HTML table: one row per :class:`OverlapRow`, after a compute-only row (``compute`` seconds).
+#: The rows of the communication alone, by its name in ``OverlapRun.per_round``.
+COMM_ALONE = {"allreduce": "one all-reduce of the gradients, no compute",
+              "fsdp_comm": "FSDP2's all-gathers and reduce-scatters replayed, no compute"}
 
-    Each row: its step and its communication alone (the fastest round), its exposed time (step − compute) in
-    that round, and over all rounds the median exposed time with its interquartile range (the middle half)."""
-    rows = check_sequence("rows", rows)
-    compute = check_amount("compute", compute)
-    out = [["forward + backward, no exchange (compute)", f"{1e3 * compute:.2f}", "–", "–", "–"]]
-    for r in rows:
+
+@_reads("run", signed=("run",))  # exposed times and the timeline may be negative
+def overlap_table(run):
+    """An HTML table of an :class:`~lessonlib.measure.distributed.overlap.OverlapRun`, medians over its rounds (ms).
+
+    Compute alone, then the communication alone that the run timed, then one row per variant: its step and its
+    exposed time (step − compute, each round against its own compute) with the middle half of the rounds."""
+    out = [["forward + backward, no exchange (compute)", f"{1e3 * run.median('compute'):.2f}", "–"]]
+    out += [[label, f"{1e3 * run.median(name):.2f}", "–"] for name, label in COMM_ALONE.items() if name in run.per_round]
+    for r in run.rows:
         lo, mid, hi = (1e3 * q for q in r.exposed_quartiles)
-        out.append([r.label, f"{1e3 * r.step:.2f}", f"{1e3 * r.comm:.2f}", f"{1e3 * r.exposed:+.2f}",
-                    f"{mid:+.2f} ({lo:+.2f} to {hi:+.2f})"])
-    return table(["variant", "step, fastest round (ms)", "communication alone (ms)",
-                  "exposed = step − compute, fastest round (ms)",
-                  "exposed, median of the rounds (middle half) (ms)"], out)
+        out.append([r.label, f"{1e3 * run.median(r.variant):.2f}", f"{mid:+.2f} ({lo:+.2f} to {hi:+.2f})"])
+    return table(["variant", "step, median (ms)", "exposed = step − compute, median (middle half) (ms)"], out)
 
 
 @_reads("timeline", signed=("timeline",))  # the earlier rank starts before 0

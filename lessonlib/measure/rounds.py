@@ -53,6 +53,18 @@ class Clock:
         self.seconds[name] = float(seconds)
 
 
+def quartiles(values) -> tuple:
+    """(lower quartile, median, upper quartile) of ``values``, inclusive quartiles: the median and the middle
+    half of the rounds around it, the spread this course prints beside a median. One value gives itself three
+    times."""
+    values = list(values)
+    if not values:
+        raise ValueError("values: no rounds were recorded")
+    if len(values) == 1:
+        return (values[0],) * 3
+    return tuple(statistics.quantiles(values, n=4, method="inclusive"))
+
+
 @dataclass
 class Rounds:
     """Per-round seconds of each named case: ``seconds[name][i]`` is round ``i``."""
@@ -73,9 +85,7 @@ class Rounds:
         Their difference, the interquartile range, is the spread this course prints beside a median.
         """
         vals = self.seconds[num] if den is None else [a / b for a, b in zip(self.seconds[num], self.seconds[den])]
-        if len(vals) < 2:
-            return (vals[0], vals[0])
-        q1, _, q3 = statistics.quantiles(vals, n=4, method="inclusive")
+        q1, _, q3 = quartiles(vals)
         return (q1, q3)
 
     @classmethod

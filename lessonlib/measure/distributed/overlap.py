@@ -2,19 +2,17 @@
 
 :func:`run_overlap` starts ``world_size`` processes (gloo on CPU, NCCL with a GPU each) that train the same
 stack of layers and time, round by round (:func:`lessonlib.measure.rounds.time_rounds`), one forward and backward
-with its gradient exchange, each way: ``compute`` (DDP's ``no_sync()``: no exchange); ``sync_after`` (the same,
-then one all-reduce of all gradients: nothing hidden); ``ddp`` (small buckets, ``bucket_cap_mb``: each bucket's
-all-reduce starts during backward); ``hooks`` (:func:`~lessonlib.measure.distributed.buckets.all_reduce_in_buckets`,
-the same mechanism in a few readable lines); ``fsdp`` and ``fsdp_prefetch`` (FSDP2's ``fully_shard`` per layer with
-its defaults, and with forward and backward prefetch set by hand); and the communication alone: one all-reduce of
-the gradient bytes (``allreduce``), and FSDP's collectives as ``CommDebugMode`` logged them, replayed without
-compute (``fsdp_comm``; both FSDP variants issue the same collectives, which the worker checks).
-Every ``sync_after`` and ``ddp`` step records its timeline, and its time is that timeline's, so the figure's step
-is a step of the table; every FSDP step records its time inside its collectives (``OverlapRow.in_collectives``).
-Times are seconds: per round, a step that exchanges runs from the later process's start (after the barrier) to the
-last process's end, compute alone is the slower process's own time; over the rounds, the fastest round (the one
-least disturbed on a shared machine: medians moved 2-5x from run to run on a loaded 2-core machine), and the
-exposed time of every round for its spread. Workers run in spawned processes, so they live here.
+with its exchange, each way its ``engine`` names: always ``compute`` (DDP's ``no_sync()``: no exchange); DDP's
+``sync_after`` (then one all-reduce of all gradients: nothing hidden), ``ddp`` (small buckets, ``bucket_cap_mb``,
+each all-reduced during backward) and ``hooks`` (:func:`~lessonlib.measure.distributed.buckets.all_reduce_in_buckets`,
+the same in a few readable lines), with one all-reduce of the gradient bytes alone (``allreduce``); or FSDP2's
+``fsdp`` and ``fsdp_prefetch`` (``fully_shard`` per layer, with its defaults and with prefetch set by hand both
+ways), with their collectives as ``CommDebugMode`` logged them replayed without compute (``fsdp_comm``).
+Every ``sync_after`` and ``ddp`` step records its timeline (the figure's step is a round of the table); every
+FSDP step its time inside its collectives. Seconds: per round, a step that exchanges runs from the later
+process's start (after the barrier) to the last process's end, compute alone is the slower process's own time.
+``OverlapRow`` keeps the fastest round (the least disturbed: the figure draws it) and every round's exposed time;
+``OverlapRun.per_round`` every round, for the medians the pages print. Workers run in spawned processes.
 """
 from __future__ import annotations
 
@@ -26,14 +24,16 @@ from dataclasses import dataclass, field
 
 from ...checks import amount as _check_amount, count as _check_count, positive as _check_positive
 from ...calc.overlap import hidden_share
-from ..rounds import Rounds, time_rounds
+from ..compat import require_all
+from ..rounds import Rounds, quartiles, time_rounds
 from .buckets import MAX_SIZE, all_reduce_in_buckets, layer_stack
 from .collectives import CollectiveLog, CollectiveTimer
 from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
 from .quiet import known_warnings_silenced
 
-__all__ = ["run_overlap", "OverlapRow", "OverlapRun", "VARIANTS", "SEQUENTIAL"]
+__all__ = ["run_overlap", "OverlapRow", "OverlapRun", "VARIANTS", "ENGINES", "SEQUENTIAL"]
 #: The variants timed, in table order: (name in the rounds, label, name of its communication alone).
+#: DDP's three come first, FSDP2's two after (``ENGINES`` says which ``engine`` times which).
 VARIANTS = (
     ("sync_after", "DDP no_sync + one all-reduce after backward", "allreduce"),
     ("ddp", "DDP, gradient buckets during backward", "allreduce"),
@@ -41,6 +41,8 @@ VARIANTS = (
     ("fsdp", "FSDP2, default prefetch (in backward, the next layer's weights are fetched early)", "fsdp_comm"),
     ("fsdp_prefetch", "FSDP2, prefetch also set by hand for forward and backward", "fsdp_comm"),
 )
+#: ``run_overlap``'s ``engine``: the variants it times (compute alone is timed with either).
+ENGINES = {"ddp": ("sync_after", "ddp", "hooks"), "fsdp": ("fsdp", "fsdp_prefetch")}
 
 
 def _timed_allreduce_hook(record, bucket):
@@ -98,7 +100,8 @@ def _replay(plan, world_size, device):
     return lambda: [c() for c in calls]
 
 
-def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, bucket_cap_mb, rounds, warmup):
+def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, bucket_cap_mb, rounds, warmup,
+                    engine):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
@@ -123,8 +126,8 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
         hooked = copy.deepcopy(base).to(device)
         finish = all_reduce_in_buckets(hooked, int(bucket_cap_mb * 2**20))
         mesh = DeviceMesh(device.type, list(range(world_size)))
-        fsdp = {"fsdp": _fsdp(base, mesh, device, False),
-                "fsdp_prefetch": _fsdp(base, mesh, device, True)}
+        fsdp = ({"fsdp": _fsdp(base, mesh, device, False), "fsdp_prefetch": _fsdp(base, mesh, device, True)}
+                if engine == "fsdp" else {})
         flat = torch.zeros(param_bytes // 4, device=device)
 
         def grads(model):
@@ -180,25 +183,27 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
             fwd_bwd(ddp)
         ddp_buckets = [r["bytes"] for r in sorted(record, key=lambda r: r["bucket"])]
         reference = grads(ddp)
-        traced_step(True)  # the step with one all-reduce after backward
-        diffs = {"sync_after": (grads(ddp) - reference).abs().max().item()}
-        hook_buckets = hooks()
-        diffs["hooks"] = (grads(hooked) - reference).abs().max().item()
-        plans = {}
+        diffs, hook_buckets, plans, replays = {}, [], {}, {}
+        if engine == "ddp":
+            traced_step(True)  # the step with one all-reduce after backward
+            diffs["sync_after"] = (grads(ddp) - reference).abs().max().item()
+            hook_buckets = hooks()
+            diffs["hooks"] = (grads(hooked) - reference).abs().max().item()
         for name, model in fsdp.items():
             log = CollectiveLog()
             with log:
                 fwd_bwd(model)
             plans[name] = [(r.kind, r.n_bytes) for r in log.records]
             diffs[name] = (grads(model) - reference).abs().max().item()
-        # prefetch changes when the all-gathers are issued, not which: one replay times both
-        if sorted(plans["fsdp"]) != sorted(plans["fsdp_prefetch"]):
-            raise RuntimeError(f"FSDP2 with prefetch issued other collectives: {plans}")
-        replays = {"fsdp_comm": _replay(plans["fsdp"], world_size, device)}
+        if fsdp:  # prefetch changes when the all-gathers are issued, not which: one replay times both
+            if sorted(plans["fsdp"]) != sorted(plans["fsdp_prefetch"]):
+                raise RuntimeError(f"FSDP2 with prefetch issued other collectives: {plans}")
+            replays = {"fsdp_comm": _replay(plans["fsdp"], world_size, device)}
 
         tick = (lambda: progress.put(1)) if rank == 0 else None
 
-        events = {"sync_after": [], "ddp": []}  # per round, warm-up included: each traced step's events
+        # per round, warm-up included: each traced step's events
+        events = {"sync_after": [], "ddp": []} if engine == "ddp" else {}
         in_collectives = {name: [] for name in fsdp}  # per round: seconds inside FSDP2's collectives
         clocks = {name: CollectiveTimer() for name in fsdp}
 
@@ -221,9 +226,11 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
             in_collectives[name].append(clocks[name].seconds)
 
         def one_round(clock):
-            cases = [("compute", compute), ("sync_after", lambda: traced("sync_after", clock, True)),
-                     ("ddp", lambda: traced("ddp", clock, False)),
-                     ("hooks", hooks), ("allreduce", lambda: dist.all_reduce(flat))]
+            cases = [("compute", compute)]
+            if engine == "ddp":
+                cases += [("sync_after", lambda: traced("sync_after", clock, True)),
+                          ("ddp", lambda: traced("ddp", clock, False)),
+                          ("hooks", hooks), ("allreduce", lambda: dist.all_reduce(flat))]
             cases += [(name, lambda n=name, m=model: fsdp_step(n, m)) for name, model in fsdp.items()]
             cases += list(replays.items())
             for name, fn in cases:
@@ -255,15 +262,11 @@ SEQUENTIAL = "sync_after"
 class OverlapRow:
     """One variant of :func:`run_overlap` (seconds, timed as the module's docstring says; the fastest round).
 
-    ``step``: forward + backward + the exchange; ``comm``: its communication
-    alone; ``exposed`` = step − compute (the time the exchange added).
-    The hidden share is measured against the step that sends everything after
-    backward (:data:`SEQUENTIAL`, named in ``measured_against``): ``hidden_raw``
-    = (sequential − step) / (sequential − compute), the share of the
-    sequential step's exchange time that this step saved (negative: it took
-    longer than the sequential step), ``hidden`` that clipped to [0, 1]. FSDP's
-    variants have no measured sequential counterpart: for them
-    ``measured_against`` is ``""`` and the shares are 0, not a measurement.
+    ``step``: forward + backward + the exchange; ``comm``: its communication alone; ``exposed`` = step −
+    compute (the time the exchange added). ``hidden_raw`` = (sequential − step) / (sequential − compute), against
+    the step that sends everything after backward (:data:`SEQUENTIAL`, named in ``measured_against``): the share
+    of its exchange time this step saved (negative: longer), ``hidden`` that clipped to [0, 1]. FSDP's variants
+    have no sequential counterpart: ``measured_against`` is ``""`` and the shares 0, not a measurement.
     ``in_collectives`` (FSDP's variants; 0 for the others): the seconds that the step of ``step``'s round, on the
     process that started it last, spent inside its all-gathers and reduce-scatters, waits included.
     """
@@ -286,9 +289,7 @@ class OverlapRow:
         One round gives its own value three times."""
         if not self.exposed_rounds:
             raise ValueError(f"{self.variant}: no rounds were recorded")
-        if len(self.exposed_rounds) == 1:
-            return (self.exposed_rounds[0],) * 3
-        return tuple(statistics.quantiles(self.exposed_rounds, n=4, method="inclusive"))
+        return quartiles(self.exposed_rounds)
 
 
 @dataclass
@@ -297,19 +298,15 @@ class OverlapRun:
 
     ``hidden``, ``layers``: the width and depth of :func:`layer_stack` that ran.
     ``compute``: seconds of forward + backward with no exchange (fastest round).
-    ``rows``: one :class:`OverlapRow` per variant (:data:`VARIANTS`).
-    The hidden share has one definition, each row's (see :class:`OverlapRow`): against the
-    measured sequential step. ``param_bytes``: bytes of the parameters (float32);
-    ``ddp_bucket_bytes``: the bytes of each bucket DDP all-reduced in one step
-    (recorded by a comm hook); ``hook_bucket_bytes``: the same for
-    :func:`all_reduce_in_buckets`. ``grad_max_diff``: per variant, the largest
-    difference of its averaged gradient from DDP's (``grad_max``: the largest
-    gradient entry, for scale). ``fsdp_collectives``: per FSDP variant, the
-    ``(kind, bytes)`` of each collective of one step. ``timeline``: rank by
-    rank, per DDP variant, the step of the round its ``step`` comes from (every such step is traced;
-    the latest ``end`` is the row's ``step``), seconds from the later rank's start: ``forward``,
-    ``backward`` (until the last gradient was ready), ``end`` and ``comm``
-    (per bucket, in the order they started: ``start``, ``end``, ``bytes``). ``per_round``: all the rounds.
+    ``rows``: one :class:`OverlapRow` per variant the ``engine`` timed (:data:`ENGINES`), each with the
+    one definition of the hidden share. ``param_bytes``: bytes of the parameters (float32);
+    ``ddp_bucket_bytes``, ``hook_bucket_bytes``: each bucket's bytes in one step of DDP (recorded by a comm
+    hook) and of :func:`all_reduce_in_buckets`. ``grad_max_diff``: per variant, the largest difference of its
+    averaged gradient from DDP's (``grad_max``: the largest entry, for scale). ``fsdp_collectives``: per FSDP
+    variant, the ``(kind, bytes)`` of each collective of one step. ``timeline``: rank by rank, per DDP variant,
+    the step of its row's (fastest) round, seconds from the later rank's start: ``forward``, ``backward`` (until
+    the last gradient was ready), ``end`` and ``comm`` (per bucket as started: ``start``, ``end``, ``bytes``).
+    ``per_round``: every round of each case.
     """
 
     world_size: int
@@ -331,6 +328,10 @@ class OverlapRun:
     timeline: list = field(default_factory=list)
     per_round: dict = field(default_factory=dict)
 
+    def median(self, name: str) -> float:
+        """Median seconds over the rounds of ``name`` (a variant, ``compute``, ``allreduce`` or ``fsdp_comm``)."""
+        return statistics.median(self.per_round[name])
+
 
 def _relative_timeline(per_rank, chosen):
     """Each traced variant's events in round ``chosen[name]`` on every rank, in seconds from that step's
@@ -350,16 +351,15 @@ def _relative_timeline(per_rank, chosen):
 
 
 def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_mb: float = 0.5,
-                rounds: int = 7, warmup: int = 1, world_size: int = 2, timeout: float = 180.0) -> OverlapRun:
-    """Time DDP's and FSDP2's overlap of communication with backward on ``world_size`` processes.
+                rounds: int = 7, warmup: int = 1, world_size: int = 2, timeout: float = 180.0,
+                engine: str = "ddp") -> OverlapRun:
+    """Time DDP's (``engine="ddp"``) or FSDP2's (``"fsdp"``) overlap of communication with backward.
 
-    Each process runs :func:`layer_stack` (``layers`` blocks of width
-    ``hidden``) on its own ``batch`` rows; DDP's buckets hold about
-    ``bucket_cap_mb`` MiB (2**20 bytes). ``rounds`` timed rounds after
-    ``warmup`` (see the module's docstring for the cases). Returns an
-    :class:`OverlapRun`; every row is computed from the fastest rounds' times, so the table's
-    numbers add up: exposed = step − compute, hidden = (sequential − step) / (sequential − compute)
-    for DDP's variants, where sequential is the step that sends everything after backward.
+    ``engine`` picks the variants (:data:`ENGINES`; FSDP2's need ``fully_shard``, named by ``Unavailable``
+    on a torch without). Each process runs :func:`layer_stack` (``layers`` blocks of width ``hidden``) on its
+    own ``batch`` rows; DDP's buckets hold about ``bucket_cap_mb`` MiB (2**20 bytes). ``rounds`` timed rounds
+    after ``warmup``. Returns an :class:`OverlapRun`; each row from its fastest round, so a row adds up:
+    exposed = step − compute, hidden = (sequential − step) / (sequential − compute) for DDP's variants.
     """
     world_size = _check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
     hidden = _check_count("hidden", hidden, minimum=2 * world_size, maximum=MAX_SIZE)
@@ -371,9 +371,13 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     rounds = _check_count("rounds", rounds, maximum=1000)
     warmup = _check_count("warmup", warmup, minimum=0, maximum=1000)
     timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not one of {sorted(ENGINES)}")
+    if engine == "fsdp":
+        require_all("fully_shard", "comm_debug_mode")  # before starting processes: one clear error
     if hidden % world_size:
         raise ValueError(f"hidden={hidden} does not divide evenly by world_size={world_size} (FSDP shards rows)")
-    per_rank = launch(_overlap_worker, world_size, args=(hidden, layers, batch, bucket_cap_mb, rounds, warmup),
+    per_rank = launch(_overlap_worker, world_size, args=(hidden, layers, batch, bucket_cap_mb, rounds, warmup, engine),
                       timeout=timeout, progress_total=rounds + warmup, desc="overlap rounds")
     merged = Rounds.slowest([r["rounds"] for r in per_rank])
     # A step that exchanges runs from the later process's start to the last end: the barrier releases the processes
@@ -384,13 +388,13 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     fastest = {k: min(v) for k, v in merged.seconds.items()}
     compute = fastest["compute"]
     rows = []
-    serial = fastest[SEQUENTIAL]
+    serial = fastest.get(SEQUENTIAL, 0.0)
     # the round each step comes from (the fastest), and in it the process that started last: its own time lies
     # inside the step's, so what it spent inside its collectives is part of the step
     chosen = {name: merged.seconds[name].index(fastest[name]) for name in merged.seconds}
     later = {name: max(range(world_size), key=lambda k: per_rank[k]["spans"][name][chosen[name]][0])
              for name in per_rank[0]["spans"]}
-    for name, label, comm_name in VARIANTS:
+    for name, label, comm_name in [v for v in VARIANTS if v[0] in ENGINES[engine]]:
         step, comm = fastest[name], fastest[comm_name]
         share = raw = 0.0
         against = ""
