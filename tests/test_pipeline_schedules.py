@@ -148,6 +148,7 @@ def test_interleaved_and_zero_bubble_run_as_planned():
             else:  # between I and W at least the Linear's input, which W needs (stage 0's is the batch)
                 at_least = peak_in_flight(got.order, chunk_bytes={s: one * (s > 0) for s in range(4)})
                 assert st["peak_bytes"][proc] >= at_least[proc]
+                assert st["left_bytes"][proc] == 0  # a split backward frees every saved tensor too
 
 
 @pytest.mark.parametrize("p,m", [(2, 1), (2, 3), (2, 8), (3, 4), (4, 5), (4, 8), (3, 5)])

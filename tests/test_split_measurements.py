@@ -35,6 +35,19 @@ def test_live_saved_bytes_peak_and_release():
     assert live.live == 0 and live.peak == counted.bytes  # freed by backward, peak kept
 
 
+def test_live_saved_bytes_frees_a_graph_kept_by_an_input_gradient_pass():
+    # A split backward's I pass keeps the graph (retain_graph=True) and never frees a ReLU's saved output;
+    # a holder of the tensor itself would form a cycle through its grad_fn and keep it alive (and counted)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+    x = torch.randn(4, 8, requires_grad=True)
+    live = LiveSavedBytes(exclude=list(model.parameters()))
+    with live:
+        out = model(x)
+    torch.autograd.grad(out, x, torch.ones_like(out), retain_graph=True)
+    del out
+    assert live.peak > 0 and live.live == 0
+
+
 def test_live_saved_bytes_counts_each_micro_batch_until_its_backward():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
     xs = [torch.randn(4, 8) for _ in range(3)]

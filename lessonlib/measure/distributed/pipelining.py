@@ -63,6 +63,12 @@ class LiveSavedBytes:
     the graph is freed) its bytes are subtracted. ``exclude`` lists tensors
     not to count (the parameters, the input batch: they exist anyway).
     ``.live`` and ``.peak`` are bytes.
+
+    The holder keeps a detached view (same storage), never the tensor itself: a ReLU saves its own
+    output, and a holder of that tensor would hold its ``grad_fn``, the node that holds the holder, a
+    cycle Python's garbage collector cannot see. A full backward breaks it by freeing the node's saved
+    tensors; a split backward (``I`` keeps the graph, ``W`` runs only the weights' part) never does, so
+    under ZBV every ReLU output but a stage's last would stay alive (and counted) after the step.
     """
 
     def __init__(self, exclude=()):
@@ -89,7 +95,7 @@ class LiveSavedBytes:
             self.peak = max(self.peak, self.live)
         else:
             entry[0] += 1
-        return _Held(self, key, t)
+        return _Held(self, key, t.detach())  # detached: see the class docstring
 
     @staticmethod
     def _unpack(h):
