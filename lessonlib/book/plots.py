@@ -328,7 +328,7 @@ def plot_magnitudes(values, formats: dict, zeros: dict,
             lw = 1.0 if same else 2.6
             if same:  # the legend says why one solid line seems missing: the same exponent bits, the same normal
                 bits = f.bits - 1 - round(-math.log2(f.eps))  # sign, exponent, mantissa
-                label += f"; smallest normal on {same[0]}'s line ({bits} exponent bits each)"
+                label += f";\nsmallest normal: {same[0]}'s line ({bits} exponent bits each)"
             ax.axvline(f.normal_min, color=colors[name], lw=lw, label=label)
             ax.axvline(f.sub_min, color=colors[name], lw=lw, ls="--")
             if same:
