@@ -297,6 +297,8 @@ def plot_magnitudes(values, formats: dict, zeros: dict,
     normal number (solid line) and smallest subnormal (dashed) marked. ``formats``: ``{name: FormatRange}``
     (:func:`lessonlib.measure.formats.format_range`); ``zeros``: ``{name: share of values the cast turns into 0}``
     (a fraction, for the legend). A format whose lines lie far left of every value is named as off the axis."""
+    import math
+
     import numpy as np
     import torch
 
@@ -324,6 +326,9 @@ def plot_magnitudes(values, formats: dict, zeros: dict,
             # thin over the thick one, so both colours show, and the two are named beside the top of the line
             same = [n for n in list(shown)[:list(shown).index(name)] if shown[n].normal_min == f.normal_min]
             lw = 1.0 if same else 2.6
+            if same:  # the legend says why one solid line seems missing: the same exponent bits, the same normal
+                bits = f.bits - 1 - round(-math.log2(f.eps))  # sign, exponent, mantissa
+                label += f";\nsmallest normal: {same[0]}'s line ({bits} exponent bits each)"
             ax.axvline(f.normal_min, color=colors[name], lw=lw, label=label)
             ax.axvline(f.sub_min, color=colors[name], lw=lw, ls="--")
             if same:

@@ -39,7 +39,11 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
     else:
         fig, (ax, other) = plt.subplots(1, 2, figsize=(13, 4.8))
         _normalised(other, roofline, points, compare)
-    ax.plot(xs, [roofline.attainable(x) / 1e9 for x in xs], color="black", label="roofline: min(peak, bandwidth × intensity)")
+    # the flat roof named from the measured sweep: the side of the fastest square product (with no name of its own,
+    # the name of a point just under it, the 64 x 64 product's, was read as the roof's)
+    side = max(zip(roofline.matmul_flops_per_s, roofline.sizes))[1]
+    ax.plot(xs, [roofline.attainable(x) / 1e9 for x in xs], color="black",
+            label=f"roofline: min(peak, bandwidth × intensity);\nflat: the fastest square product, {side} × {side}")
     ax.axvline(roofline.ridge, color="grey", linestyle=":", label=f"ridge: {roofline.ridge:.3g} FLOPs/byte")
     markers = "osD^vP*Xh<>"  # a colour and a shape per op: told apart without colour too
     # Points of similar intensity and speed (the QKV and MLP products; GELU and LayerNorm) overlap: each is also
