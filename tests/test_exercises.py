@@ -130,6 +130,17 @@ def test_instructor_page_lists_every_exercise_as_it_is():
         assert f"file: exercises/{path.stem}\n" in toc, f"{path.stem} is not under exercises/index in _toc.yml"
 
 
+def test_the_instructor_overview_is_short_and_links_the_grader_page():
+    """Readers found exercises/index.md too long: it is an overview per exercise, and how to hand out, grade and
+    read flagged answers is on its own page, linked from it and listed in the book."""
+    index = (EXERCISES / "index.md").read_text()
+    assert "(grading.md)" in index and len(index.split()) < 2000
+    for moved in ("## Handing out student copies", "## Grading what students hand in", "## The short path",
+                  "## Reading a flagged answer", "## Reference", "nbgrader"):
+        assert moved not in index and moved in (EXERCISES / "grading.md").read_text(), moved
+    assert "file: exercises/grading\n" in (ROOT / "_toc.yml").read_text()
+
+
 def test_the_minutes_an_exercise_states_are_its_metadata_s():
     """3e and 3f sent students to the instructors' table for their time, a page students are told not to see:
     an exercise that states its time states the one in its metadata (the instructors' table's)."""
@@ -1023,7 +1034,7 @@ def test_2b_q5_accepts_the_early_stop_length_and_its_worked_examples_hold(check_
     # the verdict follows from the memory saved against the time paid (both prices meet the deadline), not from
     # how the blocks are laid out, which decides only how much early stop saves
     assert "memory saved against the time paid" in question and "loses this point" not in question
-    text = " ".join((EXERCISES / "index.md").read_text().split())
+    text = " ".join((EXERCISES / "grading.md").read_text().split())
     read, hedged, wrong = re.findall(r'"([^"]+\.)" is (?:read as|flagged)', text)
     _run(check_2b_q5, GOOD_ANSWERS_WITHOUT_DAYS[0] + " " + read + DAYS)
     for bad, why in ((hedged, "negated or hedged"), (wrong, "misconception")):
