@@ -115,8 +115,8 @@ def test_student_and_check_commands_on_the_real_exercises(tmp_path):
         nb = nbformat.read(path, as_version=4)
         assert handout.answer_leaks(nb) == [] and "What this exercise showed" not in text, path.name
         assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), path.name
-    # the one command the exercises' index gives an instructor is the one run here
-    assert "python exercises/instructor.py student handout/\n```" in (ROOT / "exercises" / "index.md").read_text()
+    # the one command the instructors' page on the grader gives is the one run here
+    assert "python exercises/instructor.py student handout/\n```" in (ROOT / "exercises" / "grading.md").read_text()
     assert "colab.research.google.com/github/org/repo/blob/main/handout/" in (out / "index.md").read_text()
     # after the deadline: the solutions and each exercise's summary, without the hidden tests or outputs
     sol = tmp_path / "solutions"

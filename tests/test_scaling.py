@@ -271,6 +271,24 @@ def test_3b_predicts_four_processes_with_the_alpha_beta_model_not_bytes_alone():
     growth = collective_seconds("all_reduce", grad_bytes, 4, alpha, beta) / ar2
     assert growth == pytest.approx((6 * alpha + 1.5 * grad_bytes / beta) / (2 * alpha + grad_bytes / beta))
     assert 1.5 < growth < 3
+    # 3b-q4c grades a choice from the same fit: which change shortens the four-process all-reduce more. Here the
+    # bandwidth term (1.5 x 1.2 MB at 1 GB/s, 1.8 ms) outweighs the latency term (6 x 100 us): doubling the
+    # bandwidth saves 0.9 ms, halving alpha 0.3 ms; with alpha 20 times larger, halving it wins
+    choose = _check_3b("3b-q4c", rows, grad_bytes)
+
+    def pick(choice, rows=rows):
+        got = {"faster_all_reduce": choice, "measured": rows}
+        return decode_answers(json.loads(json.dumps({k: to_plain(v, k) for k, v in got.items()})))
+
+    choose(pick("double bandwidth"))
+    with pytest.raises(AssertionError, match="faster_all_reduce"):
+        choose(pick("halve alpha"))
+    slow = 20 * alpha
+    lat_rows = {b: dict(r, latency=collective_seconds("all_reduce", 4, 2, slow, beta),
+                        allreduce=collective_seconds("all_reduce", grad_bytes, 2, slow, beta)) for b, r in rows.items()}
+    choose(pick("halve alpha", lat_rows))
+    with pytest.raises(AssertionError, match="faster_all_reduce"):
+        choose(pick("double bandwidth", lat_rows))
 
 
 # ------------------------------------------- the first pages say what their own runs measured

@@ -211,10 +211,14 @@ def _draw_policies(ax, kept: dict, extra: dict, title: str, gb: dict | None = No
         label_y = max(kept[name], label_y + gap)
         ax.plot(extra[name], kept[name], "o", ms=9, color="#4C72B0", zorder=3)
         size = f"{kept[name]:.0f} B" + ("" if gb is None else f" ({gb[name]:.1f} GB)")
-        moved = label_y - kept[name] > 0.01 * top  # pushed up by a point below: a line joins label and point
+        # the labels of points close together start in one column, right of the cluster's rightmost point
+        near = [m for m in kept if m != name and abs(extra[m] - extra[name]) < 0.1 * right
+                and abs(kept[m] - kept[name]) < 3 * gap]
+        label_x = max([extra[name], *(extra[m] for m in near)]) + (0.1 if near else 0.03) * right
+        moved = bool(near) or label_y - kept[name] > 0.01 * top  # a line joins the label and its point
         ax.annotate(f"{name}: {size}, +{extra[name]:.1f} %", (extra[name], kept[name]),
-                    xytext=(extra[name] + 0.03 * right, label_y), textcoords="data", va="center", fontsize=9,
-                    arrowprops=dict(arrowstyle="-", lw=0.6, color="0.4") if moved else None)
+                    xytext=(label_x, label_y), textcoords="data", va="center", fontsize=9,
+                    arrowprops=dict(arrowstyle="-", lw=0.6, color="0.4", relpos=(0, 0.5)) if moved else None)
     top = max(top, label_y + gap)
     ax.set_xlim(-0.05 * max(extra.values()) - 0.5, right)
     ax.set_ylim(0, top)
