@@ -232,3 +232,16 @@ def test_bill_refuses_bad_input():
         B.bill(10, -1, 700)
     with pytest.raises(ValueError, match="carbon intensity"):
         B.carbon_intensity(1e9, 10, 700)
+
+
+def test_the_throughput_drop_is_page_3_11s_step_model_at_both_sizes():
+    # 3.13 explains Table 4's drop from 8,192 to 16,384 GPUs with the step 3.11 prices: at 16,384 the two agree,
+    # and the drop splits exactly into the bubble and the exposed data-parallel time (the rest grows with compute)
+    from lessonlib.calc.layout_search import llama3_reported_step
+    d, run = S.llama3_throughput_drop(), llama3_reported_step()
+    assert d.world_sizes == (8192, 16384)
+    assert d.mfu[1] == pytest.approx(run.mfu, rel=1e-12) and d.step_s[1] == pytest.approx(run.step_s, rel=1e-12)
+    assert d.data_comm_s[1] == pytest.approx(run.data_comm_s, rel=1e-12) and d.bubble_s[1] == run.once.bubble_s
+    assert d.compute_s[0] == pytest.approx(2 * d.compute_s[1]) and d.bubble_s[0] == pytest.approx(d.bubble_s[1])
+    assert d.bubble_part + d.data_part == pytest.approx(d.drop, rel=1e-9)
+    assert d.bubble_part > d.data_part > 0

@@ -22,7 +22,8 @@ for, the same rate the layout model prices compute at). A paid device-hour buys
 
 Two contrasts are kept beside the account. Amdahl's form fitted to Table 4's strong scaling (430 TFLOP/s per
 GPU on 8,192 GPUs, 400 on 16,384, one batch) gives a serial share (:func:`fit_serial_share`), although the drop
-is mostly the pipeline's bubble, which a constant serial share cannot describe; and a fixed serial share of
+is the pipeline's bubble and the exposed data-parallel time (:func:`llama3_throughput_drop`), which a constant
+serial share cannot describe; and a fixed serial share of
 0.1 % (942.5x on 16,384 devices) shows the collapse a serial share that size would cause (``contrast_*``). The
 optimizer update every replica would repeat without ZeRO is computed from the state's bytes and the device's
 memory bandwidth.
@@ -266,3 +267,60 @@ def scale_ladder(account: ScaleAccount) -> list:
         Rung(f"a contrast: a fixed serial share of {100 * a.contrast_serial_share:g} % instead, same failures",
              k * a.contrast_per_device_hour, a.contrast_per_device_hour),
     ]
+
+
+@dataclass(frozen=True)
+class ThroughputDrop:
+    """Meta's 8K step on Table 4's two GPU counts (``world_sizes``: fewer, more), the same degrees and global
+    batch, priced as :func:`lessonlib.calc.layout_search.llama3_reported_step` prices it (page 3.11's model).
+    Per copy, in seconds, one value per world size: ``compute_s``, ``bubble_s`` (the pipeline's idle time),
+    ``data_comm_s`` (the data-parallel time the last micro-batch's backward leaves exposed), ``step_s`` (the whole
+    step, the other exposed communication included); ``mfu`` the utilisation each implies. ``drop`` is the
+    per-GPU throughput lost from the fewer GPUs to the more (1 - mfu[1] / mfu[0]); ``bubble_part`` and
+    ``data_part`` are the shares of it the bubble and the exposed data-parallel time cause (fractions of the
+    throughput on the fewer GPUs); the rest of the step grows with the compute and adds nothing."""
+
+    world_sizes: tuple
+    compute_s: tuple
+    bubble_s: tuple
+    data_comm_s: tuple
+    step_s: tuple
+    mfu: tuple
+    drop: float
+    bubble_part: float
+    data_part: float
+
+
+def llama3_throughput_drop() -> ThroughputDrop:
+    """Why each GPU of Llama 3 405B's 8K run sustains less on 16,384 GPUs than on 8,192 (Table 4), in page 3.11's
+    step model: a copy's compute halves with its micro-batches, while the pipeline's bubble and the exposed
+    data-parallel time do not. Each world size is priced exactly as ``llama3_reported_step`` prices 16,384 (tests
+    check that the two agree there): the once-a-step reduction with its reduce-scatter in FP32, hidden behind the
+    last micro-batch's backward only. A copy's step at the fewer GPUs is r times the compute of the more (r = 2);
+    the drop splits exactly into the terms of the step: (r k_more - k_fewer) / (r step_more) for each term k.
+    """
+    from dataclasses import replace
+    from .layout import layout_cost
+    from .layout_search import published_layout_cost, published_models
+
+    name = "Llama 3 405B, 8K context"
+    model, cluster, _ = published_models()[name]
+    lay = published_layout_cost(name, zero=1).layout
+    fewer = int(_pub.LLAMA3_405B["gpus_first_stage"].value)
+    rows = []
+    for n in (fewer, cluster.world_size):
+        data = lay.data * n // cluster.world_size
+        once = layout_cost(model, replace(cluster, world_size=n), replace(lay, data=data))
+        rs, ag = once.data_traffic["reduce_scatter"], once.data_traffic["all_gather"]
+        total = once.data_comm_total_s * (1 + rs / (rs + ag))  # the reduce-scatter in FP32: its bytes doubled
+        exposed = max(0.0, total - once.compute_s * 2 / 3 / (model.global_batch // data))
+        step = once.step_s - once.data_comm_s + exposed
+        rows.append((once.compute_s, once.bubble_s, exposed, step, once.mfu * once.step_s / step))
+    (c0, b0, e0, s0, m0), (c1, b1, e1, s1, m1) = rows
+    r = c0 / c1
+    return ThroughputDrop(
+        (fewer, cluster.world_size), (c0, c1), (b0, b1), (e0, e1), (s0, s1), (m0, m1),
+        drop=result(1 - m1 / m0, "the two steps", "a share of the throughput", high=1.0),
+        bubble_part=result((r * b1 - b0) / (r * s1), "the bubbles", "a share of the throughput", high=1.0),
+        data_part=result((r * e1 - e0) / (r * s1), "the exposed data-parallel times", "a share of the throughput",
+                         high=1.0))
