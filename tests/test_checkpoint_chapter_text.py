@@ -70,7 +70,7 @@ def test_rooflines_cross_reference_names_what_chapter_2_times():
     page = text(ROOT / "chapters" / "01-forward-vs-training" / "05-rooflines.md")
     assert "measures full recomputation's" not in page
     # 1.5 no longer times a checkpointed step (early stop is taught in chapter 2): it links to the page that does
-    assert "early stop" not in page and "(../02-two-checkpoints/02-memory-against-compute.ipynb) times it" in page
+    assert "early stop" not in page and "(../02-two-checkpoints/02-memory-against-compute.ipynb) times a whole checkpointed step" in page
 
 
 def test_2b_compares_the_time_with_the_timed_configurations_flops():

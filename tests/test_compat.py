@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 import tomllib
 
@@ -11,6 +12,7 @@ import torch
 
 from conftest import ROOT
 from lessonlib.measure import compat
+from lessonlib.measure.distributed.overlap import NEEDS
 
 
 def _hide(monkeypatch, name):
@@ -247,7 +249,8 @@ def _guarded_functions() -> dict:
             if isinstance(fn, ast.FunctionDef):
                 for node in ast.walk(fn):
                     if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "require_all":
-                        out.setdefault(fn.name, set()).update(a.value for a in node.args)
+                        # constant names only: run_overlap's needs depend on its engine (checked below)
+                        out.setdefault(fn.name, set()).update(a.value for a in node.args if isinstance(a, ast.Constant))
     return out
 
 
@@ -267,6 +270,8 @@ def test_every_page_that_runs_a_guarded_measurement_guards_it():
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         needed = set().union(*(caps for fn, caps in guarded.items() if fn in used))
+        if "run_overlap" in used and re.search(r"engine\s*=\s*['\"]fsdp['\"]", src):
+            needed |= set(NEEDS["fsdp"])
         checked = {a.value for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "requires"
                    for a in n.args if isinstance(a, ast.Constant)}
         assert needed <= checked, f"{nb_path.name} needs {sorted(needed - checked)} without requires()"

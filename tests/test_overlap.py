@@ -398,3 +398,29 @@ def test_ring_chunk_and_ring_steps_play_the_ring_all_reduce_without_processes():
     assert ring_steps(1) == [] and len(ring_steps(7)) == 12
     with pytest.raises(ValueError):
         ring_chunk(0, 0, "broadcast", 4)
+
+
+def test_only_fsdp2s_engine_needs_fully_shard(monkeypatch):
+    # 3.3 times DDP's variants alone, so it runs on a torch without FSDP2; 3.5's run names what is missing
+    from lessonlib.measure import compat
+    from lessonlib.measure.distributed import overlap
+
+    def no_launch(*a, **k):
+        raise AssertionError("launched")
+
+    monkeypatch.setattr(overlap, "launch", no_launch)
+    monkeypatch.setattr(compat, "feature", lambda name: None)  # a torch with none of the capabilities
+    with pytest.raises(compat.Unavailable):
+        overlap.run_overlap(engine="fsdp")
+    with pytest.raises(AssertionError, match="launched"):
+        overlap.run_overlap(engine="ddp")
+
+
+def test_quartiles_are_inclusive_and_refuse_nothing_to_summarise():
+    from lessonlib.measure.rounds import Rounds, quartiles
+
+    assert quartiles([0.006, 0.009, 0.007, 0.020]) == pytest.approx((0.00675, 0.008, 0.01175))
+    assert quartiles([-1.0]) == (-1.0, -1.0, -1.0)  # one round: itself, negative allowed (an exposed time)
+    assert Rounds({"a": [1.0, 2.0, 3.0]}).quartiles("a") == (1.5, 2.5)
+    with pytest.raises(ValueError, match="values"):
+        quartiles([])

@@ -21,7 +21,8 @@ from typing import Callable, Hashable
 
 import torch
 
-from ..checks import count as _check_count, flag as _check_flag, function as _check_function, text as _check_text
+from ..checks import count as _check_count, flag as _check_flag, function as _check_function, measured as _check_measured
+from ..checks import sequence as _check_sequence, text as _check_text
 from .device import MAX_THREADS, Timer, as_device, synchronize, threads
 
 #: The most rounds (and, separately, warm-up rounds) :func:`time_rounds` runs.
@@ -57,9 +58,8 @@ def quartiles(values) -> tuple:
     """(lower quartile, median, upper quartile) of ``values``, inclusive quartiles: the median and the middle
     half of the rounds around it, the spread this course prints beside a median. One value gives itself three
     times."""
-    values = list(values)
-    if not values:
-        raise ValueError("values: no rounds were recorded")
+    values = _check_sequence("values", values)  # refuses an empty one, naming it
+    _check_measured("values", values, signed=True)  # an exposed time may be negative
     if len(values) == 1:
         return (values[0],) * 3
     return tuple(statistics.quantiles(values, n=4, method="inclusive"))

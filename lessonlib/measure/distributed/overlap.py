@@ -22,7 +22,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from ...checks import amount as _check_amount, count as _check_count, positive as _check_positive
+from ...checks import amount as _check_amount, choice as _check_choice, count as _check_count
+from ...checks import positive as _check_positive
 from ...calc.overlap import hidden_share
 from ..compat import require_all
 from ..rounds import Rounds, quartiles, time_rounds
@@ -43,6 +44,8 @@ VARIANTS = (
 )
 #: ``run_overlap``'s ``engine``: the variants it times (compute alone is timed with either).
 ENGINES = {"ddp": ("sync_after", "ddp", "hooks"), "fsdp": ("fsdp", "fsdp_prefetch")}
+#: The capabilities (:mod:`lessonlib.measure.compat`) each engine needs: pages guard 3.5's FSDP2 run with them.
+NEEDS = {"ddp": (), "fsdp": ("fully_shard", "comm_debug_mode")}
 
 
 def _timed_allreduce_hook(record, bucket):
@@ -371,10 +374,8 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     rounds = _check_count("rounds", rounds, maximum=1000)
     warmup = _check_count("warmup", warmup, minimum=0, maximum=1000)
     timeout = _check_amount("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r} is not one of {sorted(ENGINES)}")
-    if engine == "fsdp":
-        require_all("fully_shard", "comm_debug_mode")  # before starting processes: one clear error
+    engine = _check_choice("engine", engine, ENGINES)
+    require_all(*NEEDS[engine])  # before starting processes: one clear error on an older torch
     if hidden % world_size:
         raise ValueError(f"hidden={hidden} does not divide evenly by world_size={world_size} (FSDP shards rows)")
     per_rank = launch(_overlap_worker, world_size, args=(hidden, layers, batch, bucket_cap_mb, rounds, warmup, engine),
