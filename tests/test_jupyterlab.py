@@ -8,7 +8,8 @@ answers a quiz wrong then right, and moves a calculator slider; then it saves,
 shuts the kernel down and reloads the page, as a reader reopening the notebook
 would (JupyterLab starts a fresh kernel, which holds none of the first run's
 objects), and checks that no widget error shows and the quiz still answers.
-Screenshots go to _build/screenshots/.
+The same server then opens notebooks executed elsewhere: one untrusted (no answer
+shows), and one of our own, driven by the keyboard. Screenshots go to _build/screenshots/.
 """
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ from browser import browser
 from conftest import ROOT
 
 pytestmark = [pytest.mark.environments, pytest.mark.slow, pytest.mark.browser]
-NOTEBOOK = ROOT / "chapters" / "03-distributed-speedup" / "01-amdahl.ipynb"
+#: A chapter page with a single-choice quiz and a calculator, quick to run (its measurements are small): the
+#: launcher of the multi-process pages runs in a kernel under nbval already, so this test does not repeat one.
+NOTEBOOK = ROOT / "chapters" / "02-two-checkpoints" / "05-how-often-and-which-kind.ipynb"
 SHOTS = ROOT / "_build" / "screenshots"
 TOKEN = "wtc-test-token"
 
@@ -95,9 +98,10 @@ def lab(tmp_path_factory):
     work = base / "work"
     work.mkdir()
     shutil.copy(NOTEBOOK, work / NOTEBOOK.name)
-    proc, url, log = _serve_lab(venv, base, work, _env(venv, base, LESSONLIB_SOURCE=source))
+    env = _env(venv, base, LESSONLIB_SOURCE=source)
+    proc, url, log = _serve_lab(venv, base, work, env)
     try:
-        yield url, work
+        yield url, work, venv, env
     finally:
         _stop(proc, log)
 
@@ -165,7 +169,7 @@ def _answer_single_choice(page):
 
 
 def test_run_answer_slide_and_reopen_in_jupyterlab(lab):
-    url, work = lab
+    url, work, _, _ = lab
     SHOTS.mkdir(parents=True, exist_ok=True)
     with browser() as b:
         page = b.new_page(viewport={"width": 1280, "height": 900})
@@ -258,44 +262,20 @@ def _executed(path: Path, objects) -> None:
     nbformat.write(nb, path)
 
 
-@pytest.fixture(scope="module")
-def bare_lab(tmp_path_factory):
-    """JupyterLab alone (no torch, no lessonlib: the notebooks it opens are executed already).
-
-    Set LAB_VENV=path/to/venv to reuse a venv that has jupyterlab and ipykernel (local loops only).
-    """
-    import sys
-
-    base = tmp_path_factory.mktemp("bare-lab")
-    venv = Path(os.environ.get("LAB_VENV") or base / "venv")
-    if not (venv / "bin" / "jupyter-lab").exists():
-        ce.run([sys.executable, "-m", "venv", str(venv)])
-        ce.install(venv / "bin" / "python", "jupyterlab", "ipykernel")
-    _settings(venv)
-    work = base / "work"
-    work.mkdir()
-    env = _env(venv, base)
-    proc, url, log = _serve_lab(venv, base, work, env)
-    try:
-        yield url, work, venv, env
-    finally:
-        _stop(proc, log)
-
-
 def _open(b, url: str, name: str, width: int = 1280):
     page = b.new_page(viewport={"width": width, "height": 900})
     errors = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"{url}/lab/tree/{name}?token={TOKEN}")
+    page.goto(f"{url}/lab/tree/{name}?reset&token={TOKEN}")  # reset: no tab of an earlier test restored beside it
     page.wait_for_selector(".jp-Notebook .jp-Cell .jp-OutputArea-output", timeout=120_000)
     page.wait_for_timeout(2000)  # the outputs render after the cells
     return page, errors
 
 
-def test_an_untrusted_notebook_shows_no_answer_in_jupyterlab(bare_lab):
+def test_an_untrusted_notebook_shows_no_answer_in_jupyterlab(lab):
     # An executed notebook from elsewhere (a download from Colab, a classmate's run) opens untrusted:
     # JupyterLab drops its outputs' scripts and strips their `hidden` attributes.
-    url, work, _, _ = bare_lab
+    url, work, _, _ = lab  # the same server: these notebooks are executed already, no kernel needed
     quizzes = _page_quizzes()
     _executed(work / "untrusted.ipynb", quizzes)
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -320,11 +300,11 @@ def test_an_untrusted_notebook_shows_no_answer_in_jupyterlab(bare_lab):
     assert not errors, errors
 
 
-def test_arrow_keys_move_a_calculator_slider_and_a_choice_in_jupyterlab(bare_lab):
+def test_arrow_keys_move_a_calculator_slider_and_a_choice_in_jupyterlab(lab):
     # In command mode JupyterLab takes the arrow keys to move between cells, unless the widget keeps them.
     from lessonlib.book.interactive import Explorer
 
-    url, work, venv, env = bare_lab
+    url, work, venv, env = lab
     calc = Explorer(lambda devices: f"{devices} devices", {"devices": [1, 2, 4, 8, 16]}, title="Calculator")
     choice = next(q for q in _page_quizzes() if type(q).__name__ == "SingleChoice")
     _executed(work / "keys.ipynb", [calc, choice])
