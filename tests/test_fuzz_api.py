@@ -539,7 +539,7 @@ def _laid_out_only(fig) -> bytes:
 
 @pytest.fixture
 def figures_laid_out_not_encoded(qualname):
-    """The deep fuzz, and the fuzz of result structures, lay each accepted figure out without encoding its PNGs.
+    """The deep fuzz, and the fuzz of result structures, lay each accepted figure out once, without encoding PNGs.
 
     It is about what a function accepts and refuses, and for a figure function the PNGs were most
     of its time (a desktop and a phone PNG, each laid out twice by ``bbox_inches="tight"``): about
@@ -552,13 +552,31 @@ def figures_laid_out_not_encoded(qualname):
     with pytest.MonkeyPatch.context() as mp:
         if not qualname.startswith("lessonlib.book.figures."):
             mp.setattr(figures, "_png", _laid_out_only)
-            mp.setattr(figures, "_phone_png", _laid_out_only)
+            # One layout an input is enough to find a value that breaks a plot: the passes ``show`` adds
+            # after the figure function returns (tick labels pulled apart, the phone version) take the same
+            # figure whatever the input, and were three quarters of these tests' time. They run in full
+            # under the shallow fuzz and in tests/test_figures.py and tests/test_plots_phone.py.
+            mp.setattr(figures, "untangle_tick_labels", lambda fig: False)
+            mp.setattr(figures, "for_phone", lambda fig: False)
+        yield
+
+
+@pytest.fixture
+def streaming_on_a_small_tensor(qualname):
+    """The deep fuzz of ``measure_streaming`` times a 2 MiB tensor, not twice the last-level cache (64 MiB here):
+    what it accepts and refuses does not depend on the cache, and each accepted call took a tenth of a second.
+    The page (1.5) and tests/test_roofline.py time the full size."""
+    from lessonlib.measure import roofline
+
+    with pytest.MonkeyPatch.context() as mp:
+        if qualname == "lessonlib.measure.roofline.measure_streaming":
+            mp.setattr(roofline, "last_level_cache_bytes", lambda device=None: 2**20)
         yield
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("qualname", COVERED)
-def test_bad_input_deep(qualname, good, tmp_path, figures_laid_out_not_encoded):
+def test_bad_input_deep(qualname, good, tmp_path, figures_laid_out_not_encoded, streaming_on_a_small_tensor):
     _fuzz(qualname, good, tmp_path, 150)
 
 
