@@ -545,3 +545,12 @@ def test_llama_layer_constant():
                          ({"heads": 32, "kv_heads": 8, "bytes_per_value": 1}, "bytes_per_value")):
         with pytest.raises(ValueError, match=word):
             llama_layer_constant(**kwargs)
+
+
+def test_no_dropout_drops_the_mask_bytes():
+    """dropout=False: 32 sbh fused (34 less two 1-byte masks); stored scores lose their 1-byte mask too."""
+    s, b, h, a = 256, 2, 512, 8
+    assert activation_bytes_per_layer(s, b, h, a, dropout=False) == 32 * s * b * h
+    assert (activation_bytes_per_layer(s, b, h, a, attention="stored")
+            - activation_bytes_per_layer(s, b, h, a, attention="stored", dropout=False)) == 2 * s * b * h + a * s * s * b
+    assert memory.activation_bytes(s, b, h, a, 3, dropout=False) == 3 * 32 * s * b * h

@@ -166,7 +166,7 @@ def _check_layout(hidden, heads, tensor_parallel):
 
 def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "none",
                                bytes_per_value: int = 2, *, tensor_parallel=1, attention: str = "fused",
-                               sequence_parallel: bool = False) -> int:
+                               sequence_parallel: bool = False, dropout: bool = True) -> int:
     """Activation bytes one transformer layer keeps for backward, per device (Korthikanti et al., 2022).
 
     Formula (s = seq_len, b = batch, h = hidden, a = heads, t =
@@ -191,6 +191,8 @@ def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "
     mask bytes for the attention scores. With ``e`` = ``bytes_per_value``
     bytes per value that is s*b*h*(16e + 2) + a*s*s*b*(2e + 1): 34 and 5 for
     e = 2, 66 and 9 for fp32 (e = 4); "full" keeps the layer's input, e*s*b*h.
+    With ``dropout=False`` (no dropout, as large language models are pretrained today) the
+    mask bytes go: 32 and 4 for e = 2 (so 32*s*b*h with fused attention).
 
     Under tensor parallelism (Megatron's column-then-row split of attention
     and MLP) each device keeps 1/t of the tensors inside the split matrices
@@ -215,6 +217,8 @@ def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "
     912
     >>> activation_bytes_per_layer(2048, 1, 4096, 32) // 2**20
     272
+    >>> activation_bytes_per_layer(2048, 1, 4096, 32, dropout=False) // 2**20
+    256
     >>> activation_bytes_per_layer(2048, 1, 4096, 32, bytes_per_value=4, attention="stored") // 2**20
     1680
     >>> activation_bytes_per_layer(2048, 1, 4096, 32, tensor_parallel=8, attention="stored") // 2**20
@@ -235,20 +239,21 @@ def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
     check_choice("attention", attention, ATTENTION_CHOICES)
     sp = check_flag("sequence_parallel", sequence_parallel)
+    mask = 1 if check_flag("dropout", dropout) else 0  # bytes of dropout mask per masked value
     h, a, t = _check_layout(hidden, heads, tensor_parallel)
     if recompute == "full":
         return e * s * b * h // t if sp else e * s * b * h
     # whole numbers: t divides h and a, so every term divided by t is exact
-    unsplit = (4 * e + 2) * s * b * h
+    unsplit = (4 * e + 2 * mask) * s * b * h
     per_layer = (unsplit // t if sp else unsplit) + 12 * e * s * b * h // t
     if recompute == "none" and attention == "stored":
-        per_layer += (2 * e + 1) * a * s * s * b // t
+        per_layer += (2 * e + mask) * a * s * s * b // t
     return per_layer
 
 
 def activation_bytes(seq_len, batch, hidden, heads, layers, recompute: str = "none",
                      bytes_per_value: int = 2, *, tensor_parallel=1, attention: str = "fused",
-                     sequence_parallel: bool = False, vocab=None) -> int:
+                     sequence_parallel: bool = False, vocab=None, dropout: bool = True) -> int:
     """Activation bytes for ``layers`` identical transformer layers, per device (bytes);
     see :func:`activation_bytes_per_layer`. With ``vocab`` (a vocabulary size) the
     logits the loss keeps are added (:func:`logits_bytes`, in ``bytes_per_value`` bytes,
@@ -256,7 +261,7 @@ def activation_bytes(seq_len, batch, hidden, heads, layers, recompute: str = "no
     n = check_count("layers", layers)
     per_layer = activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute, bytes_per_value,
                                            tensor_parallel=tensor_parallel, attention=attention,
-                                           sequence_parallel=sequence_parallel)
+                                           sequence_parallel=sequence_parallel, dropout=dropout)
     if vocab is None:
         return n * per_layer
     return n * per_layer + logits_bytes(seq_len, batch, vocab, bytes_per_value) // check_count(
