@@ -26,7 +26,7 @@ def layout_table(costs, published=None) -> str:
         mark = " (published)" if key == (lay.tensor, lay.context, lay.pipeline, lay.data, lay.expert) else ""
         comm = c.tensor_comm_s + c.context_comm_s + c.pipeline_comm_s + c.data_comm_s + c.expert_comm_s
         rows.append([i, lay.label() + mark, _gb(c.memory_bytes), f"{c.compute_s:.2f}", f"{c.bubble_s:.2f}",
-                     f"{comm:.2f}", f"{c.step_s:.2f}", f"{100 * c.mfu:.0f} %"])
+                     f"{comm:.2f}", f"{c.step_s:.2f}", f"{100 * c.mfu:.1f} %"])
     return table(["#", "layout", "memory (GB)", "compute (s)", "bubble (s)", "exposed comm. (s)",
                        "step (s)", "MFU"], rows)
 
