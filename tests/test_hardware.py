@@ -64,6 +64,7 @@ def test_the_planner_report_uses_the_table():
 PAGES = ["chapters/01-forward-vs-training/07-planning.ipynb", "chapters/03-distributed-speedup/13-goodput.ipynb",
          "chapters/03-distributed-speedup/10-bytes-into-time.ipynb",
          "chapters/03-distributed-speedup/06-tensor-parallel-for-real.ipynb",
+         "chapters/03-distributed-speedup/07-sequence-and-context-parallel.ipynb",
          "exercises/3e-shard-the-state.ipynb"]
 
 

@@ -1,8 +1,8 @@
 """Ring attention (context parallelism): block counts, memory and agreement with full causal attention."""
 import pytest
 
-from lessonlib.calc.sequence import (causal_block_counts, causal_imbalance, ring_attention_saved_bytes,
-                                     sequence_layout)
+from lessonlib.calc.sequence import (causal_block_counts, causal_imbalance, causal_work, ring_attention_saved_bytes,
+                                     ring_overlap_tokens, sequence_layout)
 
 
 def _brute_force_blocks(devices, layout):
@@ -21,6 +21,29 @@ def test_block_counts_are_the_causal_pairs(devices):
     assert set(causal_block_counts(devices, "zigzag")) == {2 * devices + 1}
     assert causal_imbalance(devices, "zigzag") == 1.0
     assert causal_imbalance(devices, "contiguous") == pytest.approx((4 * devices - 1) / (2 * devices + 1))
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3, 4, 8])
+def test_causal_work_counts_diagonal_blocks_half(devices):
+    n = 8 * devices  # tokens a side of a fine grid: 4 per chunk; a chunk pair's work is its unmasked pairs / 16
+    chunk = n // (2 * devices)
+    exact = [sum(1 for c in mine for qt in range(c * chunk, (c + 1) * chunk) for kt in range(qt + 1)) / chunk ** 2
+             for mine in sequence_layout(devices, "contiguous")]
+    work = causal_work(devices, "contiguous")
+    # the token-level count also keeps the diagonal's own pairs (chunk / 2 of them per diagonal block)
+    assert work == pytest.approx([e - 2 * (chunk / 2) / chunk ** 2 for e in exact])
+    assert sum(work) == 2 * devices ** 2 and set(causal_work(devices, "zigzag")) == {2.0 * devices}
+    assert causal_imbalance(devices, "contiguous", count="work") == pytest.approx((4 * devices - 2) / (2 * devices))
+
+
+def test_ring_overlap_tokens_is_where_compute_meets_the_send():
+    h, kv, f, alpha, beta = 16384, 1024, 6e14, 9.6e-6, 50e9
+    x = ring_overlap_tokens(h, kv, f, alpha, beta)
+    assert 2 * x * x * h / f == pytest.approx(alpha + 2 * 2 * x * kv / beta)
+    assert ring_overlap_tokens(h, h, f, alpha, beta) > 10 * x  # wider K/V (no grouped-query attention): later
+    assert ring_overlap_tokens(h, kv, f, 0.0, beta) < x  # no latency: earlier
+    with pytest.raises(ValueError, match="kv_hidden"):
+        ring_overlap_tokens(h, 2 * h, f, alpha, beta)
 
 
 def test_saved_bytes_divide_by_devices():

@@ -74,7 +74,8 @@ def plot_causal_work(world_size: int, measured: dict):
     ax.title.set_fontsize(9)
     ax.set_xticks(list(ranks))
     ax.legend(fontsize=8)
-    fig.suptitle(f"Causal attention's work per device, contiguous split against zig-zag: grids drawn for {world_size} "
-                 f"devices, bars measured on {len(ranks)} processes", fontsize=10)
+    drawn = (f"on {world_size} processes" if world_size == len(ranks) else
+             f"grids drawn for {world_size} devices, bars measured on {len(ranks)} processes")
+    fig.suptitle(f"Causal attention's work per device, contiguous split against zig-zag, {drawn}", fontsize=10)
     fig.tight_layout()
     return fig

@@ -8,11 +8,16 @@ Pure Python (no torch). Three things:
   ``tensor_parallel``);
 * the bytes a ring attention keeps per device under context parallelism;
 * the causal-attention work of each device when the sequence is cut into
-  contiguous pieces, or in the zig-zag order that balances it.
+  contiguous pieces, or in the zig-zag order that balances it;
+* the fewest tokens per device at which a ring step's attention hides its
+  K/V send (the alpha-beta model of :mod:`lessonlib.calc.comm`).
 """
 from __future__ import annotations
 
-from ..checks import choice as _check_choice, count as _check_count
+import math
+
+from ..checks import (amount as _check_amount, choice as _check_choice, count as _check_count,
+                      positive as _check_positive, result as _check_result)
 from .memory import BYTES_PER_VALUE_CHOICES, activation_bytes_per_layer
 
 #: The two ways :func:`sequence_layout` hands out a sequence's chunks.
@@ -186,16 +191,72 @@ def causal_block_counts(world_size, layout: str = "zigzag") -> list:
     return [sum(q + 1 for q in mine) for mine in sequence_layout(world_size, layout)]
 
 
-def causal_imbalance(world_size, layout: str = "zigzag") -> float:
-    """Busiest device's causal-attention blocks / mean blocks per device (dimensionless, >= 1).
+def causal_work(world_size, layout: str = "zigzag") -> list:
+    """Causal-attention work of each device, in whole blocks: one entry per device.
 
-    The attention step ends when the busiest device does, so this is how much
-    longer it takes than an even spread of the same work.
+    :func:`causal_block_counts` with each diagonal block counted as the half
+    the mask leaves (its upper triangle is masked): query chunk q does
+    ``q + 1/2`` blocks of work. A contiguous split gives device r ``4r + 2``;
+    the zig-zag split gives every device ``2*world_size``. Same total,
+    ``2 * world_size**2``, half the ``(2*world_size)**2`` grid.
+
+    >>> causal_work(2, "contiguous")
+    [2.0, 6.0]
+    >>> causal_work(2, "zigzag")
+    [4.0, 4.0]
+    """
+    return [sum(q + 0.5 for q in mine) for mine in sequence_layout(world_size, layout)]
+
+
+#: What :func:`causal_imbalance` counts: computed blocks, or the work they hold (diagonal blocks half).
+IMBALANCE_COUNTS = ("blocks", "work")
+
+
+def causal_imbalance(world_size, layout: str = "zigzag", count: str = "blocks") -> float:
+    """Busiest device's causal-attention load / mean load per device (dimensionless, >= 1).
+
+    ``count="blocks"`` counts computed blocks (:func:`causal_block_counts`),
+    ``"work"`` the work inside them (:func:`causal_work`: a diagonal block is
+    half masked). The attention step ends when the busiest device does, so
+    the work ratio is how much longer it takes than an even spread.
 
     >>> round(causal_imbalance(4, "contiguous"), 3)
     1.667
+    >>> causal_imbalance(2, "contiguous", count="work")
+    1.5
     >>> causal_imbalance(4, "zigzag")
     1.0
     """
-    counts = causal_block_counts(world_size, layout)
-    return max(counts) * len(counts) / sum(counts)
+    _check_choice("count", count, IMBALANCE_COUNTS)
+    loads = (causal_block_counts if count == "blocks" else causal_work)(world_size, layout)
+    return max(loads) * len(loads) / sum(loads)
+
+
+def ring_overlap_tokens(hidden, kv_hidden, flops_per_s, alpha_s, beta_bytes_per_s,
+                        bytes_per_value: int = 2) -> float:
+    """Fewest tokens per device, ``s/cp``, at which a ring step's attention lasts as long as its K/V send.
+
+    One sequence (batch 1), zig-zag split, forward. At each ring step a device
+    attends its ``x = s/cp`` queries to the ``x`` keys of the block in hand;
+    under the causal mask half of those pairs count (every step of the zig-zag
+    split but the first), each 4 FLOPs per query width (``Q K^T`` and
+    ``P V``): ``2 x**2 hidden`` FLOPs, at ``flops_per_s``. Meanwhile it sends
+    the next block's K and V, ``2 e x kv_hidden`` bytes (``kv_hidden`` =
+    key/value heads x head width: smaller than ``hidden`` with grouped-query
+    attention), one message of the alpha-beta model: ``alpha_s + bytes /
+    beta_bytes_per_s``. Compute grows as ``x**2``, the send as ``x``: the
+    send hides once ``x`` reaches the positive root of
+    ``2 hidden x**2 / F - 2 e kv_hidden x / beta - alpha = 0``. Returns tokens (a float).
+
+    >>> round(ring_overlap_tokens(4096, 4096, 500e12, 0.0, 50e9))
+    20000
+    """
+    h = _check_count("hidden", hidden)
+    kv = _check_count("kv_hidden", kv_hidden, maximum=h)
+    f = _check_positive("flops_per_s", flops_per_s)
+    alpha = _check_amount("alpha_s", alpha_s)
+    beta = _check_positive("beta_bytes_per_s", beta_bytes_per_s)
+    e = _check_count("bytes_per_value", bytes_per_value)
+    a, b = 2 * h / f, 2 * e * kv / beta  # seconds per token squared, per token
+    x = (b + math.sqrt(b * b + 4 * a * alpha)) / (2 * a)
+    return _check_result(x, "hidden, kv_hidden, flops_per_s and the link", "a number of tokens")
