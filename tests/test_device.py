@@ -50,3 +50,20 @@ def test_environment_report_says_what_measures_in_short_lines():
     assert third.startswith(f"torch {torch.__version__} | Python ")
     # Short lines, so the book's output box never has to cut them off (a test of the built pages checks too).
     assert all(len(line) <= 80 for line in report.split("\n")), report
+
+
+def test_cpu_topology_reads_this_machine_and_places_processes():
+    topo = device.cpu_topology()
+    assert topo.cpus >= 1 and (topo.cores is None or 1 <= topo.cores <= topo.cpus)
+    assert str(topo).startswith(f"this process's CPUs: {topo.cpus}")
+    one = device.CpuTopology(cpus=2, cores=1, virtual=False)  # two SMT siblings of one core
+    assert one.placement(2) == "shared_core" and "SMT siblings" in one.sharing(2)
+    assert device.CpuTopology(cpus=1, cores=1, virtual=None).placement(2) == "shared_cpu"
+    assert device.CpuTopology(cpus=4, cores=None, virtual=None).placement(2) == "unknown"
+    two = device.CpuTopology(cpus=2, cores=2, virtual=True)
+    assert two.placement(2) == "own_cores" and "virtual machine" in two.sharing(2)
+    for bad in ([], ["a"], [-1], "0", 3):
+        with pytest.raises((ValueError, TypeError), match="cpus"):
+            device.cpu_topology(bad)
+    with pytest.raises(ValueError, match="world_size"):
+        one.placement(0)

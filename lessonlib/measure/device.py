@@ -9,10 +9,11 @@ import os
 import platform
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
-from ..checks import count as _check_count, text as _check_text
+from ..checks import count as _check_count, counts as _check_counts, text as _check_text
 
 #: The most CPU threads :func:`threads` (and every ``num_threads`` of a measurement) sets: this
 #: machine's logical CPUs. torch accepts more, but a measurement with more threads than CPUs
@@ -165,3 +166,85 @@ def environment_report(device: torch.device | str | None = None) -> str:
                    f" (all there from torch {MIN_TORCH}); pages skip:")
         report += "".join(f"\n- {why}" for why in lacking.values())
     return report
+
+
+@dataclass(frozen=True)
+class CpuTopology:
+    """The CPUs this process may run on, as the operating system reports them (:func:`cpu_topology`).
+
+    ``cpus``: how many logical CPUs; ``cores``: how many physical cores they sit on, None where the
+    system does not say; ``virtual``: True in a virtual machine, whose cores may be hardware threads of
+    fewer physical cores without its knowing, None where unknown.
+    """
+
+    cpus: int
+    cores: int | None
+    virtual: bool | None
+
+    def placement(self, world_size: int) -> str:
+        """Where ``world_size`` one-thread processes run: ``"shared_cpu"`` (fewer CPUs than processes),
+        ``"shared_core"`` (fewer physical cores: some run as hardware threads, SMT siblings, of one
+        core), ``"own_cores"``, or ``"unknown"`` (the cores are not reported)."""
+        world_size = _check_count("world_size", world_size)
+        if self.cpus < world_size:
+            return "shared_cpu"
+        if self.cores is None:
+            return "unknown"
+        return "shared_core" if self.cores < world_size else "own_cores"
+
+    def sharing(self, world_size: int) -> str:
+        """One sentence: what ``world_size`` one-thread processes share on these CPUs."""
+        where = self.placement(world_size)
+        if where == "shared_cpu":
+            return f"This process may use {_some(self.cpus, 'CPU')} for {world_size} processes, so they take turns."
+        if where == "shared_core":
+            return (f"The system puts these {self.cpus} CPUs on {_some(self.cores, 'physical core')}: the processes run "
+                    "as hardware threads (SMT siblings) of one core and share its arithmetic units.")
+        if where == "unknown":
+            return "This system does not say which cores its CPUs sit on, so what the processes share is unknown."
+        return (f"The system reports {self.cores} separate cores: they still share the memory bus and, on a "
+                "shared machine, other programs' work" + ("; in a virtual machine such as this one they may also "
+                "be hardware threads of one physical core, which it cannot see." if self.virtual else "."))
+
+    def __str__(self) -> str:
+        cores = "cores not reported" if self.cores is None else _some(self.cores, "physical core")
+        return f"this process's CPUs: {self.cpus}, on {cores}" + (" (a virtual machine)" if self.virtual else "")
+
+
+def _some(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def cpu_topology(cpus=None) -> CpuTopology:
+    """How the logical CPUs ``cpus`` (their numbers; default: those this process may run on,
+    ``os.sched_getaffinity``) map to physical cores, read from Linux's
+    ``/sys/devices/system/cpu/cpuN/topology`` (distinct ``physical_package_id``, ``core_id`` pairs).
+
+    Two CPUs on one core are hardware threads (SMT siblings) sharing its arithmetic units; a
+    virtual machine reports the ``hypervisor`` CPU flag. Where a file is missing (not Linux, a
+    sandbox), ``cores`` or ``virtual`` is None rather than a guess.
+    """
+    if cpus is None:
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # not on every system (macOS, Windows)
+            cpus = list(range(os.cpu_count() or 1))
+    cpus = _check_counts("cpus", cpus, minimum=0, maximum=2**16)
+    cores = set()
+    try:
+        for n in set(cpus):
+            base = f"/sys/devices/system/cpu/cpu{n}/topology/"
+            with open(base + "physical_package_id") as pkg, open(base + "core_id") as core:
+                cores.add((pkg.read().strip(), core.read().strip()))
+    except OSError:
+        cores = None
+    virtual = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    virtual = "hypervisor" in line.split()
+                    break
+    except OSError:
+        pass
+    return CpuTopology(cpus=len(set(cpus)), cores=None if cores is None else len(cores), virtual=virtual)
