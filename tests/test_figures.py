@@ -80,6 +80,11 @@ def test_recompute_policy_figure_labels_every_policy_and_reads_them_in_its_alt_t
     assert "full keeps the least; full adds the most FLOPs" in shown.alt
     with pytest.raises(ValueError, match="same policies"):
         memory_plots.recompute_policy_figure(kept, {"none": 0.0})
+    # 2.3's two panels carry one title over both (readers asked for it), read first in the alt text
+    titled = memory_plots.recompute_policy_figure(kept, extra, suptitle="What each policy keeps")
+    assert titled.alt.startswith("What each policy keeps. ")
+    with pytest.raises(TypeError, match="suptitle"):
+        memory_plots.recompute_policy_figure(kept, extra, suptitle=3)
 
 
 def test_goodput_failure_figure_separates_the_reliability_curves():

@@ -173,6 +173,21 @@ def test_segment_sweep_measures_peak_and_recomputation_with_one_early_stop():
         or off[-1].peak_bytes is None
 
 
+def test_time_split_times_the_two_controls_in_the_same_rounds():
+    """2.2 said the checkpointed step's extra time was GELU's erf and the checkpoint's bookkeeping with nothing to
+    tell them apart: time_split times the rerun by hand and empty checkpoints beside it."""
+    model = recompute.block_stack(layers=2, hidden=8, dropout=0.0)
+    x = recompute.make_input(model, batch=2, seq_len=4)
+    r = recompute.time_split(model, x, rounds=2, progress=False)
+    assert list(r) == ["none", "per-block", "empty checkpoints", "rerun by hand"] and r["none"] == 1.0
+    assert all(v > 0 for v in r.values()) and set(r.quartiles) == set(r)
+    assert x.grad is None and all(p.grad is None for p in model.parameters())
+    with pytest.raises(TypeError, match=r"model\[0\]"):
+        recompute.time_split(recompute.layer_chain(layers=2, hidden=8), torch.randn(2, 8), rounds=2)
+    with pytest.raises(ValueError, match="rounds"):
+        recompute.time_split(model, x, rounds=0)
+
+
 def test_time_ratios_are_ratios_of_one_run():
     model = recompute.block_stack(layers=2, hidden=8, dropout=0.0)
     x = recompute.make_input(model, batch=2, seq_len=4)

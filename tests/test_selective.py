@@ -132,6 +132,17 @@ def test_per_round_ratios_are_the_rounds_time_ratios_takes_the_median_of(gpt):
         selective.time_ratio_rounds(blocks, x, rounds=0)
 
 
+def test_time_ratio_rounds_times_only_the_cases_asked_and_the_plain_step(gpt):
+    """2.3 times five of the six steps: the others cost rounds the page does not read."""
+    blocks, x = gpt
+    r = selective.time_ratio_rounds(blocks, x, rounds=2, cases=[selective.POLICY_ONLY, "full"])
+    assert list(r) == ["none", "full", selective.POLICY_ONLY] and r["none"] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="cases"):
+        selective.time_ratio_rounds(blocks, x, rounds=2, cases=["half"])
+    with pytest.raises(TypeError, match="cases"):
+        selective.time_ratios(blocks, x, rounds=2, cases="full")
+
+
 def test_bad_arguments_are_refused_by_name(gpt):
     blocks, x = gpt
     with pytest.raises(ValueError, match="recompute"):

@@ -236,7 +236,7 @@ def _alt_points(kept: dict, extra: dict, gb: dict | None = None) -> str:
 @_reads("kept_per_sbh", "extra_flops_pct")
 def recompute_policy_figure(kept_per_sbh: dict, extra_flops_pct: dict,
                             title: str = "Recomputation policies: what a layer keeps, what the step reruns",
-                            large: dict | None = None):
+                            large: dict | None = None, suptitle: str | None = None):
     """One labelled point per recomputation policy: the bytes a transformer layer keeps for backward per token
     and unit of width (per s·b·h, y) against the FLOPs the policy adds to a training step (% of a plain step, x).
 
@@ -244,10 +244,13 @@ def recompute_policy_figure(kept_per_sbh: dict, extra_flops_pct: dict,
     ``large``, if given, draws a second panel beside it, for a large model: a dict with ``"title"``,
     ``"kept_per_sbh"``, ``"extra_flops_pct"`` and ``"gb"`` (the model's activations a sequence, GB, per policy),
     each mapping its own policy names.
+    ``suptitle``, if given, is the whole figure's title, above the panels'.
     Returns :func:`lessonlib.book.plots.show`'s figure, with alt text that reads every point.
     """
     kept, extra = _policy_panel("", kept_per_sbh, extra_flops_pct)
     text("title", title)
+    if suptitle is not None:
+        text("suptitle", suptitle)
     if large is not None:
         large = mapping("large", large)
         missing = {"title", "kept_per_sbh", "extra_flops_pct", "gb"} - set(large)
@@ -265,5 +268,8 @@ def recompute_policy_figure(kept_per_sbh: dict, extra_flops_pct: dict,
     if large is not None:
         _draw_policies(axes[1], big_kept, big_extra, big_title, large["gb"])
         alt += (f" Second panel, {big_title}: {_alt_points(big_kept, big_extra, large['gb'])}.")
+    if suptitle is not None:
+        fig.suptitle(suptitle, fontsize=12)
+        alt = f"{suptitle}. {alt}"
     fig.tight_layout()
     return show(fig, alt=alt)

@@ -305,6 +305,49 @@ def time_ratios(model, x, strategies: Sequence, rounds: int = 21, baseline="none
     return medians
 
 
+def time_split(model, x, rounds: int = 11, progress: bool = True) -> dict:
+    """Where checkpointing every block spends its extra time, in one run: like :func:`time_ratios`, the median
+    over ``rounds`` of each case's step time over the plain step's (``quartiles`` too), for ``"none"``,
+    ``"per-block"`` (early stop on, PyTorch's default), ``"empty checkpoints"`` (each block's input passed through a
+    checkpoint that saves nothing, so nothing is rerun: the checkpoint's own cost per call) and ``"rerun by hand"``
+    (a plain step that also runs each block's LayerNorm, first Linear layer and GELU once more, with no checkpoint:
+    the arithmetic early stop reruns). ``model`` is a :func:`block_stack`."""
+    _check_model_and_input(model, x)
+    for i, block in enumerate(model):
+        check_module(f"model[{i}]", block, MLPBlock)
+    rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
+    progress = flag("progress", progress)
+
+    def empty(h):
+        for block in model:
+            h = block(checkpoint(torch.Tensor.view_as, h, h, use_reentrant=False))
+        return h
+
+    def by_hand(h):
+        for block in model:
+            block.act(block.fc1(block.norm(h.detach())))  # the rerun's work, its result dropped
+            h = block(h)
+        return h
+
+    cases = {"none": model, "per-block": lambda h: checkpointed_forward(model, h, "per-block"),
+             "empty checkpoints": empty, "rerun by hand": by_hand}
+
+    def one_round(clock):
+        for name, fn in cases.items():
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            clock.time(name, lambda f: f(x).pow(2).mean().backward(), fn)
+
+    try:
+        raw = time_rounds(one_round, rounds, warmup=1, device=x.device, num_threads=1, progress=progress)
+    finally:
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+    ratios = _Ratios({name: raw.ratio(name, "none") for name in cases})
+    ratios.quartiles = {name: raw.quartiles(name, "none") for name in cases}
+    return ratios
+
+
 class _Ratios(dict):
     """A plain ``{strategy: median ratio}`` dict that also carries ``quartiles``: the middle half of the rounds."""
 

@@ -245,28 +245,31 @@ FULL_BY_POLICY = "full, by policy"
 CORE_ONLY = "attention"
 
 
-def time_ratios(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
+def time_ratios(blocks, x, rounds: int = 15, progress: bool = False, cases=None) -> dict:
     """Median over ``rounds`` of each setting's step time over the plain step's, every case timed in every
     round (:func:`lessonlib.measure.rounds.time_rounds`, one thread). Returns ``{case: ratio}`` for the
     settings of :data:`RECOMPUTE` and :data:`POLICY_ONLY`: per-operation checkpointing with :func:`save_everything`, which
     recomputes nothing, so its ratio is the cost of running a policy for every operation; :data:`FULL_BY_POLICY`,
     per-operation checkpointing with :func:`recompute_everything`; and
-    :data:`CORE_ONLY`, :func:`core_checkpointed`: the same rerun products with no policy."""
-    per_round = time_ratio_rounds(blocks, x, rounds, progress)
+    :data:`CORE_ONLY`, :func:`core_checkpointed`: the same rerun products with no policy. ``cases``, if given,
+    times only those (and always ``"none"``, the baseline)."""
+    per_round = time_ratio_rounds(blocks, x, rounds, progress, cases)
     return {name: statistics.median(r) for name, r in per_round.items()}
 
 
-def time_ratio_rounds(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
+def time_ratio_rounds(blocks, x, rounds: int = 15, progress: bool = False, cases=None) -> dict:
     """The per-round ratios :func:`time_ratios` takes the median of: ``{case: [ratio of round 0, ...]}``
     (each setting's step time over the plain step's in the same round), to judge a difference of two
-    medians against the rounds' spread."""
+    medians against the rounds' spread. ``cases`` as in :func:`time_ratios`."""
     _check(blocks, x, "none")
     rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
     progress = flag("progress", progress)
-    cases = {"none": functools.partial(forward, recompute="none"), CORE_ONLY: core_checkpointed,
+    every = {"none": functools.partial(forward, recompute="none"), CORE_ONLY: core_checkpointed,
              **{rc: functools.partial(forward, recompute=rc) for rc in RECOMPUTE if rc != "none"},
              POLICY_ONLY: functools.partial(_run, policy=save_everything),
              FULL_BY_POLICY: functools.partial(_run, policy=recompute_everything)}
+    chosen = every if cases is None else {"none", *(choice("cases", c, every) for c in sequence("cases", cases))}
+    cases = {name: fn for name, fn in every.items() if name in chosen}
 
     def step(fn):
         fn(blocks, x).float().pow(2).mean().backward()
