@@ -56,6 +56,16 @@ def test_time_training_step_structure():
     assert "step" in timing_table(t)
 
 
+def test_time_training_step_alternates_the_prediction_before_and_after_the_step():
+    """Page 1.1 compares the training forward with a prediction: neither may always come first."""
+    m = models.ForecastMLP(window=8, hidden=16)
+    modes = []
+    m.register_forward_pre_hook(lambda mod, args: modes.append("train" if mod.training else "eval"))
+    X, y = data.make_forecast_dataset(window=8, n_stores=1, n_days=40)
+    timing.time_training_step(m, X, y, F.mse_loss, torch.optim.SGD(m.parameters(), lr=0.01), rounds=4, warmup=0)
+    assert modes == ["eval", "train", "train", "eval"] * 2
+
+
 def test_time_training_step_bad_input():
     m = models.ForecastMLP(window=8, hidden=16)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)

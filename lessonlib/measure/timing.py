@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import warnings
 from dataclasses import dataclass, field
 
@@ -278,7 +279,9 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
 
     Each round times one prediction (``model.eval()`` + ``torch.inference_mode()``)
     and one training step in ``model.train()``: forward, loss, backward and
-    ``optimizer.step()``, each timed on its own, by
+    ``optimizer.step()``, each timed on its own; the prediction comes first in
+    every other round and after the update in the others, so that an order
+    effect falls on both cases alike. Timed by
     :func:`lessonlib.measure.rounds.time_rounds` (CUDA events on a GPU). The
     first ``warmup`` rounds are discarded. Ratios are taken within a round,
     then the median over rounds: on a shared machine both halves of a ratio
@@ -298,10 +301,17 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
     device = next(model.parameters()).device
     was_training = model.training
 
-    def one_round(clock):
+    def prediction(clock):
         model.eval()
         with clock("prediction"), torch.inference_mode():
             model(*args)
+
+    turn = itertools.count()  # rounds so far, warm-up included
+
+    def one_round(clock):
+        first = next(turn) % 2 == 0  # the prediction first in every other round, last in the others
+        if first:
+            prediction(clock)
         model.train()
         optimizer.zero_grad(set_to_none=True)
         out = clock.time("forward", model, *args)
@@ -309,6 +319,8 @@ def time_training_step(model, inputs, targets, loss_fn, optimizer, rounds: int =
         loss = clock.time("loss", loss_fn, out, targets)
         clock.time("backward", loss.backward)
         clock.time("optimizer", optimizer.step)
+        if not first:  # after the update: neither case always follows the same work
+            prediction(clock)
         clock.add("step", sum(clock.seconds[p] for p in PHASES))
 
     try:
