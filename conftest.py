@@ -116,18 +116,22 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda it: PHASES[phase_of(it)][0])
     if getattr(config.option, "loadgroup", False):  # an xdist worker of `--dist loadgroup`
         # xdist hands the units out in the order they first appear (pytest_configure turns off its
-        # reordering by size): the lane first, to the first worker; then the units with the most
-        # slow tests (each starts processes, grades or builds something), and among equals those of
+        # reordering by size): the lane first, to the first worker; then the units that build an environment;
+        # then the units with the most slow tests (each starts processes, grades or builds something), and among equals those of
         # the smallest modules (a module with one slow test builds an environment for it), so that
         # no long unit is left to run alone at the end.
-        slow, size = {}, {}
+        # The units that build an environment (a venv, JupyterLab, nbgrader) go right after the lane: each is one
+        # long unit of a minute or so, and left to the end one ran alone while the other worker sat idle.
+        slow, size, env = {}, {}, set()
         for it in items:
             slow[groups[it]] = slow.get(groups[it], 0) + bool(it.get_closest_marker("slow"))
             module = it.nodeid.split("::", 1)[0]
             size[module] = size.get(module, 0) + 1
+            if config._phase_of[it.nodeid] == "environments":
+                env.add(groups[it])
         first = {}
         for i, it in enumerate(items):
-            first.setdefault(groups[it], (groups[it] != LANE, -slow[groups[it]],
+            first.setdefault(groups[it], (groups[it] != LANE, groups[it] not in env, -slow[groups[it]],
                                           size[it.nodeid.split("::", 1)[0]], i))
         items.sort(key=lambda it: first[groups[it]])
 
