@@ -282,3 +282,16 @@ def test_the_step_is_the_sum_of_its_phases_in_every_column():
     assert a["step"] / a["prediction"] == pytest.approx(t.step_over_prediction, rel=1e-12)
     for k in phases:  # each phase: the median of its per-round ratios, the course's one statistic
         assert t.ratios[k] == Rounds(t.rounds).ratio(k, "prediction")
+
+
+def test_round_median_is_the_statistic_its_quartiles_bracket():
+    # 1.1 printed the step as the sum of its phases' medians (4.40) beside the quartiles of each round's
+    # step ratio (4.49 to 12.85): a median below its own lower quartile. round_median is the median they bracket.
+    from lessonlib.measure.timing import StepTiming
+
+    rounds = {"prediction": [1.0] * 4, "forward": [1.0, 1.0, 5.0, 5.0], "loss": [0.0] * 4,
+              "backward": [5.0, 5.0, 1.0, 1.0], "optimizer": [0.0] * 4, "step": [6.0, 6.0, 6.0, 6.0]}
+    t = StepTiming(seconds={}, ratios={"step": 6.0}, shares={}, rounds=rounds)
+    lo, hi = t.quartiles("step")
+    assert lo <= t.round_median("step") <= hi
+    assert t.round_median("forward") == 3.0

@@ -262,6 +262,12 @@ class StepTiming:
         """First and third quartiles over rounds of (``phase`` time / prediction time in the same round)."""
         return Rounds(self.rounds).quartiles(phase, "prediction")
 
+    def round_median(self, phase: str) -> float:
+        """Median over rounds of (``phase`` time / prediction time in the same round): the statistic whose
+        middle half :meth:`quartiles` gives. For ``"step"`` it can differ from ``ratios["step"]``, the sum of
+        the phases' medians (a median of sums is not the sum of medians)."""
+        return Rounds(self.rounds).ratio(phase, "prediction")
+
     @property
     def account(self) -> dict:
         """Seconds of prediction, each phase and the step as ratio x median prediction time.
