@@ -493,7 +493,7 @@ def test_redefining_the_helper_an_old_hidden_test_used_earns_nothing(graded_real
 def _plan_answers(keep_q3, keep_q2, extra, extra_early=None):
     from lessonlib.grading.graders import decode_answers
 
-    answers = {"keep": {"$set": keep_q3}, "extra_forward_calls": extra, "extra_forward_calls_early": extra_early}
+    answers = {"keep": {"$set": keep_q3}, "extra_forward_calls": extra, "extra_gelu_calls_early": extra_early}
     if keep_q2 is not None:
         answers["@2a-q2"] = {"$dict": [["keep", {"$set": keep_q2}]]}
     return decode_answers(answers)
@@ -504,16 +504,16 @@ def test_2a_counts_the_recomputation_of_question_2s_plan_only():
     checks = reference.load(EXERCISES / "2a-place-the-checkpoints.ipynb", questions=["2a-q3", "2a-q3b"])
     whole, early = checks["2a-q3"], checks["2a-q3b"]
     whole(_plan_answers([2, 4], [2, 4], 4))
-    early(_plan_answers([2, 4], [2, 4], None, 4))  # early stop skips each segment's last GELU, never its Linear
+    early(_plan_answers([2, 4], [2, 4], None, 1))  # early stop: each segment's last GELU never finishes
     for check in (whole, early):
         with pytest.raises(AssertionError, match="your plan from question 2"):
             check(_plan_answers([1, 2, 3, 4, 5, 6], [2, 4], 0, 0))
         with pytest.raises(AssertionError, match="nothing was handed in to 2a-q2"):
             check(_plan_answers([1, 2, 3, 4, 5, 6], None, 0, 0))
-    with pytest.raises(AssertionError, match="extra_forward_calls_early"):  # one call fewer a segment: a GELU's count
-        early(_plan_answers([2, 4], [2, 4], 4, 1))
+    with pytest.raises(AssertionError, match="extra_gelu_calls_early"):  # the whole rerun's count, copied over
+        early(_plan_answers([2, 4], [2, 4], 4, 4))
     # the two counts are scored on their own: a wrong early-stop count costs only its own point
-    whole(_plan_answers([2, 4], [2, 4], 4, 1))
+    whole(_plan_answers([2, 4], [2, 4], 4, 4))
 
 
 # --------------------------------------------------------------------------
