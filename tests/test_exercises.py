@@ -1046,12 +1046,13 @@ def test_2b_q5_accepts_the_early_stop_length_and_its_worked_examples_hold(check_
 
 def test_3f_q2_accepts_a_layout_within_2_percent_of_the_fastest():
     """The runner-up is a tie by the page's own words (within the exercise's 2 % tie): the check takes it, with its own step
-    time, and still rejects a layout clearly slower (degrees no layout within 2 % has) and a wrong can_gain."""
+    time, and still rejects a layout clearly slower (degrees no layout within 2 % has); can_gain's own check rejects a wrong one."""
     import math
     from lessonlib.calc.layout_search import search_layouts
     from lessonlib.grading.graders import Answers
 
-    check = reference.load(EXERCISES / "3f-choose-a-layout.ipynb", questions=["3f-q2"])["3f-q2"]
+    checks = reference.load(EXERCISES / "3f-choose-a-layout.ipynb", questions=["3f-q2", "3f-q2b"])
+    check, check_gain = checks["3f-q2"], checks["3f-q2b"]
     src = (EXERCISES / "3f-choose-a-layout.md").read_text()
     given = src[src.index("from lessonlib.calc.planner import PRESETS"):]
     ns = {}
@@ -1060,9 +1061,9 @@ def test_3f_q2_accepts_a_layout_within_2_percent_of_the_fastest():
     ranked = search_layouts(model, cluster, top=50, max_virtual=8, zero_stages=(1,))
     gain = [p for p in (2, 4, 8, 16) if 2 ** int(math.log2(math.ceil(model.layers / p))) > 8]
 
-    def answers(c, can_gain=gain):
+    def answers(c):
         return Answers(best=(c.layout.tensor, c.layout.context, c.layout.pipeline, c.layout.data),
-                       best_step_s=c.step_s, can_gain=list(can_gain))
+                       best_step_s=c.step_s)
 
     degrees = lambda c: (c.layout.tensor, c.layout.context, c.layout.pipeline, c.layout.data)  # noqa: E731
     tie = next(c for c in ranked[1:] if degrees(c) != degrees(ranked[0]))
@@ -1075,5 +1076,6 @@ def test_3f_q2_accepts_a_layout_within_2_percent_of_the_fastest():
     with pytest.raises(AssertionError, match="within 2 %"):
         check(answers(slow))
     assert gain and 8 not in gain  # a stage of ceil(L / 8) layers already takes its most chunks under the limit
+    check_gain(Answers(can_gain=list(gain)))  # can_gain is its own check: a wrong one costs only its point
     with pytest.raises(AssertionError, match="can_gain"):
-        check(answers(ranked[0], can_gain=[2, 4, 8, 16]))
+        check_gain(Answers(can_gain=[2, 4, 8, 16]))
