@@ -287,22 +287,28 @@ def time_ratios(model, x, strategies: Sequence, rounds: int = 21, baseline="none
     _check_strategy("baseline", baseline, model)
     progress = flag("progress", progress)
     order = [baseline] + [s for s in strategies if s != baseline]
+    return _time_cases(model, x, {s: (lambda s=s: train_step(model, x, s)) for s in order}, baseline, rounds,
+                       progress)
 
+
+def _time_cases(model, x, cases: dict, baseline: str, rounds: int, progress: bool) -> dict:
+    """The timing both :func:`time_ratios` and :func:`time_split` report: each of ``cases`` (name: a call that
+    runs one step) in every round, gradients cleared before each; per case, the median and the quartiles over the
+    rounds of its time over ``baseline``'s in the same round."""
     def one_round(clock):
-        for s in order:
+        for name, step in cases.items():
             model.zero_grad(set_to_none=True)
             x.grad = None
-            clock.time(s, train_step, model, x, s)
+            clock.time(name, step)
 
     try:
-        raw = time_rounds(one_round, rounds, warmup=1, device=x.device, num_threads=1,
-                          progress=progress)
+        raw = time_rounds(one_round, rounds, warmup=1, device=x.device, num_threads=1, progress=progress)
     finally:
         model.zero_grad(set_to_none=True)
         x.grad = None
-    medians = _Ratios({s: raw.ratio(s, baseline) for s in order})
-    medians.quartiles = {s: raw.quartiles(s, baseline) for s in order}
-    return medians
+    ratios = _Ratios({name: raw.ratio(name, baseline) for name in cases})
+    ratios.quartiles = {name: raw.quartiles(name, baseline) for name in cases}
+    return ratios
 
 
 def time_split(model, x, rounds: int = 11, progress: bool = True) -> dict:
@@ -329,23 +335,13 @@ def time_split(model, x, rounds: int = 11, progress: bool = True) -> dict:
             h = block(h)
         return h
 
-    cases = {"none": model, "per-block": lambda h: checkpointed_forward(model, h, "per-block"),
-             "empty checkpoints": empty, "rerun by hand": by_hand}
+    def step(forward):
+        forward(x).pow(2).mean().backward()
 
-    def one_round(clock):
-        for name, fn in cases.items():
-            model.zero_grad(set_to_none=True)
-            x.grad = None
-            clock.time(name, lambda f: f(x).pow(2).mean().backward(), fn)
-
-    try:
-        raw = time_rounds(one_round, rounds, warmup=1, device=x.device, num_threads=1, progress=progress)
-    finally:
-        model.zero_grad(set_to_none=True)
-        x.grad = None
-    ratios = _Ratios({name: raw.ratio(name, "none") for name in cases})
-    ratios.quartiles = {name: raw.quartiles(name, "none") for name in cases}
-    return ratios
+    cases = {"none": lambda: step(model),
+             "per-block": lambda: step(lambda h: checkpointed_forward(model, h, "per-block")),
+             "empty checkpoints": lambda: step(empty), "rerun by hand": lambda: step(by_hand)}
+    return _time_cases(model, x, cases, "none", rounds, progress)
 
 
 class _Ratios(dict):
