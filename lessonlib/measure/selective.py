@@ -67,13 +67,6 @@ def save_everything(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE
 
 
-def recompute_everything(ctx, op, *args, **kwargs):
-    """A policy that recomputes every output: full recomputation through the same per-operation machinery, the
-    like-for-like baseline for :func:`save_matmuls`' time."""
-    save_matmuls(ctx, op)  # the same checks
-    return CheckpointPolicy.PREFER_RECOMPUTE
-
-
 #: What :func:`save_matmuls_and_attention` keeps besides: the outputs of a fused attention kernel, each of the
 #: kernels ``scaled_dot_product_attention`` may pick (torchtitan's per-operation save list keeps them too).
 SDPA_OPS = tuple(getattr(torch.ops.aten, name).default for name in (
@@ -236,40 +229,31 @@ def peak_step_bytes(blocks, x, recompute: str = "none") -> int | None:
 #: The case of :func:`time_ratios` that runs the policy machinery and recomputes nothing.
 POLICY_ONLY = "policy only"
 
-#: The case of :func:`time_ratios` that recomputes everything through the policy machinery
-#: (:func:`recompute_everything`): what :func:`save_matmuls` saves time against, the machinery the same.
-FULL_BY_POLICY = "full, by policy"
-
 #: The case of :func:`time_ratios` that reruns the score products with no policy: :func:`core_checkpointed`,
 #: ``recompute="attention"``.
 CORE_ONLY = "attention"
 
 
-def time_ratios(blocks, x, rounds: int = 15, progress: bool = False, cases=None) -> dict:
+def time_ratios(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
     """Median over ``rounds`` of each setting's step time over the plain step's, every case timed in every
     round (:func:`lessonlib.measure.rounds.time_rounds`, one thread). Returns ``{case: ratio}`` for the
     settings of :data:`RECOMPUTE` and :data:`POLICY_ONLY`: per-operation checkpointing with :func:`save_everything`, which
-    recomputes nothing, so its ratio is the cost of running a policy for every operation; :data:`FULL_BY_POLICY`,
-    per-operation checkpointing with :func:`recompute_everything`; and
-    :data:`CORE_ONLY`, :func:`core_checkpointed`: the same rerun products with no policy. ``cases``, if given,
-    times only those (and always ``"none"``, the baseline)."""
-    per_round = time_ratio_rounds(blocks, x, rounds, progress, cases)
+    recomputes nothing, so its ratio is the cost of running a policy for every operation; and
+    :data:`CORE_ONLY`, :func:`core_checkpointed`: the same rerun products with no policy."""
+    per_round = time_ratio_rounds(blocks, x, rounds, progress)
     return {name: statistics.median(r) for name, r in per_round.items()}
 
 
-def time_ratio_rounds(blocks, x, rounds: int = 15, progress: bool = False, cases=None) -> dict:
+def time_ratio_rounds(blocks, x, rounds: int = 15, progress: bool = False) -> dict:
     """The per-round ratios :func:`time_ratios` takes the median of: ``{case: [ratio of round 0, ...]}``
     (each setting's step time over the plain step's in the same round), to judge a difference of two
-    medians against the rounds' spread. ``cases`` as in :func:`time_ratios`."""
+    medians against the rounds' spread."""
     _check(blocks, x, "none")
     rounds = count("rounds", rounds, maximum=MAX_ROUNDS)
     progress = flag("progress", progress)
-    every = {"none": functools.partial(forward, recompute="none"), CORE_ONLY: core_checkpointed,
+    cases = {"none": functools.partial(forward, recompute="none"), CORE_ONLY: core_checkpointed,
              **{rc: functools.partial(forward, recompute=rc) for rc in RECOMPUTE if rc != "none"},
-             POLICY_ONLY: functools.partial(_run, policy=save_everything),
-             FULL_BY_POLICY: functools.partial(_run, policy=recompute_everything)}
-    chosen = every if cases is None else {"none", *(choice("cases", c, every) for c in sequence("cases", cases))}
-    cases = {name: fn for name, fn in every.items() if name in chosen}
+             POLICY_ONLY: functools.partial(_run, policy=save_everything)}
 
     def step(fn):
         fn(blocks, x).float().pow(2).mean().backward()
