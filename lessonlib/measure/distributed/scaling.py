@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ...calc.batch_size import steps_to_finish
 from ...checks import amount as _check_amount, count as _check_count
+from ..device import Timer
 from ..rounds import Rounds, time_rounds
 from .data_parallel import MAX_SIZE, check_forecast_hidden, forecast_model, synthetic_batch
 from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
@@ -43,14 +44,20 @@ def _scaling_worker(rank, world_size, device, progress, examples, batch, rounds,
     solo_opt = torch.optim.Adam(solo.parameters(), lr=1e-3)
     x, y = (t.to(device) for t in synthetic_batch(examples))
 
-    def train(model, optimizer, global_batch, share, mine):
-        """Go through all ``examples`` at ``global_batch`` per step; this rank takes ``share`` of each."""
+    def train(model, optimizer, global_batch, share, mine, updates=None):
+        """Go through all ``examples`` at ``global_batch`` per step; this rank takes ``share`` of each.
+        With a list ``updates``, each optimizer step is timed into it (the one-process run's serial share)."""
         steps = 0
         for start in range(0, examples, global_batch):
             lo = start + mine * share
             optimizer.zero_grad(set_to_none=True)
             loss_fn(model(x[lo:lo + share]), y[lo:lo + share]).backward()
-            optimizer.step()
+            if updates is None:
+                optimizer.step()
+            else:
+                with Timer(device) as t:
+                    optimizer.step()
+                updates.append(t.seconds)
             steps += 1
         return steps
 
@@ -59,9 +66,12 @@ def _scaling_worker(rank, world_size, device, progress, examples, batch, rounds,
     def one_round(clock):
         dist.barrier()
         if rank == 0:
-            steps["one"] = clock.time("one", train, solo, solo_opt, batch, batch, 0)
+            updates = []
+            steps["one"] = clock.time("one", train, solo, solo_opt, batch, batch, 0, updates)
+            clock.add("one_update", sum(updates))
         else:
             clock.add("one", 0.0)
+            clock.add("one_update", 0.0)
         dist.barrier()
         steps["strong"] = clock.time("strong", train, ddp, opt, batch, batch // world_size, rank)
         dist.barrier()
@@ -100,7 +110,8 @@ class ScalingRow:
 class ScalingRun:
     """What :func:`run_scaling` measured: one :class:`ScalingRow` per case, in :data:`CASES` order.
 
-    ``per_round``: every round's seconds of every case, for another statistic.
+    ``per_round``: every round's seconds of every case, for another statistic, and ``one_update``: the
+    one-process run's optimizer steps, summed over the run.
     """
 
     world_size: int
@@ -110,6 +121,18 @@ class ScalingRun:
     rounds: int
     rows: list = field(default_factory=list)
     per_round: dict = field(default_factory=dict)
+
+    @property
+    def update_share(self) -> float:
+        """The optimizer updates' share of the one-process run's time: the median over rounds of
+        ``one_update / one`` (both from the same round): the serial share of data parallelism, measured in
+        the very run it bounds. ``nan`` where the updates were not timed."""
+        upd, one = self.per_round.get("one_update"), self.per_round.get("one")
+        if not upd or not one or len(upd) != len(one) or min(one) <= 0:
+            return float("nan")
+        import statistics
+
+        return statistics.median(u / o for u, o in zip(upd, one))
 
     def row(self, case: str) -> ScalingRow:
         """The row of ``case`` (one of :data:`CASES`)."""
