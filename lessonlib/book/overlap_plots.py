@@ -17,10 +17,8 @@ COMM_COLOR = "#55A868"
 WAIT_COLOR = "#C9E6D1"
 
 
-#: The rows of the communication alone (and DDP's all-reduce timed the same way inside its step), by name in
-#: ``OverlapRun.per_round``.
+#: The rows of the communication alone, by name in ``OverlapRun.per_round``.
 COMM_ALONE = {"allreduce": "one all-reduce of the gradients, no compute",
-              "allreduce_in_step": "the same all-reduce inside the step that sends after backward",
               "fsdp_comm": "FSDP2's all-gathers and reduce-scatters replayed, no compute"}
 
 
