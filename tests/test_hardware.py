@@ -61,7 +61,7 @@ def test_the_planner_report_uses_the_table():
     assert D.rate_text(D.sustained_flops_per_s()) in html   # the rate it used, printed as used (not 4e+14)
 
 
-PAGES = ["chapters/01-forward-vs-training/07-planning.ipynb", "chapters/03-distributed-speedup/13-goodput.ipynb",
+PAGES = ["chapters/01-forward-vs-training/07-planning.ipynb",
          "chapters/03-distributed-speedup/10-bytes-into-time.ipynb",
          "chapters/03-distributed-speedup/06-tensor-parallel-for-real.ipynb",
          "chapters/03-distributed-speedup/07-sequence-and-context-parallel.ipynb",

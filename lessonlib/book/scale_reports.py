@@ -7,14 +7,16 @@ from .tables import table
 
 
 def ladder_rows(account) -> list:
-    """The rows of :func:`lessonlib.calc.scale.scale_ladder` as text: what, share of the peak, one-device hours.
-    The account's rungs only: the fixed-serial-share contrast, last in the ladder, is no part of the run's story
-    (the goodput page gives it one sentence, as an aside)."""
-    return [(r.what, f"{100 * r.utilisation:.1f} %", f"{r.per_device_hour:.3f}") for r in scale_ladder(account)[:-1]]
+    """The rows of :func:`lessonlib.calc.scale.scale_ladder` as text: what, the share of the peak, and that share
+    over the step's MFU (what a paid GPU-hour delivers relative to the same GPU's steps). The rungs from the step
+    to the bill only: the kernel efficiency above them is an assumption, and the fixed-serial-share contrast below
+    them is no part of the run's story."""
+    return [(r.what, f"{100 * r.utilisation:.1f} %", f"{r.utilisation / account.mfu:.2f}")
+            for r in scale_ladder(account)[1:-1]]
 
 
 LADDER_HEADER = ["what a paid GPU-hour is counted over", "share of the peak delivered",
-                 "one-device hours per paid GPU-hour"]
+                 "relative to the step's own rate (÷ MFU)"]
 
 
 def ladder_table(account):

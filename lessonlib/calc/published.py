@@ -43,15 +43,18 @@ _REPORT_PROSE = "read in a text conversion of the report's source (its own words
 #: Table 4's MFU for the two 8K-context configurations, which the prose beside the table also states.
 _TABLE4_PROSE = (_REPORT_PROSE + "; the prose beside Table 4 gives '41% on 16K GPUs with DP=128 compared to 43% on "
                  "8K GPUs with DP=64'")
+#: Read in Meta's released model definition of Llama 3.1 405B (github.com/meta-llama/llama-models, models/sku_list.py:
+#: dim 16384, n_layers 126, n_heads 128, n_kv_heads 8), the same model the report's Table 3 describes.
+_RELEASED = ("read in Meta's released model definition (llama-models, models/sku_list.py), not in Table 3 itself")
 _CARD_SECONDARY = ("secondary (as summaries quote the card's 405B row); the page checks that "
                    "it gives the card's implied grid intensity back")
 
 #: Llama 3.1 405B, the page's run.
 LLAMA3_405B = {
     "params": Figure(405e9, "parameters", LLAMA31_CARD, "model table (405B)", _CARD_READ),
-    "layers": Figure(126, "layers", LLAMA3_PAPER, "Table 3", _SECONDARY),
-    "hidden": Figure(16384, "model dimension", LLAMA3_PAPER, "Table 3", _SECONDARY),
-    "heads": Figure(128, "attention heads", LLAMA3_PAPER, "Table 3", _SECONDARY),
+    "layers": Figure(126, "layers", LLAMA3_PAPER, "Table 3", _RELEASED),
+    "hidden": Figure(16384, "model dimension", LLAMA3_PAPER, "Table 3", _RELEASED),
+    "heads": Figure(128, "attention heads", LLAMA3_PAPER, "Table 3", _RELEASED),
     "ffn": Figure(53248, "FFN (SwiGLU) width", LLAMA3_PAPER, "Table 3", _REPORT_TEXT),
     "tokens": Figure(15.6e12, "training tokens", LLAMA3_PAPER, "Section 3 (pre-training on 15.6T tokens)",
                      _REPORT_PROSE + "; the model card, read, says only '15T+'"),
@@ -201,7 +204,7 @@ DEEPSEEK_V3_FP8_ACCUMULATION = {
 }
 
 #: Llama 3 405B's key/value heads (grouped-query attention), for the layout page.
-LLAMA3_405B_KV_HEADS = Figure(8, "key/value heads", LLAMA3_PAPER, "Table 3", _SECONDARY)
+LLAMA3_405B_KV_HEADS = Figure(8, "key/value heads", LLAMA3_PAPER, "Table 3", _RELEASED)
 DEEPSEEK_V3_DEVICE = "H800 SXM 80GB"
 
 #: PaLM 540B, the published run that reports both utilisations (MFU without, HFU with recomputation).
