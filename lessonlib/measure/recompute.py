@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 from .compat import checkpoint_early_stop
 from .timing import tally_flops
 from .memory import SavedTensorCounter, peak_memory
-from .rounds import time_rounds
+from .rounds import quartiles, time_rounds
 from ..checks import choice, count, flag, fraction_below_one, function, sequence
 from .models import MAX_LAYERS, check_module, check_size, check_tensor
 
@@ -308,6 +308,7 @@ def _time_cases(model, x, cases: dict, baseline: str, rounds: int, progress: boo
         x.grad = None
     ratios = _Ratios({name: raw.ratio(name, baseline) for name in cases})
     ratios.quartiles = {name: raw.quartiles(name, baseline) for name in cases}
+    ratios.rounds = raw
     return ratios
 
 
@@ -317,7 +318,9 @@ def time_split(model, x, rounds: int = 11, progress: bool = True) -> dict:
     ``"per-block"`` (early stop on, PyTorch's default), ``"empty checkpoints"`` (each block's input passed through a
     checkpoint that saves nothing, so nothing is rerun: the checkpoint's own cost per call) and ``"rerun by hand"``
     (a plain step that also runs each block's LayerNorm, first Linear layer and GELU once more, with no checkpoint:
-    the arithmetic early stop reruns). ``model`` is a :func:`block_stack`."""
+    the arithmetic early stop reruns). ``model`` is a :func:`block_stack`. Its ``rest`` is (lower quartile, median,
+    upper quartile) over the rounds of the checkpointed step's extra time less both controls' extras, each round's
+    in plain steps: what neither control accounts for (negative where the two add up to more)."""
     _check_model_and_input(model, x)
     for i, block in enumerate(model):
         check_module(f"model[{i}]", block, MLPBlock)
@@ -341,11 +344,16 @@ def time_split(model, x, rounds: int = 11, progress: bool = True) -> dict:
     cases = {"none": lambda: step(model),
              "per-block": lambda: step(lambda h: checkpointed_forward(model, h, "per-block")),
              "empty checkpoints": lambda: step(empty), "rerun by hand": lambda: step(by_hand)}
-    return _time_cases(model, x, cases, "none", rounds, progress)
+    ratios = _time_cases(model, x, cases, "none", rounds, progress)
+    t = ratios.rounds.seconds
+    ratios.rest = quartiles([(c - e - r + n) / n for n, c, e, r in
+                             zip(t["none"], t["per-block"], t["empty checkpoints"], t["rerun by hand"])])
+    return ratios
 
 
 class _Ratios(dict):
-    """A plain ``{strategy: median ratio}`` dict that also carries ``quartiles``: the middle half of the rounds."""
+    """A plain ``{strategy: median ratio}`` dict that also carries ``quartiles`` (the middle half of the rounds) and
+    ``rounds`` (the :class:`~lessonlib.measure.rounds.Rounds` they came from)."""
 
 
 @dataclass
