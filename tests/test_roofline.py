@@ -109,7 +109,7 @@ def test_rooflines_page_leaves_the_checkpointed_step_to_chapter_2_and_states_the
     assert "a little less than a whole forward" not in text and "early_recomputed" not in text
     assert "recompute.time_ratios" not in text and "use_reentrant" not in text and "re-timed here" not in text
     assert "(../02-two-checkpoints/02-memory-against-compute.ipynb)" in text and "assert time_share > flops_share" in text
-    assert "leaves out the attention's weighted sum" in text and "A 8,192" not in text
+    assert "part of a transformer block (no weighted sum of values" in text and "A 8,192" not in text
     assert "FlashAttention later moved" not in text  # both date from 2022: Megatron adopted it later
 
 
