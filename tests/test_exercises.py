@@ -980,6 +980,17 @@ def test_the_summaries_of_chapter_3_carry_computed_numbers(stem):
     assert len(re.findall(r"\{[a-z_][^{}]*:[^{}]*\}", summary[0].source)) >= 3, "formatted numbers in the prose"
 
 
+def test_the_summaries_are_folded_in_the_book():
+    """An instructor's reading: the summaries ("What this exercise showed") printed their answers open in the book,
+    where the solutions are folded; their output folds too (myst-nb's hide-output), and their code stays out."""
+    for path in EXERCISE_PATHS:
+        nb = nbformat.read(path, as_version=4)
+        for c in nb.cells:
+            tags = c.metadata.get("tags", [])
+            if handout.INSTRUCTOR_ONLY in tags:
+                assert {"remove-input", "hide-output"} <= set(tags), (path.name, tags)
+
+
 def test_3d_says_whether_the_implied_utilisation_is_below_the_course_s():
     text = (EXERCISES / "3d-price-a-published-run.md").read_text()
     summary = text[text.index("# @title What this exercise showed"):]
