@@ -13,7 +13,7 @@ from .plots import show
 from .tables import table
 
 _QUESTION = {"one": "the reference", "strong": "strong scaling: the same job (same global batch), sooner?",
-             "weak": "weak scaling: the same batch per process, so fewer steps"}
+             "weak": "a fixed per-process batch: the same examples in fewer steps"}
 
 
 @_reads("run")
