@@ -62,7 +62,9 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
     ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
     ax.set_ylabel("throughput (GFLOP/s)")
     ax.set_title(title)
-    ax.set_ylim(top=ax.get_ylim()[1] * 6)  # room for the legend above the roof
+    # room for the legend above the roof, and below the lowest point (the 16 x 16 product's marker was cut in half)
+    low = min(min(p.measured for p in points) / 1e9, roofline.attainable(lo) / 1e9)
+    ax.set_ylim(min(ax.get_ylim()[0], low / 1.15), ax.get_ylim()[1] * 6)
     ax.legend(loc="upper left", fontsize=8, ncol=2)
     return fig
 
@@ -71,8 +73,10 @@ def plot_roofline(roofline: Roofline, points, title: str = "Roofline of this dev
 # left (a name read at the height of its point is read as that point's); then right of it above and below, centred
 # above or below it, left of it above and below, then these further away. Centred comes before left: a long name
 # hung above and to the left of its point reaches far from it, and reads as naming whatever it ends beside.
-_PLACES = [(6, 0), (-6, 0)] + [(dx, dy) for step in range(6) for dx in (6, 0, -6)
-                                for dy in (7 + 11 * step, -7 - 11 * step)]
+# Centred just above it comes next: "64 × 64 product" (the attention scores' marker below its right side, the QKV
+# and MLP products' at its tail) hung centred 7 points up, on the roof, and read as far from its marker.
+_PLACES = [(6, 0), (-6, 0), (0, 6)] + [(dx, dy) for step in range(6) for dx in (6, 0, -6)
+                                       for dy in (7 + 11 * step, -7 - 11 * step)]
 
 
 class _PointLabels(Artist):
