@@ -412,7 +412,7 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
     left.legend(fontsize=8, loc="upper left")
     right.legend(fontsize=8, loc="lower left")
     if perfect and contrast is None and not marks:  # no serial share: the right panel would restate the left
-        fig.delaxes(right), fig.set_size_inches(6.5, 4.2)
+        fig.delaxes(right), left.set_subplotspec(fig.add_gridspec(1, 1)[0]), fig.set_size_inches(8, 4.2)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
