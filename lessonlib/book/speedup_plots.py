@@ -311,7 +311,7 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
     several = len(mtbfs) > 1
     flat = serial_share == 0
     return show(fig, alt=("" if title is None else " ".join(title.split()) + ". ")
-                + f"Two panels against the device count, from {ns[0]:,} to {ns[-1]:,} on a log axis, for "
+                + f"{'Two panels' if len(fig.axes) > 1 else 'One panel'} against the device count, from {ns[0]:,} to {ns[-1]:,} on a log axis, for "
                 + (f"failure rates of {rates} hours per device" if several else
                    f"one failure rate, {rates} hours per device") + ". Left: "
                 "the share of wall-clock time lost to saves, redone work and restarts; it grows with the device "
@@ -320,12 +320,12 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
                 + f": at {ns[-1]:,} devices {lost}"
                 + ("" if input_note is None else
                    f", a point marked on the figure: {' '.join(input_note.split())}")
-                + ". Right: one-device hours of progress per paid device-hour, "
-                + ("on a log axis, " if fig.axes[1].get_yscale() == "log" else "")
-                + f"with serial share {100 * serial_share:g} %: the dotted no-failure line "
-                + ("(perfect scaling, flat at 1) " if flat else "") + "lies on top; "
-                + ("each failure curve falls" if several else "the failure curve falls")
-                + " further below it as devices are added." + extra)
+                + ("." if len(fig.axes) == 1 else ". Right: one-device hours of progress per paid device-hour, "
+                   + ("on a log axis, " if fig.axes[1].get_yscale() == "log" else "")
+                   + f"with serial share {100 * serial_share:g} %: the dotted no-failure line "
+                   + ("(perfect scaling, flat at 1) " if flat else "") + "lies on top; "
+                   + ("each failure curve falls" if several else "the failure curve falls")
+                   + " further below it as devices are added.") + extra)
 
 
 #: The right panel of :func:`plot_goodput_failures` is on a log axis only when its largest value is more than this
@@ -350,12 +350,12 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
     ``world_sizes`` is the device counts (each a ``world_size``); ``rows`` maps a curve label (e.g. a
     device MTBF) to a list of :class:`lessonlib.calc.goodput.Goodput`, one
     per device count; ``no_failure`` is speedup / devices alone (Amdahl).
-    Left: share of wall-clock time lost to saves, redone work and restarts
-    (%, linear). Right: useful progress per paid device-hour (on a log axis when its values span more than
-    :data:`LOG_SPAN`, linear otherwise), with the no-failure line drawn on top, so the gap that failures open is
-    visible beside Amdahl's fall. ``contrast`` is an optional (label, values) curve, one value per count;
-    ``marks`` maps labels to values drawn as points at the largest count; ``input_note`` (a text) rings the
-    left panel's first curve at the largest count and labels it as an input. Returns the figure.
+    Left: share of wall-clock time lost to saves, redone work and restarts (%, linear). Right, unless the serial
+    share is 0 with no contrast or marks (it would restate the left): progress per paid device-hour (log axis when
+    its values span more than :data:`LOG_SPAN`), the no-failure line on top, so the gap that failures open shows
+    beside Amdahl's fall. ``contrast`` is an optional (label, values) curve, one value per count; ``marks`` maps
+    labels to values drawn as points at the largest count; ``input_note`` (a text) rings the left panel's first
+    curve at the largest count and labels it as an input. Returns the figure.
     """
     world_sizes = counts("world_sizes", world_sizes)
     for label, gs in mapping("rows", rows).items():
@@ -411,6 +411,8 @@ def plot_goodput_failures(world_sizes: list, rows: dict, no_failure: list, title
     right.set_title("Useful progress per paid device-hour", fontsize=10)
     left.legend(fontsize=8, loc="upper left")
     right.legend(fontsize=8, loc="lower left")
+    if perfect and contrast is None and not marks:  # no serial share: the right panel would restate the left
+        fig.delaxes(right), left.set_subplotspec(fig.add_gridspec(1, 1)[0]), fig.set_size_inches(8, 4.2)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -173,18 +173,14 @@ def published_activation_bytes(name: str = "Llama 3 405B, 8K context", recompute
 
 
 #: What the reports leave out of the published Llama 3 layouts, set as the model's assumptions (not published
-#: figures): ``virtual`` stages a device, the ZeRO stage and the recomputation, the search's best version of
-#: Meta's degrees (tests/test_layout.py keeps them so). The report describes FSDP sharding the weights, the
-#: gradients and the optimizer state without resharding the weights after the forward: with a full pipeline each
-#: device then holds its stage's whole 16-bit weights at the peak, the memory ZeRO-2 counts (its weights' gathers,
-#: up to one a micro-batch, lie between this model's ZeRO-2 and ZeRO-3), and a modified interleaved schedule that
-#: does not need a multiple of the stages in micro-batches; it does not give the number of chunks a device holds.
+#: figures): ``virtual`` stages a device, the ZeRO stage and the recomputation. ZeRO-1, as page 3.11 counts Meta's
+#: run: the report accumulates the gradients in FP32 and reduce-scatters them once a step
+#: (:func:`llama3_reported_step` prices that); the report's FSDP keeps each stage's whole weights at the peak. The
+#: report's modified interleaved schedule does not give the chunks a device holds, nor does it say that Meta
+#: recomputed: both are the search's best version of Meta's degrees under ZeRO-1 (tests/test_layout.py).
 PUBLISHED_ASSUMPTIONS = {
-    "Llama 3 405B, 8K context": {"virtual": 8, "zero": 2, "recompute": "save_matmuls"},
-    # ZeRO-2 as at 8K (the memory of the report's FSDP at the peak); ZeRO-1 gives the same step time
-    # here (one 128K-token micro-batch's backward hides a reduction run once a step), so the search, which meets
-    # ZeRO-1 first, returns that stage for these degrees
-    "Llama 3 405B, 128K context": {"virtual": 8, "zero": 2, "recompute": "save_matmuls"},
+    "Llama 3 405B, 8K context": {"virtual": 8, "zero": 1, "recompute": "save_matmuls"},
+    "Llama 3 405B, 128K context": {"virtual": 8, "zero": 1, "recompute": "save_matmuls"},
 }
 
 #: What the activation formula leaves out for Llama's layers: the one caveat the layout page prints (later pages
@@ -204,7 +200,7 @@ def published_layout_cost(name: str = "Llama 3 405B, 8K context", **settings) ->
 
     >>> cost = published_layout_cost()
     >>> round(cost.state_bytes / 1e9, 1), round(cost.activation_bytes / 1e9, 1)
-    (6.7, 48.0)
+    (13.0, 48.0)
     """
     runs = published_models()
     model, cluster, layout = runs[choice("name", name, tuple(runs))]
@@ -221,7 +217,7 @@ def published_layout_cost(name: str = "Llama 3 405B, 8K context", **settings) ->
 @dataclass(frozen=True)
 class ReportedStep:
     """Meta's 8K step as the Llama 3 report describes its gradients: ``once`` is the layout model's pricing of
-    Meta's degrees with the reduction run once a step (ZeRO-1, :data:`PUBLISHED_ASSUMPTIONS` otherwise);
+    Meta's degrees with the reduction run once a step (ZeRO-1, as in :data:`PUBLISHED_ASSUMPTIONS`);
     ``data_comm_total_s`` the data-parallel collectives with the reduce-scatter in FP32 (twice its 16-bit bytes),
     ``data_comm_s`` what the last micro-batch's backward leaves exposed, ``step_s`` the step with that,
     ``mfu`` the model-FLOPs utilisation it implies, ``extra_bytes`` the whole FP32 gradient buffer's bytes beyond
