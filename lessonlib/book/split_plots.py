@@ -141,8 +141,9 @@ def plot_pipeline_timelines(run: dict, microbatches: int, step: int = 0):
     for ax, (r, st) in zip(axes[:, 0], steps):
         t0, t1 = _draw_step(ax, st, p, "stage", fade=0.55, share=0.02, fontsize=7, stages=False)
         longest = max(longest, t1 - t0)
-        ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}: idle share "
-                     f"{st['idle_share']:.0%} (formula {(p - 1) / (microbatches + p - 1):.0%})", fontsize=10)
+        ax.set_title(f"{r['schedule']}: {microbatches} micro-batches, step {step + 1} of {len(r['steps'])}, "
+                     f"{1e3 * (t1 - t0):.0f} ms: idle {st['idle_share']:.0%} "
+                     f"(formula {(p - 1) / (microbatches + p - 1):.0%})", fontsize=10)
     axes[-1, 0].set_xlim(0, 1.02e3 * longest)  # shared by every panel; a margin, so that the last bar is not cut
     axes[-1, 0].set_xlabel("time since the step's first computation (ms)\nF = forward, B = backward, gaps = waiting")
     fig.suptitle("Pipeline steps recorded on real processes")
