@@ -102,7 +102,8 @@ def test_selective_time_says_what_it_saves_against_full_and_what_it_pays():
     assert "core_won, sel_won, pol_won = against_full(CORE), against_full(\"save_matmuls\"), against_full(POL)" in page
     assert "middle half of the rounds" in page and "by policy" not in page and "FULL_BY_POLICY" not in page
     takeaways = page[page.index("## Key takeaways"):]
-    assert "{said[core_won]}" in takeaways and "{said[sel_won]}" in takeaways and "{t_pol:.2f}" in takeaways
+    # round 17: the timing cannot rank the policies, so the takeaways carry no timing ratio, only the caveat
+    assert "timing tests the machinery; the ranking rests on the counts" in takeaways and "{t_pol:.2f}" not in takeaways
     assert "a minus: shorter" not in page and "as torchtitan's per-operation save list does" not in page
     # the control says why the policy step is slow in eager mode: the machinery, with nothing rebuilt
     assert "The control shows the machinery's own cost: it rebuilds nothing" in page
