@@ -299,7 +299,7 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
                f"{round(restart_s / 60, 1):g} min")
     fig = plot_goodput_failures(list(ns), rows, no_failure, title=default if title is None else title,
                                 contrast=contrast, marks=marks or None, input_note=input_note)
-    lost = ", ".join(f"{100 * (1 - gs[-1].useful_fraction):.0f} % at {rate_label} {mt:,.0f} h"
+    lost = "; ".join(f"{100 * (1 - gs[-1].useful_fraction):.0f} % for {rate_label} {mt:,.0f} h"
                      for mt, gs in zip(mtbfs, rows.values()))
     extra = ""
     if contrast is not None:
@@ -307,26 +307,20 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
                   f"{contrast[1][-1]:.3f} at {ns[-1]:,} devices.")
     if marks:
         extra += f" Points at {ns[-1]:,} devices: " + "; ".join(f"{k} {v:.3f}" for k, v in marks.items()) + "."
-    rates = ", ".join(f"{m:,.0f}" for m in mtbfs)
-    several = len(mtbfs) > 1
-    flat = serial_share == 0
-    return show(fig, alt=("" if title is None else " ".join(title.split()) + ". ")
-                + f"{'Two panels' if len(fig.axes) > 1 else 'One panel'} against the device count, from {ns[0]:,} to {ns[-1]:,} on a log axis, for "
-                + (f"failure rates of {rates} hours per device" if several else
-                   f"one failure rate, {rates} hours per device") + ". Left: "
-                "the share of wall-clock time lost to saves, redone work and restarts; it grows with the device "
-                "count, because a job on n devices fails n times as often"
-                + (", and the less reliable the devices the faster" if several else "")
-                + f": at {ns[-1]:,} devices {lost}"
-                + ("" if input_note is None else
-                   f", a point marked on the figure: {' '.join(input_note.split())}")
-                + ("." if len(fig.axes) == 1 else ". Right: one-device hours of progress per paid device-hour, "
-                   + ("on a log axis, " if fig.axes[1].get_yscale() == "log" else "")
-                   + f"with serial share {100 * serial_share:g} %: the dotted no-failure line "
-                   + ("(perfect scaling, flat at 1) " if flat else "") + "lies on top; "
-                   + ("each failure curve falls" if several else "the failure curve falls")
-                   + " further below it as devices are added.") + extra)
-
+    two = len(fig.axes) > 1
+    alt = ("" if title is None else " ".join(title.split()) + ". ")
+    alt += (f"{'Left panel' if two else 'A line chart'}: the share of wall-clock time lost to saves, redone work "
+            f"and restarts, against the device count ({ns[0]:,} to {ns[-1]:,}, log axis). The loss grows with the "
+            f"devices, since a job on n devices fails n times as often. At {ns[-1]:,} devices it is {lost}.")
+    if input_note is not None:
+        alt += f" That value is a point marked on the figure: {' '.join(input_note.split())}."
+    if two:
+        alt += (" Right panel: one-device hours of progress per paid device-hour"
+                + (" (log axis)" if fig.axes[1].get_yscale() == "log" else "")
+                + f", serial share {100 * serial_share:g} %. The dotted no-failure line lies on top"
+                + (" (perfect scaling, flat at 1)" if serial_share == 0 else "")
+                + "; the failure curves fall further below it as devices are added.")
+    return show(fig, alt=alt + extra)
 
 #: The right panel of :func:`plot_goodput_failures` is on a log axis only when its largest value is more than this
 #: many times its smallest: a contrast that falls to a twentieth needs one; curves between 0.55 and 1 read better
