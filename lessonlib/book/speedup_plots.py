@@ -323,6 +323,7 @@ def goodput_figure(ns, serial_share: float, ckpt_s: float, restart_s: float, mtb
                 + "; the failure curves fall further below it as devices are added.")
     return show(fig, alt=alt + extra)
 
+
 #: The right panel of :func:`plot_goodput_failures` is on a log axis only when its largest value is more than this
 #: many times its smallest: a contrast that falls to a twentieth needs one; curves between 0.55 and 1 read better
 #: on a linear axis.
