@@ -183,15 +183,6 @@ PUBLISHED_ASSUMPTIONS = {
     "Llama 3 405B, 128K context": {"virtual": 8, "zero": 1, "recompute": "save_matmuls"},
 }
 
-#: What the activation formula leaves out for Llama's layers: the one caveat the layout page prints (later pages
-#: that price a published Llama 3 layout's activations point back to it).
-ACTIVATION_FORMULA_CAVEAT = (
-    "The activation formula, Korthikanti et al.'s, counts a GPT-shaped layer: an MLP of two matrices 4h wide with "
-    "a GELU between them, and one key and one value per attention head. Llama 3's layer has a three-matrix MLP of "
-    "a different width (SwiGLU: one product's output, through a SiLU, scales another's, in place of the GELU), and grouped-query attention, with fewer key and value heads than query heads, so "
-    "for Llama 3 the bytes it gives are an estimate of the right size, not a count.")
-
-
 def published_layout_cost(name: str = "Llama 3 405B, 8K context", **settings) -> LayoutCost:
     """:func:`~lessonlib.calc.layout.layout_cost` of the published layout ``name`` (a key of
     :func:`published_models`) with :data:`PUBLISHED_ASSUMPTIONS`'s settings, any of which ``settings``

@@ -16,10 +16,14 @@ process's start (after the barrier) to the last process's end, compute alone is 
 """
 from __future__ import annotations
 
-import contextlib, copy, statistics, time
+import contextlib
+import copy
+import statistics
+import time
 from dataclasses import dataclass, field
 
-from ...checks import amount as _check_amount, choice as _check_choice, count as _check_count, positive as _check_positive
+from ...checks import amount as _check_amount, choice as _check_choice, count as _check_count
+from ...checks import positive as _check_positive
 from ...calc.overlap import hidden_share
 from ..compat import require_all
 from ..rounds import Rounds, quartiles, time_rounds
@@ -28,7 +32,7 @@ from .collectives import CollectiveLog, CollectiveTimer
 from .launch import MAX_TIMEOUT, MAX_WORLD_SIZE, launch
 from .quiet import known_warnings_silenced
 
-__all__ = ["run_overlap", "OverlapRow", "OverlapRun", "VARIANTS", "ENGINES", "SEQUENTIAL", "IN_STEP"]
+__all__ = ["run_overlap", "OverlapRow", "OverlapRun", "VARIANTS", "ENGINES", "SEQUENTIAL"]
 #: The variants timed, in table order: (name in the rounds, label, name of its communication alone).
 #: DDP's three come first, FSDP2's two after (``ENGINES`` says which ``engine`` times which).
 VARIANTS = (
@@ -255,8 +259,6 @@ def _overlap_worker(rank, world_size, device, progress, hidden, layers, batch, b
 
 #: The variant that hides nothing by construction: the hidden share of DDP's variants is measured against it.
 SEQUENTIAL = "sync_after"
-#: ``per_round``'s name for the all-reduce inside :data:`SEQUENTIAL`'s step, timed as the one alone is.
-IN_STEP = "allreduce_in_step"
 
 
 @dataclass
@@ -330,7 +332,7 @@ class OverlapRun:
     per_round: dict = field(default_factory=dict)
 
     def median(self, name: str) -> float:
-        """Median seconds over the rounds of ``name`` (a variant, ``compute``, ``allreduce``, ``fsdp_comm``, ...)."""
+        """Median seconds over the rounds of ``name`` (a variant, ``compute``, ``allreduce`` or ``fsdp_comm``)."""
         return statistics.median(self.per_round[name])
 
 
@@ -384,9 +386,6 @@ def run_overlap(hidden: int = 256, layers: int = 8, batch: int = 32, bucket_cap_
     for name in per_rank[0]["spans"]:
         merged.seconds[name] = [max(s[1] for s in per_round) - max(s[0] for s in per_round)
                                 for per_round in zip(*(r["spans"][name] for r in per_rank))]
-    if "sync_after" in per_rank[0]["events"]:  # that step's all-reduce, timed as the one alone: later start to last end
-        merged.seconds[IN_STEP] = [max(e["comm"][0]["end"] for e in evs) - max(e["comm"][0]["start"] for e in evs)
-                                   for evs in zip(*(r["events"]["sync_after"] for r in per_rank))]
     fastest = {k: min(v) for k, v in merged.seconds.items()}
     compute = fastest["compute"]
     rows = []
