@@ -50,6 +50,6 @@ def test_pages_count_attention_only_through_lessonlib():
         stated = "\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith("assert"))
         assert not re.search(r"3 \* 4 \* S7|/ \(6 \* (h|q_hidden)\)", stated), page
     one = " ".join(PAGES["1.1"].read_text(encoding="utf-8").split())
-    assert "the course counts causal attention at half" in one and "PaLM's paper, and most published MFUs, count" in one
+    assert "the course counts causal attention at half" in one and "PaLM's paper, Megatron-LM's formula and most published MFUs count" in one
     sel = PAGES["2.3"].read_text(encoding="utf-8")
     assert "training_flops(n7" not in sel  # the planner's 6ND-based count, with a full-matrix rerun, is gone here
