@@ -259,7 +259,8 @@ def test_1_4_fp8_bytes_agree_between_table_and_text():
     assert (r.bytes_per_param(), r.step_bytes_per_param(), r.step_bytes_per_param(transposed=True)) == (16, 17, 18)
     assert recipe("bf16_master").step_bytes_per_param(transposed=True) == 16  # no copy: the state alone
     page = text(CH1 / "04-precision-by-role.md")
-    assert "{r.step_bytes_per_param()}\" if r.weights_in_flight" in page  # the table's fp8 cell
+    assert "{r.step_bytes_per_param()} at most " in page  # the table's fp8 cell, with its Hopper figure
+    assert "({r.step_bytes_per_param(transposed=True)} on H100)\" if r.weights_in_flight" in page
     assert "fp8_run = (fp8_r.step_bytes_per_param(), fp8_r.step_bytes_per_param(transposed=True))" in page
     assert "+ fp8_copy" not in page and "2 * fp8_copy" not in page
 
