@@ -170,9 +170,8 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     if recompute == "save_matmuls":  # save the weight products' outputs only (the policy of page 2.3)
         per_layer = matmul_outputs_bytes_per_layer(local, 1, h) / t
     else:
-        # the masks (and the dropped-out scores) go only for "none", as the course has always priced it
         per_layer = activation_bytes_per_layer(local, 1, h, a, recompute, tensor_parallel=t, attention=attention,
-                                               sequence_parallel=True, dropout=dropout or recompute != "none")
+                                               sequence_parallel=True, dropout=dropout)
     # interleaving with fewer micro-batches than stages runs every micro-batch through all the chunks before
     # the first backward: all ``m`` micro-batches of the stage's layers, no deeper warm-up than that
     interleave = 1 + (p - 1) / (p * v) if v > 1 and m >= p else 1.0
