@@ -548,9 +548,11 @@ def test_llama_layer_constant():
 
 
 def test_no_dropout_drops_the_mask_bytes():
-    """dropout=False: 32 sbh fused (34 less two 1-byte masks); stored scores lose their 1-byte mask too."""
+    """dropout=False: 32 sbh fused (34 less two 1-byte masks); stored scores keep only the softmax output,
+    2as²b (5 less the 1-byte mask and the 2-byte dropped-out scores)."""
     s, b, h, a = 256, 2, 512, 8
     assert activation_bytes_per_layer(s, b, h, a, dropout=False) == 32 * s * b * h
     assert (activation_bytes_per_layer(s, b, h, a, attention="stored")
-            - activation_bytes_per_layer(s, b, h, a, attention="stored", dropout=False)) == 2 * s * b * h + a * s * s * b
+            - activation_bytes_per_layer(s, b, h, a, attention="stored", dropout=False)) == 2 * s * b * h + 3 * a * s * s * b
+    assert activation_bytes_per_layer(s, b, h, a, attention="stored", dropout=False) == 32 * s * b * h + 2 * a * s * s * b
     assert memory.activation_bytes(s, b, h, a, 3, dropout=False) == 3 * 32 * s * b * h

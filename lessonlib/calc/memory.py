@@ -192,7 +192,9 @@ def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "
     bytes per value that is s*b*h*(16e + 2) + a*s*s*b*(2e + 1): 34 and 5 for
     e = 2, 66 and 9 for fp32 (e = 4); "full" keeps the layer's input, e*s*b*h.
     With ``dropout=False`` (no dropout, as large language models are pretrained today) the
-    mask bytes go: 32 and 4 for e = 2 (so 32*s*b*h with fused attention).
+    masks go, and so does the dropout output on the scores: the softmax output is the one
+    s x s tensor, read by softmax's backward and by the scores-times-V product. That leaves
+    16e*s*b*h + e*a*s*s*b: 32 and 2 for e = 2 (so 32*s*b*h with fused attention).
 
     Under tensor parallelism (Megatron's column-then-row split of attention
     and MLP) each device keeps 1/t of the tensors inside the split matrices
@@ -219,6 +221,8 @@ def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "
     272
     >>> activation_bytes_per_layer(2048, 1, 4096, 32, dropout=False) // 2**20
     256
+    >>> activation_bytes_per_layer(2048, 1, 4096, 32, attention="stored", dropout=False) // 2**20
+    512
     >>> activation_bytes_per_layer(2048, 1, 4096, 32, bytes_per_value=4, attention="stored") // 2**20
     1680
     >>> activation_bytes_per_layer(2048, 1, 4096, 32, tensor_parallel=8, attention="stored") // 2**20
@@ -247,7 +251,8 @@ def activation_bytes_per_layer(seq_len, batch, hidden, heads, recompute: str = "
     unsplit = (4 * e + 2 * mask) * s * b * h
     per_layer = (unsplit // t if sp else unsplit) + 12 * e * s * b * h // t
     if recompute == "none" and attention == "stored":
-        per_layer += (2 * e + mask) * a * s * s * b // t
+        # the softmax output (e bytes a score); with dropout also its mask (1) and the dropped-out scores (e)
+        per_layer += (e + mask * (e + 1)) * a * s * s * b // t
     return per_layer
 
 

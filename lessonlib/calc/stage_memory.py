@@ -171,11 +171,7 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
         per_layer = matmul_outputs_bytes_per_layer(local, 1, h) / t
     else:
         per_layer = activation_bytes_per_layer(local, 1, h, a, recompute, tensor_parallel=t, attention=attention,
-                                               sequence_parallel=True)
-        if not dropout and recompute == "none":
-            per_layer -= 2 * local * h / t
-            if attention == "stored":
-                per_layer -= 3 * a * local * local / t
+                                               sequence_parallel=True, dropout=dropout)
     # interleaving with fewer micro-batches than stages runs every micro-batch through all the chunks before
     # the first backward: all ``m`` micro-batches of the stage's layers, no deeper warm-up than that
     interleave = 1 + (p - 1) / (p * v) if v > 1 and m >= p else 1.0
