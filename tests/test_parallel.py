@@ -249,8 +249,10 @@ def _check_table_reconciles(res):
     assert "median" in html  # the statistic is named
     head, body = _table_cells(html)
     assert len(body) == len(res.rows)
-    for gb, single, half, opt, ar, pred, ddp, pred_speedup, speedup in body:
+    for gb, single, half, opt, ar, pred, ddp, pred_speedup, ideal_speedup, speedup in body:
         assert pred == pytest.approx(half + opt + ar, abs=1e-9)       # the sum of the shown pieces
+        ideal = round((single - opt) / res.world_size + opt + ar, 2)  # the ideal-compute step, from shown numbers
+        assert ideal_speedup == pytest.approx(round(single / ideal, 2), abs=0.011)  # rounding of the pieces
         assert speedup == pytest.approx(round(single / ddp, 2), abs=1e-9)  # the ratio of the shown steps
         assert pred_speedup == pytest.approx(round(single / pred, 2), abs=1e-9)
 

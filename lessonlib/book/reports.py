@@ -114,14 +114,15 @@ def data_parallel_table(result) -> str:
             ("half_compute", f"{world} proc.: compute on {share}", "{:.2f}"), ("optimizer", "+ optimizer step", "{:.2f}"),
             ("allreduce", "+ all-reduce", "{:.2f}"), ("predicted", "= sum of measured pieces", "{:.2f}"),
             ("ddp", "measured step", "{:.2f}"), ("predicted_speedup", "speedup, sum of measured pieces", "{:.2f}×"),
-            ("speedup", "measured speedup", "{:.2f}×")]
+            ("ideal_device_speedup", "speedup, ideal compute", "{:.2f}×"), ("speedup", "measured speedup", "{:.2f}×")]
     rounds = result.rounds
     over = f"over {rounds} rounds " if rounds else "over rounds "
     return table([label for _, label, _ in cols], [[fmt.format(row[key]) for key, _, fmt in cols] for row in rows],
                  caption=f"Times in ms: each one the median {over}(per round, the slowest process). "
                  f"Sum of measured pieces = compute on {share} + optimizer step + all-reduce, the sum of the three "
                  f"medians; speedup = one-process step / {world}-process step (that sum, or the measured step), the "
-                 "ratio of the medians shown.")
+                 f"ratio of the medians shown; ideal compute: the sum with compute on {share} taken as {share} of one "
+                 "process's forward and backward (its step less the optimizer step).")
 
 
 TORCHRUN_SNIPPET = """\

@@ -46,8 +46,9 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
                  **({"color": "black"} if sh == share else {}))
     # Gustafson's job on n devices takes the one-device job's time, so its serial share of that time is `share` too
     ax1.plot(ns, [gustafson_speedup(share, n) for n in ns], ls="--", color="black", lw=1,
-             label=f"Gustafson, serial share {share:.0%}:\nthe job grows with the devices")
-    ax1.set(xscale="log", yscale="log", xlabel="devices (count, log scale)", ylabel="speedup (×, log scale)",
+             label=f"Gustafson's scaled speedup, serial share {share:.0%}:\nanother quantity: the job grows")
+    ax1.set(xscale="log", yscale="log", xlabel="devices (count, log scale)",
+            ylabel="speedup; dashed: scaled speedup (×, log)",
             title="A fixed job (Amdahl) or a growing job (Gustafson)")
     ax1.set_xticks(ns, [str(n) for n in ns])
     ax1.legend(fontsize=8)
@@ -71,7 +72,7 @@ def amdahl_figure(ns, shares, share: float, fixed: float, per_step: float):
     return show(fig, alt="Two line charts of speedup against device count on a log axis. Left: Amdahl's speedup of a "
                 f"fixed job; with no serial work it grows in step with the devices; with {pct} percent serial work each "
                 f"curve flattens towards a ceiling of one over the serial share. A dashed line, Gustafson's scaled "
-                f"speedup at the same {100 * share:g} percent serial share as the black curve, starts from the same "
+                f"speedup (another quantity: how much larger a job finishes in the same time) at the same {100 * share:g} percent serial share as the black curve, starts from the same "
                 "one-device job, which grows with the devices, and rises in a straight line with no ceiling. Right: "
                 f"serial share {100 * share:g} percent; a fixed communication cost lowers the ceiling; a communication "
                 "cost that grows with the device count makes "
