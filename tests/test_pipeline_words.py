@@ -97,3 +97,21 @@ def test_gantt_panels_share_one_time_axis():
     top, bottom = fig.axes[:2]
     assert top.get_xlim() == bottom.get_xlim()
     assert bottom.get_xlim()[1] >= 3000  # the longer step, in ms, fits on both panels
+
+
+def test_pipelines_page_splits_the_measured_idle_by_timed_waits():
+    """3.8: the distance of the measurement from the replay is measured (timed waits), not asserted."""
+    text = (ROOT / "chapters/03-distributed-speedup/08-pipelines-for-real.md").read_text()
+    assert 'st["wait_share"]' in text and "blocked in a wait" in text and "code between calls" in text
+    # why 1F1B idles more than GPipe is read off the waits, and stated only when they show it
+    assert 'pts(by[("1F1B", m)]) > pts(by[("GPipe", m)])' in text and "fuses \"\n" in text
+    assert "each send with the next receive and waits for both" in text
+
+
+def test_schedules_page_states_its_ranking_and_both_memory_ratios():
+    """3.9: the measured ranking is said in words; interleaved's activation peak in stages and in bytes;
+    a slow step is read off the compute calls' own time."""
+    text = (ROOT / "chapters/03-distributed-speedup/09-pipeline-schedules.md").read_text()
+    assert "could not be ranked" in text and "idled less than" in text and "<details>" in text
+    assert 'il["measured"] / f1["measured"]' in text and "Counted\nin whole stages" in text
+    assert "compute calls, both processes (ms per micro-batch)" in text and "did not buy a shorter step" in text

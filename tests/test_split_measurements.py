@@ -179,6 +179,8 @@ def test_pipeline_schedules_memory_and_idle_share():
     idle = {(s, m): v for s, m, v, _ in R.idle_rows(run)}
     # (p-1)/(m+p-1) falls from 50 % to 11 %: far more than the noise of a shared machine
     assert idle[("GPipe", 8)] < idle[("GPipe", 1)]
+    # 3.8 splits the idle share by the timed waits for sends and receives: a part of it, never more
+    assert all(0 <= st["wait_share"] <= st["idle_share"] + 1e-6 for r in run["runs"] for st in r["steps"])
     rows4 = R.pipeline_memory_rows(run4)
     assert [r["expected_microbatches"] for r in rows4 if r["schedule"] == "1F1B"] == [4, 3, 2, 1]
     assert all(r["peak"] == r["expected"] for r in rows4)

@@ -225,9 +225,34 @@ def _run_schedules(rank, n, group, device, progress, configs, hidden, layers, ro
         kwargs = {"target": y} if total - 1 in idx else {}
         built.append((schedule, mods, spans, actions, [*params, x, y], args, kwargs))
     results = [[] for _ in configs]
+    # the schedules wait for their sends and receives through this one function: time each wait
+    waits: list = []
+    waited = getattr(pl.schedules, "_wait_batch_p2p", None)
+
+    def timed_wait(work):
+        t0 = time.perf_counter()
+        waited(work)
+        if work:
+            waits.append((t0, time.perf_counter()))
+    if waited is not None:
+        pl.schedules._wait_batch_p2p = timed_wait
+    try:
+        _steps(built, results, reps, rank, group, waits if waited else None, progress)
+    finally:
+        if waited is not None:
+            pl.schedules._wait_batch_p2p = waited
+    return results
+
+
+def _steps(built, results, reps, rank, group, waits, progress):
+    """One unmeasured round, then ``reps`` measured rounds of every built configuration, in turn."""
+    import torch.distributed as dist
+
     for rep in range(reps + 1):  # the first round sets the stages up: not measured
         for j, (schedule, mods, spans, actions, exclude, args, kwargs) in enumerate(built):
             spans.clear()
+            if waits is not None:
+                waits.clear()
             for mod in mods:
                 mod.zero_grad(set_to_none=True)
             counter = LiveSavedBytes(exclude=exclude)
@@ -238,10 +263,9 @@ def _run_schedules(rank, n, group, device, progress, configs, hidden, layers, ro
                 mod.zero_grad(set_to_none=True)
             if rep > 0:
                 results[j].append({"spans": list(spans), "peak_bytes": counter.peak, "left_bytes": counter.live,
-                                   "actions": actions if rank == 0 else None})
+                                   "actions": actions if rank == 0 else None, "waits": None if waits is None else list(waits)})
             if rep == reps:
                 progress.put(1)
-    return results
 
 
 def _pipeline_worker(rank, world_size, device, progress, specs):
@@ -285,6 +309,17 @@ def idle_share(per_rank_spans) -> float:
     if end <= start:
         raise ValueError("per_rank_spans must span some time (every span starts where it ends)")
     return 1.0 - busy / (len(per_rank) * (end - start))
+
+
+def _wait_share(spans, waits) -> float:
+    """Time blocked in the schedule's waits for sends and receives, inside the step, over processes × step
+    (None where this torch's schedules have no ``_wait_batch_p2p`` to time)."""
+    if any(w is None for w in waits):
+        return None
+    every = [s for rank_spans in spans for s in rank_spans]
+    start, end = min(s[2] for s in every), max(s[3] for s in every)
+    inside = sum(max(0.0, min(b, end) - max(a, start)) for rank_waits in waits for a, b in rank_waits)
+    return inside / (len(spans) * (end - start))
 
 
 def _spec(world_size, microbatches, schedules, hidden, layers, rows, reps, stages_per_process) -> dict:
@@ -341,7 +376,9 @@ def run_pipelines(specs, timeout: float = 240.0) -> list:
     shared by its processes), ``actions`` (the schedule's own
     ``pipeline_order``: per rank, the compute actions in order, as torch
     writes them, e.g. ``"2F0"`` = stage 2, forward, micro-batch 0), ``idle_share``
-    (:func:`idle_share`), ``peak_bytes`` (per rank: the most activation bytes
+    (:func:`idle_share`), ``wait_share`` (of the same whole, the time blocked waiting for a
+    send or receive to finish: the rest of the idle time is the schedule's own code between calls),
+    ``peak_bytes`` (per rank: the most activation bytes
     alive at once) and ``left_bytes`` (per rank, after the step: 0 when every
     activation was freed).
     """
@@ -373,6 +410,7 @@ def run_pipelines(specs, timeout: float = 240.0) -> list:
                 at = [per_rank[r]["runs"][j][i][k] for r in range(n)]
                 spans = [a["spans"] for a in at]
                 steps.append({"spans": spans, "idle_share": idle_share(spans), "actions": at[0]["actions"],
+                              "wait_share": _wait_share(spans, [a["waits"] for a in at]),
                               "peak_bytes": [a["peak_bytes"] for a in at],
                               "left_bytes": [a["left_bytes"] for a in at]})
             runs.append({"schedule": name, "microbatches": m, "steps": steps})
