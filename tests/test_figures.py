@@ -178,12 +178,16 @@ def test_step_terms_figure_stacks_compute_bubble_and_exposed_communication():
 
 def test_bill_gap_parts_add_up_and_fill_in_order():
     p = bill_plots.bill_gap_parts(24.0, 30.0, 0.05, 3.0)
-    assert p == pytest.approx({"computed": 24.0, "attention": 1.2, "failures": 3.0, "other": 1.8})
+    assert p == pytest.approx({"computed": 24.0, "attention": 1.2, "long_context": 0.0, "failures": 3.0, "other": 1.8})
+    # the long-context stage comes before the failures: they get what is left, below their bound here
+    lc = bill_plots.bill_gap_parts(24.0, 30.0, 0.05, 3.0, long_context_hours=2.5)
+    assert lc == pytest.approx({"computed": 24.0, "attention": 1.2, "long_context": 2.5, "failures": 2.3, "other": 0})
     small = bill_plots.bill_gap_parts(28.0, 30.0, 0.05, 3.0)   # the gap runs out inside the failures' bound
     assert small["attention"] == pytest.approx(1.4) and small["failures"] == pytest.approx(0.6) and small["other"] == 0
     assert sum(bill_plots.bill_gap_parts(31.0, 30.0, 0.05, 3.0).values()) == 31.0  # no gap: nothing added
     for kwargs, name in ((dict(computed_hours=0.0), "computed_hours"), (dict(attention_share=-1.0), "attention_share"),
-                         (dict(failures_max_hours=float("nan")), "failures_max_hours")):
+                         (dict(failures_max_hours=float("nan")), "failures_max_hours"),
+                         (dict(long_context_hours=-1.0), "long_context_hours")):
         args = dict(computed_hours=24.0, published_hours=30.0, attention_share=0.05, failures_max_hours=3.0)
         args.update(kwargs)
         with pytest.raises(ValueError, match=name):
@@ -195,6 +199,8 @@ def test_bill_gap_figure_alt_text_reads_the_parts():
     assert "30.00 M" in shown.alt and "attention 1.20 M" in shown.alt and "other stages and the rest, 1.80 M" in shown.alt and "by construction" in shown.alt
     with pytest.raises(ValueError, match="computed"):
         bill_plots.bill_gap_figure({}, 30.0e6, 0.05, 3.0e6)
+    shown = bill_plots.bill_gap_figure({"high MFU": 24.0e6}, 30.0e6, 0.05, 3.0e6, long_context={"high MFU": 2.5e6})
+    assert "long-context stage 2.50 M" in shown.alt and "failures 2.30 M" in shown.alt
 
 
 def test_simulated_timelines_title_each_schedule_with_its_equal_stage_idle_share():

@@ -35,8 +35,10 @@ _SECONDARY = "secondary (as summaries quote it)"
 #: Read in the report's own words, in a text conversion of its PDF (Markdown, kept in a public repository), not in
 #: the PDF itself.
 _REPORT_TEXT = "read in a text conversion of the report's PDF (its own words), not in the PDF itself"
-_TABLE4_ROWS = ("secondary (as summaries quote the row); within a point of the row's TFLOP/s over "
-                "the H100's 989.4 TFLOP/s dense peak, and inside the 38-43 % range quoted for the table")
+#: Table 4's rows, read in the same text conversion of the report's PDF (the row of GPUs, TP, CP, PP, DP, sequence,
+#: batch per DP, tokens per batch, TFLOP/s and MFU).
+_TABLE4_READ = _REPORT_TEXT + "; Table 4's row"
+_TABLE4_ROWS = (_TABLE4_READ + "; within a point of the row's TFLOP/s over the H100's 989.4 TFLOP/s dense peak")
 #: Read in the report's own words, in a text conversion of its LaTeX source (kept in a public repository, chunked
 #: for search), not in the PDF: its prose, not its tables (the conversion drops their rows).
 _REPORT_PROSE = "read in a text conversion of the report's source (its own words, in its prose), not in the PDF"
@@ -60,23 +62,23 @@ LLAMA3_405B = {
                      _REPORT_PROSE + "; the model card, read, says only '15T+'"),
     "flops": Figure(3.8e25, "training FLOPs of the flagship model", LLAMA3_PAPER, "Section 1",
                     _REPORT_PROSE),
-    "gpus": Figure(16384, "H100-80GB GPUs", LLAMA3_PAPER, "Section 3.3.1 and Table 4", _SECONDARY),
-    "tp": Figure(8, "tensor-parallel degree", LLAMA3_PAPER, "Table 4", _SECONDARY),
-    "pp": Figure(16, "pipeline-parallel degree", LLAMA3_PAPER, "Table 4", _SECONDARY),
-    "cp_long": Figure(16, "context-parallel degree in the 128K-context stage", LLAMA3_PAPER, "Table 4", _SECONDARY),
+    "gpus": Figure(16384, "H100-80GB GPUs", LLAMA3_PAPER, "Section 3.3.1 and Table 4", _TABLE4_READ),
+    "tp": Figure(8, "tensor-parallel degree", LLAMA3_PAPER, "Table 4", _TABLE4_READ),
+    "pp": Figure(16, "pipeline-parallel degree", LLAMA3_PAPER, "Table 4", _TABLE4_READ),
+    "cp_long": Figure(16, "context-parallel degree in the 128K-context stage", LLAMA3_PAPER, "Table 4", _TABLE4_READ),
     "seq_len": Figure(8192, "tokens per sequence (main pre-training stage)", LLAMA3_PAPER,
-                      "Table 4 and Section 3.4.1 (8K context before long-context training)", _SECONDARY),
-    "tokens_per_batch": Figure(16e6, "tokens per global batch", LLAMA3_PAPER, "Table 4", _SECONDARY),
+                      "Table 4 and Section 3.4.1 (8K context before long-context training)", _TABLE4_READ),
+    "tokens_per_batch": Figure(16e6, "tokens per global batch", LLAMA3_PAPER, "Table 4", _TABLE4_READ),
     # Table 4's batch column is sequences per data-parallel replica: 16 at 16,384 GPUs (DP 128, 8K context),
     # so the global batch is 16 x 128 = 2,048 sequences of 8,192 tokens = 2**24 tokens, the '16M'.
     "batch_per_dp_16k": Figure(16, "sequences per data-parallel replica, 16,384 GPUs at 8K context",
-                               LLAMA3_PAPER, "Table 4 (batch size/DP)", _SECONDARY),
+                               LLAMA3_PAPER, "Table 4 (batch size/DP)", _TABLE4_READ),
     # Table 4's three configurations: TFLOPs per GPU, and the BF16 MFU the report prints beside each.
-    "tflops_8k_gpus": Figure(430, "TFLOP/s per GPU on 8,192 GPUs", LLAMA3_PAPER, "Table 4", _SECONDARY),
-    "gpus_first_stage": Figure(8192, "GPUs in the first configuration", LLAMA3_PAPER, "Table 4", _SECONDARY),
-    "tflops_16k_gpus": Figure(400, "TFLOP/s per GPU on 16,384 GPUs", LLAMA3_PAPER, "Table 4", _SECONDARY),
+    "tflops_8k_gpus": Figure(430, "TFLOP/s per GPU on 8,192 GPUs", LLAMA3_PAPER, "Table 4", _TABLE4_READ),
+    "gpus_first_stage": Figure(8192, "GPUs in the first configuration", LLAMA3_PAPER, "Table 4", _TABLE4_READ),
+    "tflops_16k_gpus": Figure(400, "TFLOP/s per GPU on 16,384 GPUs", LLAMA3_PAPER, "Table 4", _TABLE4_READ),
     "tflops_16k_long": Figure(380, "TFLOP/s per GPU on 16,384 GPUs, 128K context (CP 16)", LLAMA3_PAPER,
-                              "Table 4", _SECONDARY),
+                              "Table 4", _TABLE4_READ),
     # Table 4's per-row BF16 MFU, one per configuration (430, 400 and 380 TFLOP/s over the 989.4 TFLOP/s peak
     # are 43.5, 40.4 and 38.4 %; the table prints 43, 41 and 38 %: the middle one is not the ratio rounded).
     "mfu_8k_gpus": Figure(0.43, "BF16 MFU on 8,192 GPUs, 8K context", LLAMA3_PAPER, "Table 4", _TABLE4_PROSE),
