@@ -259,9 +259,11 @@ def test_1_4_fp8_bytes_agree_between_table_and_text():
     assert (r.bytes_per_param(), r.step_bytes_per_param(), r.step_bytes_per_param(transposed=True)) == (16, 17, 18)
     assert recipe("bf16_master").step_bytes_per_param(transposed=True) == 16  # no copy: the state alone
     page = text(CH1 / "04-precision-by-role.md")
-    assert "{r.step_bytes_per_param()} at most " in page  # the table's fp8 cell, with its Hopper figure
-    assert "({r.step_bytes_per_param(transposed=True)} on H100)\" if r.weights_in_flight" in page
+    assert "{r.step_bytes_per_param()} at most\"\n             if r.weights_in_flight" in page  # the table's fp8 cell
     assert "fp8_run = (fp8_r.step_bytes_per_param(), fp8_r.step_bytes_per_param(transposed=True))" in page
+    # the Hopper figure, in the section for practitioners, is the recipe's own transposed count
+    practice = page.split("## For practitioners")[1].split("## Common mistakes")[0]
+    assert "{fp8_run[1]} bytes a parameter at most instead of {fp8_run[0]}" in practice
     assert "+ fp8_copy" not in page and "2 * fp8_copy" not in page
 
 
@@ -270,8 +272,12 @@ def test_1_4_says_why_fp8_trains():
     numbers from torch.finfo (the formats table), not typed."""
     page = text(CH1 / "04-precision-by-role.md")
     why = page.split("# @title Text with this run's numbers: why FP8 trains")[1].split("```")[0]
-    for part in ("A scale per tensor", "*Current* scaling", "*delayed* scaling", "A format for each role",
-                 "Wide sums", "High-precision state"):
+    for part in ("A scale per tensor", "A format for each role", "Wide sums", "High-precision state"):
         assert part in why, part
+    # when the scale is measured (current against delayed) and why that makes gradients e5m2: folded, for practitioners
+    practice = page.split("## For practitioners")[1].split("## Common mistakes")[0]
+    for part in ("*current* scaling", "*Delayed* scaling", "That is why gradients take e5m2", "<details>"):
+        assert part in practice, part
+    assert "**not measured here**" in why and "far less" not in page  # the whole step's gain: no unsourced claim
     assert "{e4.max:g}" in why and "{e5.max:g}" in why and "448" not in why and "57344" not in why
     assert "errs roughly as often up as down" not in page
