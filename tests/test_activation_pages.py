@@ -60,3 +60,17 @@ def test_both_attention_cases_are_on_the_pages():
     assert 'for att in ("fused", "stored")' in act and 'big_cross["fused"]' in act and 'big_cross["stored"]' in act
     plan = (CH1 / "07-planning.md").read_text()
     assert 'attention="stored"' in plan and "fused attention" in plan
+
+
+def test_the_planning_page_prints_its_activation_formulas_from_the_calculator():
+    """r19: 1.7's text said sbh(32 + 4as/h) + sbh(2 + as/h) while its lines printed sbh(32 + 2as/h) + sbh(2 + 3as/h):
+    the constants are now read off memory.activation_bytes_per_layer, and each printed line is checked against them."""
+    plan = (CH1 / "07-planning.md").read_text()
+    assert "4as/h" not in plan and "2 + as/h" not in plan
+    assert "$sbh({c_fused} + {c_score}as/h)$" in plan and "$sbh({d_fused} + {d_score}as/h)$" in plan
+    assert "layers == sbh_all * (c_fused + c_score * scores) and drop == sbh_all * (d_fused + d_score * scores)" in plan
+    from lessonlib.calc.memory import activation_bytes_per_layer as per_layer
+    one = lambda **kw: per_layer(1, 1, 1, 1, **kw)
+    assert (one(dropout=False), one() - one(dropout=False)) == (32, 2)
+    assert one(attention="stored", dropout=False) - 32 == 2 and one(attention="stored") - one() - 2 == 3
+    assert "it is\n  conservative" not in plan and "this page's own\nmeasurement" in plan
