@@ -680,7 +680,7 @@ def test_1c_asks_for_the_time_failure_and_what_data_parallelism_fixes():
     assert "days_one_device=days_one_device" in hand["1c-q2b"] and "days_on_4=days_on_4" in hand["1c-q3c"]
     summary = next(c.source for c in nb.cells if "What this exercise showed" in c.source)
     assert "fails on time too" in summary and "fixes the time, not the memory" in summary
-    assert "no token faster" in summary and "idealised" in summary
+    assert "no token faster" in summary and "after page 1.7's" in summary and "planner.RESERVE" in summary
     from lessonlib.calc import planner
     given = _given_names(nb)
     days = planner.single_device_seconds(planner.training_flops(given["n_params"], given["train_tokens"]),
@@ -1004,6 +1004,27 @@ def test_3b_summary_reports_both_predictions_errors_not_which_is_closer():
     assert "closer to the prediction" not in summary
     assert "{ex3b_err_own:+.0f} %" in summary and "{ex3b_err_shared:+.0f} %" in summary
     assert "ex3b_err_own = 100 * (ex3b_own / ex3b_ddp4 - 1)" in summary
+
+
+def test_1c_counts_against_page_1_7s_reserve():
+    """Review r19: 1c counted all 80 GB as free while page 1.7 keeps planner.RESERVE back, so a student
+    following 1.7 got micro-batch 4 where the check wanted 5. Every fit in 1c is now against usable_bytes,
+    the device less the same constant, in solutions and hidden checks alike."""
+    import math
+    from lessonlib.calc import memory, planner
+    text = (EXERCISES / "1c-will-it-fit.md").read_text()
+    assert "usable_bytes = device_bytes - math.ceil(planner.RESERVE * device_bytes)" in text
+    assert "idealised" not in text and "<= device_bytes" not in text and "> device_bytes" not in text
+    given = _given_names(nbformat.read(EXERCISES / "1c-will-it-fit.ipynb", as_version=4))
+    usable = given["device_bytes"] - math.ceil(planner.RESERVE * given["device_bytes"])
+    state = memory.training_state_bytes(given["n_params"]).total
+    per_seq = memory.activation_bytes(given["seq_len"], 1, given["hidden"], given["heads"], given["layers"],
+                                      attention="stored")
+    # the planner of page 1.7 gives the same largest micro-batch as the exercise's count
+    p = planner.plan(given["n_params"], batch_per_device=1, seq_len=given["seq_len"], layers=given["layers"],
+                     hidden=given["hidden"], heads=given["heads"], device_bytes=int(given["device_bytes"]),
+                     attention="stored")
+    assert p.max_batch_that_fits == (usable - state) // per_seq
 
 
 def test_1c_summary_states_the_selective_overhead_on_chapter_2s_basis():
