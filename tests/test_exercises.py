@@ -223,7 +223,7 @@ def check_2b_q5():
 
 
 # the arithmetic the question asks for, in a sentence that makes none of the key points: 20 days x 32/27
-DAYS = " With early stop the run would take about 23.7 days, inside the 25 allowed."
+DAYS = " With early stop the run would take about 23.3 days, inside the 25 allowed."
 
 
 GOOD_ANSWERS_WITHOUT_DAYS = [
@@ -357,11 +357,13 @@ def test_free_text_with_each_key_point_in_its_own_sentence_passes(check_2b_q5, t
     _run(check_2b_q5, text)
 
 
-# the run's length with checkpointing, in days: right within 5 % of 20 x 32/27 = 23.7 (early stop on the
-# notebook's blocks, whose last Linear does 4/9 of the work), which meets the 25-day deadline; each block rerun
-# whole (20 x 4/3 = 26.7) misses it, so a reply giving only that length is flagged for the instructor to weigh
-RIGHT_DAYS = ["about 23.7 days", "24 days", "23 days", "a 24-day run", "roughly 23-24 days", "23.70 days"]
-WRONG_DAYS = {"about 26.7 days": "whole-block recomputation's", "27 days": "whole-block recomputation's",
+# the run's length with checkpointing, in days, priced as question 3 prices the step (forward and backward, 0.9
+# of it, grow by the FLOP ratio; the optimizer is not rerun): right within 3 % of 20 x (1 + 0.9 x 5/27) = 23.3
+# (early stop on the notebook's blocks, whose last Linear does 4/9 of the work), which meets the 25-day deadline;
+# each block rerun whole (20 x (1 + 0.9/3) = 26.0) misses it, so a reply giving only that length is flagged
+RIGHT_DAYS = ["about 23.3 days", "23.5 days", "23 days", "a 23-day run", "roughly 23-24 days", "23.33 days"]
+WRONG_DAYS = {"about 26.0 days": "whole-block recomputation's", "26 days": "whole-block recomputation's",
+              "about 26.7 days": "whole-block recomputation's", "21 days": "check the arithmetic",
               "about 32 days": "check the arithmetic", "35 days": "check the arithmetic",
               "20 days": "no length of the checkpointed run", "a few more weeks": "no length of the checkpointed run"}
 
@@ -1056,13 +1058,20 @@ def test_every_exercise_says_to_compute_from_the_variables():
 
 
 def test_2b_q5_accepts_the_early_stop_length_and_its_worked_examples_hold(check_2b_q5):
-    """Question 4 shows PyTorch's default stops early (20 days x 32/27 = 23.7); a reply using it is right. The
+    """Question 4 shows PyTorch's default stops early (20 days x (1 + 0.9 x 5/27) = 23.3); a reply using it is right. The
     instructors' page's worked examples of a passing and a flagged sentence must be what the check does (the
     screen's mechanics moved there from the student's question, which keeps the key points and the form)."""
-    _run(check_2b_q5, GOOD_ANSWERS_WITHOUT_DAYS[0] + " With PyTorch's early stop it runs for about 24 days.")
+    _run(check_2b_q5, GOOD_ANSWERS_WITHOUT_DAYS[0] + " With PyTorch's early stop it runs for about 23 days.")
     question = " ".join((EXERCISES / "2b-should-they-checkpoint.md").read_text().split())
     question = question[question.index("## Question 5"):question.index("# Check 2b-q5")]
-    assert "is read as" not in question and "price the time in FLOPs" in question
+    assert "is read as" not in question and "price the time in FLOPs phase by phase, as in question 3" in question
+    # review r19: Q5 priced the whole step by the FLOP ratio after Q3 taught that the optimizer is not rerun
+    assert "and the optimizer is not rerun" in question
+    assert '_SHARE = (phases["forward"] + phases["backward"])' in (EXERCISES / "2b-should-they-checkpoint.md").read_text()
+    # one rule for half points, on this page and the grading page
+    assert "three 1-point items, each of which your instructor may give in halves" in question
+    grading = " ".join((EXERCISES / "grading.md").read_text().split())
+    assert "three 1-point items, each of which you may give 0.5" in grading and "grade in halves" not in grading
     # the verdict weighs the memory saved against the time paid, and the deadline lies between the two prices
     assert "memory saved against the time paid" in question and "loses this point" not in question
     assert "deadline_days = 20, 25" in question
