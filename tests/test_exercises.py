@@ -1120,3 +1120,16 @@ def test_3f_q2_accepts_a_layout_within_2_percent_of_the_fastest():
     check_gain(Answers(can_gain=list(gain)))  # can_gain is its own check: a wrong one costs only its point
     with pytest.raises(AssertionError, match="can_gain"):
         check_gain(Answers(can_gain=[2, 4, 8, 16]))
+
+
+def test_3e_q2_states_the_even_split_and_3f_words_save_matmuls_as_pages_2_3_and_3_11():
+    """Review r19: 3e Q2's formula assumed an even split over eight processes without saying so (Q4 teaches
+    padding); 3f said save_matmuls keeps "only the weight products' outputs" where 2.3 and 3.11 keep the input too."""
+    e = " ".join((EXERCISES / "3e-shard-the-state.md").read_text().split())
+    q2 = e[e.index("## Question 2"):e.index("# Check 3e-q2")]
+    assert "Assume every tensor splits evenly over the eight processes, with no padding" in q2
+    f = " ".join((EXERCISES / "3f-choose-a-layout.md").read_text().split())
+    assert "only the weight products' outputs" not in f and "the layer's input and its weight products' outputs kept" in f
+    for page, words in (("02-two-checkpoints/03-selective-recomputation.md", "the layer's input and the weight products' outputs"),
+                        ("03-distributed-speedup/11-choose-a-layout.md", "layer's input and its weight products' outputs")):
+        assert words in " ".join((ROOT / "chapters" / page).read_text().split())
