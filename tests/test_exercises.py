@@ -1133,3 +1133,19 @@ def test_3e_q2_states_the_even_split_and_3f_words_save_matmuls_as_pages_2_3_and_
     for page, words in (("02-two-checkpoints/03-selective-recomputation.md", "the layer's input and the weight products' outputs"),
                         ("03-distributed-speedup/11-choose-a-layout.md", "layer's input and its weight products' outputs")):
         assert words in " ".join((ROOT / "chapters" / page).read_text().split())
+
+
+def test_3b_grades_a_reasoning_choice_not_only_sums():
+    """Review r19: about 9 of 3b's 13 points were sums and ratios of printed medians, its reasoning ungraded. Q2's
+    sum dropped to 1 point and Q4's "what does such a step pay that no sum prices?" is a graded choice; the
+    total stays 13, as the overview table says."""
+    check = reference.load(EXERCISES / "3b-predict-the-two-process-step.ipynb", questions=["3b-q4d"], given=False)["3b-q4d"]
+    check({"unpriced_4": "contention"})
+    for wrong in ("latency", "bytes", "update"):
+        with pytest.raises(AssertionError):
+            check({"unpriced_4": wrong})
+    nb = nbformat.read(EXERCISES / "3b-predict-the-two-process-step.ipynb", as_version=4)
+    points = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"] for c in nb.cells
+              if c.metadata.get("nbgrader", {}).get("grade", False)}
+    assert points["3b-q2"] == 1 and points["3b-q4d"] == 1 and sum(points.values()) == 13
+    assert "| 3 | 7 | 13 (13) | 75 min |" in (EXERCISES / "index.md").read_text()
