@@ -1149,3 +1149,18 @@ def test_3b_grades_a_reasoning_choice_not_only_sums():
               if c.metadata.get("nbgrader", {}).get("grade", False)}
     assert points["3b-q2"] == 1 and points["3b-q4d"] == 1 and sum(points.values()) == 13
     assert "| 3 | 7 | 13 (13) | 75 min |" in (EXERCISES / "index.md").read_text()
+
+
+def test_3f_q3b_grades_a_prediction_not_the_search_output():
+    """Review r19: 3f's ZeRO-2 part was read straight off search_layouts; it is now the saving predicted in bytes
+    and whether the priced layout then fits, the search left as the student's own check."""
+    check = reference.load(EXERCISES / "3f-choose-a-layout.ipynb", questions=["3f-q3b"])["3f-q3b"]
+    import math
+    from lessonlib.calc.planner import PRESETS
+    saved = 2 * math.ceil(PRESETS["70B"]["n_params"] / 8) * (1 - 1 / 32)
+    check({"zero2_saved_bytes": saved, "zero2_fits": True})
+    for wrong in ({"zero2_saved_bytes": saved, "zero2_fits": False}, {"zero2_saved_bytes": 2 * saved, "zero2_fits": True}):
+        with pytest.raises(AssertionError):
+            check(wrong)
+    text = (EXERCISES / "3f-choose-a-layout.md").read_text()
+    assert "pipeline_with_zero2" not in text and "zero2_faster" not in text and "zero2_saved_bytes=zero2_saved_bytes" in text
