@@ -1164,3 +1164,19 @@ def test_3f_q3b_grades_a_prediction_not_the_search_output():
             check(wrong)
     text = (EXERCISES / "3f-choose-a-layout.md").read_text()
     assert "pipeline_with_zero2" not in text and "zero2_faster" not in text and "zero2_saved_bytes=zero2_saved_bytes" in text
+
+
+def test_3f_q2_grades_the_decision_about_the_layout_that_moved_up():
+    """Review r19: 2 of Q2's points were the search's output; one moved to the discussion's decision (what the
+    model leaves out of a many-chunk layout's step time, as the summary says: it prices only the send)."""
+    check = reference.load(EXERCISES / "3f-choose-a-layout.ipynb", questions=["3f-q2c"], given=False)["3f-q2c"]
+    check({"left_out": "kernels"})
+    for wrong in ("bubble", "sends"):
+        with pytest.raises(AssertionError):
+            check({"left_out": wrong})
+    nb = nbformat.read(EXERCISES / "3f-choose-a-layout.ipynb", as_version=4)
+    points = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"] for c in nb.cells
+              if c.metadata.get("nbgrader", {}).get("grade", False)}
+    assert points["3f-q2"] == 1 and points["3f-q2c"] == 1 and sum(points.values()) == 11
+    assert "of which the model prices only the send" in (EXERCISES / "3f-choose-a-layout.md").read_text()
+    assert "| 3 | 7 | 11 (11) | 45 min |" in (EXERCISES / "index.md").read_text()
