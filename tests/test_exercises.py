@@ -223,7 +223,7 @@ def check_2b_q5():
 
 
 # the arithmetic the question asks for, in a sentence that makes none of the key points: 20 days x 32/27
-DAYS = " With early stop the run would take about 23.7 days, inside the 25 allowed."
+DAYS = " With early stop the run would take about 23.3 days, inside the 25 allowed."
 
 
 GOOD_ANSWERS_WITHOUT_DAYS = [
@@ -357,11 +357,13 @@ def test_free_text_with_each_key_point_in_its_own_sentence_passes(check_2b_q5, t
     _run(check_2b_q5, text)
 
 
-# the run's length with checkpointing, in days: right within 5 % of 20 x 32/27 = 23.7 (early stop on the
-# notebook's blocks, whose last Linear does 4/9 of the work), which meets the 25-day deadline; each block rerun
-# whole (20 x 4/3 = 26.7) misses it, so a reply giving only that length is flagged for the instructor to weigh
-RIGHT_DAYS = ["about 23.7 days", "24 days", "23 days", "a 24-day run", "roughly 23-24 days", "23.70 days"]
-WRONG_DAYS = {"about 26.7 days": "whole-block recomputation's", "27 days": "whole-block recomputation's",
+# the run's length with checkpointing, in days, priced as question 3 prices the step (forward and backward, 0.9
+# of it, grow by the FLOP ratio; the optimizer is not rerun): right within 3 % of 20 x (1 + 0.9 x 5/27) = 23.3
+# (early stop on the notebook's blocks, whose last Linear does 4/9 of the work), which meets the 25-day deadline;
+# each block rerun whole (20 x (1 + 0.9/3) = 26.0) misses it, so a reply giving only that length is flagged
+RIGHT_DAYS = ["about 23.3 days", "23.5 days", "23 days", "a 23-day run", "roughly 23-24 days", "23.33 days"]
+WRONG_DAYS = {"about 26.0 days": "whole-block recomputation's", "26 days": "whole-block recomputation's",
+              "about 26.7 days": "whole-block recomputation's", "21 days": "check the arithmetic",
               "about 32 days": "check the arithmetic", "35 days": "check the arithmetic",
               "20 days": "no length of the checkpointed run", "a few more weeks": "no length of the checkpointed run"}
 
@@ -680,7 +682,7 @@ def test_1c_asks_for_the_time_failure_and_what_data_parallelism_fixes():
     assert "days_one_device=days_one_device" in hand["1c-q2b"] and "days_on_4=days_on_4" in hand["1c-q3c"]
     summary = next(c.source for c in nb.cells if "What this exercise showed" in c.source)
     assert "fails on time too" in summary and "fixes the time, not the memory" in summary
-    assert "no token faster" in summary and "idealised" in summary
+    assert "no token faster" in summary and "after page 1.7's" in summary and "planner.RESERVE" in summary
     from lessonlib.calc import planner
     given = _given_names(nb)
     days = planner.single_device_seconds(planner.training_flops(given["n_params"], given["train_tokens"]),
@@ -1006,6 +1008,27 @@ def test_3b_summary_reports_both_predictions_errors_not_which_is_closer():
     assert "ex3b_err_own = 100 * (ex3b_own / ex3b_ddp4 - 1)" in summary
 
 
+def test_1c_counts_against_page_1_7s_reserve():
+    """Review r19: 1c counted all 80 GB as free while page 1.7 keeps planner.RESERVE back, so a student
+    following 1.7 got micro-batch 4 where the check wanted 5. Every fit in 1c is now against usable_bytes,
+    the device less the same constant, in solutions and hidden checks alike."""
+    import math
+    from lessonlib.calc import memory, planner
+    text = (EXERCISES / "1c-will-it-fit.md").read_text()
+    assert "usable_bytes = device_bytes - math.ceil(planner.RESERVE * device_bytes)" in text
+    assert "idealised" not in text and "<= device_bytes" not in text and "> device_bytes" not in text
+    given = _given_names(nbformat.read(EXERCISES / "1c-will-it-fit.ipynb", as_version=4))
+    usable = given["device_bytes"] - math.ceil(planner.RESERVE * given["device_bytes"])
+    state = memory.training_state_bytes(given["n_params"]).total
+    per_seq = memory.activation_bytes(given["seq_len"], 1, given["hidden"], given["heads"], given["layers"],
+                                      attention="stored")
+    # the planner of page 1.7 gives the same largest micro-batch as the exercise's count
+    p = planner.plan(given["n_params"], batch_per_device=1, seq_len=given["seq_len"], layers=given["layers"],
+                     hidden=given["hidden"], heads=given["heads"], device_bytes=int(given["device_bytes"]),
+                     attention="stored")
+    assert p.max_batch_that_fits == (usable - state) // per_seq
+
+
 def test_1c_summary_states_the_selective_overhead_on_chapter_2s_basis():
     """1c's summary gave selective recomputation's extra compute on 6ND alone (5.2 %) where chapter 2's page
     gives it on the model FLOPs, attention's products included; both now count attention causal (lessonlib.calc.mfu)."""
@@ -1035,13 +1058,20 @@ def test_every_exercise_says_to_compute_from_the_variables():
 
 
 def test_2b_q5_accepts_the_early_stop_length_and_its_worked_examples_hold(check_2b_q5):
-    """Question 4 shows PyTorch's default stops early (20 days x 32/27 = 23.7); a reply using it is right. The
+    """Question 4 shows PyTorch's default stops early (20 days x (1 + 0.9 x 5/27) = 23.3); a reply using it is right. The
     instructors' page's worked examples of a passing and a flagged sentence must be what the check does (the
     screen's mechanics moved there from the student's question, which keeps the key points and the form)."""
-    _run(check_2b_q5, GOOD_ANSWERS_WITHOUT_DAYS[0] + " With PyTorch's early stop it runs for about 24 days.")
+    _run(check_2b_q5, GOOD_ANSWERS_WITHOUT_DAYS[0] + " With PyTorch's early stop it runs for about 23 days.")
     question = " ".join((EXERCISES / "2b-should-they-checkpoint.md").read_text().split())
     question = question[question.index("## Question 5"):question.index("# Check 2b-q5")]
-    assert "is read as" not in question and "price the time in FLOPs" in question
+    assert "is read as" not in question and "price the time in FLOPs phase by phase, as in question 3" in question
+    # review r19: Q5 priced the whole step by the FLOP ratio after Q3 taught that the optimizer is not rerun
+    assert "and the optimizer is not rerun" in question
+    assert '_SHARE = (phases["forward"] + phases["backward"])' in (EXERCISES / "2b-should-they-checkpoint.md").read_text()
+    # one rule for half points, on this page and the grading page
+    assert "three 1-point items, each of which your instructor may give in halves" in question
+    grading = " ".join((EXERCISES / "grading.md").read_text().split())
+    assert "three 1-point items, each of which you may give 0.5" in grading and "grade in halves" not in grading
     # the verdict weighs the memory saved against the time paid, and the deadline lies between the two prices
     assert "memory saved against the time paid" in question and "loses this point" not in question
     assert "deadline_days = 20, 25" in question
@@ -1090,3 +1120,63 @@ def test_3f_q2_accepts_a_layout_within_2_percent_of_the_fastest():
     check_gain(Answers(can_gain=list(gain)))  # can_gain is its own check: a wrong one costs only its point
     with pytest.raises(AssertionError, match="can_gain"):
         check_gain(Answers(can_gain=[2, 4, 8, 16]))
+
+
+def test_3e_q2_states_the_even_split_and_3f_words_save_matmuls_as_pages_2_3_and_3_11():
+    """Review r19: 3e Q2's formula assumed an even split over eight processes without saying so (Q4 teaches
+    padding); 3f said save_matmuls keeps "only the weight products' outputs" where 2.3 and 3.11 keep the input too."""
+    e = " ".join((EXERCISES / "3e-shard-the-state.md").read_text().split())
+    q2 = e[e.index("## Question 2"):e.index("# Check 3e-q2")]
+    assert "Assume every tensor splits evenly over the eight processes, with no padding" in q2
+    f = " ".join((EXERCISES / "3f-choose-a-layout.md").read_text().split())
+    assert "only the weight products' outputs" not in f and "the layer's input and its weight products' outputs kept" in f
+    for page, words in (("02-two-checkpoints/03-selective-recomputation.md", "the layer's input and the weight products' outputs"),
+                        ("03-distributed-speedup/11-choose-a-layout.md", "layer's input and its weight products' outputs")):
+        assert words in " ".join((ROOT / "chapters" / page).read_text().split())
+
+
+def test_3b_grades_a_reasoning_choice_not_only_sums():
+    """Review r19: about 9 of 3b's 13 points were sums and ratios of printed medians, its reasoning ungraded. Q2's
+    sum dropped to 1 point and Q4's "what does such a step pay that no sum prices?" is a graded choice; the
+    total stays 13, as the overview table says."""
+    check = reference.load(EXERCISES / "3b-predict-the-two-process-step.ipynb", questions=["3b-q4d"], given=False)["3b-q4d"]
+    check({"unpriced_4": "contention"})
+    for wrong in ("latency", "bytes", "update"):
+        with pytest.raises(AssertionError):
+            check({"unpriced_4": wrong})
+    nb = nbformat.read(EXERCISES / "3b-predict-the-two-process-step.ipynb", as_version=4)
+    points = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"] for c in nb.cells
+              if c.metadata.get("nbgrader", {}).get("grade", False)}
+    assert points["3b-q2"] == 1 and points["3b-q4d"] == 1 and sum(points.values()) == 13
+    assert "| 3 | 7 | 13 (13) | 75 min |" in (EXERCISES / "index.md").read_text()
+
+
+def test_3f_q3b_grades_a_prediction_not_the_search_output():
+    """Review r19: 3f's ZeRO-2 part was read straight off search_layouts; it is now the saving predicted in bytes
+    and whether the priced layout then fits, the search left as the student's own check."""
+    check = reference.load(EXERCISES / "3f-choose-a-layout.ipynb", questions=["3f-q3b"])["3f-q3b"]
+    import math
+    from lessonlib.calc.planner import PRESETS
+    saved = 2 * math.ceil(PRESETS["70B"]["n_params"] / 8) * (1 - 1 / 32)
+    check({"zero2_saved_bytes": saved, "zero2_fits": True})
+    for wrong in ({"zero2_saved_bytes": saved, "zero2_fits": False}, {"zero2_saved_bytes": 2 * saved, "zero2_fits": True}):
+        with pytest.raises(AssertionError):
+            check(wrong)
+    text = (EXERCISES / "3f-choose-a-layout.md").read_text()
+    assert "pipeline_with_zero2" not in text and "zero2_faster" not in text and "zero2_saved_bytes=zero2_saved_bytes" in text
+
+
+def test_3f_q2_grades_the_decision_about_the_layout_that_moved_up():
+    """Review r19: 2 of Q2's points were the search's output; one moved to the discussion's decision (what the
+    model leaves out of a many-chunk layout's step time, as the summary says: it prices only the send)."""
+    check = reference.load(EXERCISES / "3f-choose-a-layout.ipynb", questions=["3f-q2c"], given=False)["3f-q2c"]
+    check({"left_out": "kernels"})
+    for wrong in ("bubble", "sends"):
+        with pytest.raises(AssertionError):
+            check({"left_out": wrong})
+    nb = nbformat.read(EXERCISES / "3f-choose-a-layout.ipynb", as_version=4)
+    points = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"] for c in nb.cells
+              if c.metadata.get("nbgrader", {}).get("grade", False)}
+    assert points["3f-q2"] == 1 and points["3f-q2c"] == 1 and sum(points.values()) == 11
+    assert "of which the model prices only the send" in (EXERCISES / "3f-choose-a-layout.md").read_text()
+    assert "| 3 | 7 | 11 (11) | 45 min |" in (EXERCISES / "index.md").read_text()
