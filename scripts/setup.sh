@@ -58,6 +58,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# Bytecode for the course's own modules. Python writes it on first import, except where
+# PYTHONDONTWRITEBYTECODE is set (this machine, and some CI runners): there every process
+# (a notebook's kernel, a started worker, the grader's sandbox) compiled lessonlib again,
+# about 0.25 s of CPU each, and a run of the tests starts a few hundred. Python still checks
+# each source against its bytecode, so an edited file is compiled afresh, as without this.
+"$VENV/bin/python" -m compileall -q -j 0 lessonlib tests scripts exercises >/dev/null
+
 # The browser tests drive Debian's Chromium through Playwright (never
 # 'playwright install', which downloads a browser).
 if [ "${NEED_BROWSER:-0}" = 1 ] && ! command -v chromium >/dev/null; then
