@@ -175,10 +175,11 @@ def _comm_worker(rank, world_size, device, progress, sweep, check_bytes, rounds,
             with ddp.no_sync():
                 loss_fn(ddp(xs), ys).backward()
 
-        # the first backward puts every gradient in one bucket; the next forward rebuilds the buckets in the
-        # order the gradients came (the first capped at dist._DEFAULT_FIRST_BUCKET_BYTES), as every timed step has them
-        backward()
-        backward()
+        # the first steps put every gradient in one bucket; then DDP rebuilds the buckets in the order the
+        # gradients came (the first capped at dist._DEFAULT_FIRST_BUCKET_BYTES), as every timed step has them:
+        # its logging data shows them from the third step on
+        for _ in range(3):
+            backward()
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         logged = ddp._get_ddp_logging_data()  # DDP's own record of its buckets (bytes)
         sizes = logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes", "")
