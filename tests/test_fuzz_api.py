@@ -79,6 +79,7 @@ DENY = {
     "lessonlib.measure.distributed.pipelining.run_pipelines": "starts processes; test_split_measurements",
     "lessonlib.measure.distributed.comm_timing.run_comm_timing": "starts processes; test_split_measurements",
     "lessonlib.measure.distributed.sharded_checkpoint.save_sharded": "starts processes; test_split_measurements",
+    "lessonlib.measure.distributed.sharded_checkpoint.load_sharded": "starts processes; test_split_measurements",
     "lessonlib.measure.distributed.sequence_parallel.run_sequence_parallel": "starts processes; test_sequence_parallel",
     "lessonlib.measure.distributed.ring_attention.run_ring_attention": "starts processes; test_ring_attention",
     "lessonlib.measure.distributed.overlap.run_overlap": "starts processes; test_overlap checks arguments first",

@@ -6,8 +6,8 @@
    alpha and beta (:func:`lessonlib.calc.comm.fit_alpha_beta`);
 2. **all-gather and reduce-scatter** at a few sizes, to check the fitted
    model on collectives it was not fitted to;
-3. **DistributedDataParallel**: the buckets DDP all-reduces (read from DDP's
-   own logging data), each bucket's all-reduce timed alone, and the
+3. **DistributedDataParallel**: the buckets DDP all-reduces in every step after
+   its first (read from DDP's own logging data once it has rebuilt them), each bucket's all-reduce timed alone, and the
    communication a DDP step exposes (its backward minus the same backward under
    ``no_sync``);
 4. **a fully_shard step**: the collectives of one forward and backward,
@@ -175,10 +175,15 @@ def _comm_worker(rank, world_size, device, progress, sweep, check_bytes, rounds,
             with ddp.no_sync():
                 loss_fn(ddp(xs), ys).backward()
 
-        backward()
+        # the first steps put every gradient in one bucket; then DDP rebuilds the buckets in the order the
+        # gradients came (the first capped at dist._DEFAULT_FIRST_BUCKET_BYTES), as every timed step has them:
+        # its logging data shows them from the third step on
+        for _ in range(3):
+            backward()
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         logged = ddp._get_ddp_logging_data()  # DDP's own record of its buckets (bytes)
-        bucket_bytes = [int(b) for b in str(logged.get("bucket_sizes", "")).split(",") if b.strip()]
+        sizes = logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes", "")
+        bucket_bytes = [int(b) for b in str(sizes).split(",") if b.strip()]
         if sum(bucket_bytes) != grad_bytes:  # an older torch that logs otherwise: one bucket of everything
             bucket_bytes = [grad_bytes]
 

@@ -12,6 +12,8 @@ loaded on a different number of processes than saved it (resharding).
   gathered whole (``full_state_dict=True``), the loss the next step starts from and the loss after it.
 * :func:`load_unsharded` - load the checkpoint into one ordinary process,
   with no process group: an unsharded model and optimizer.
+* :func:`load_sharded` - load it into ``fully_shard`` on another number of
+  processes, and gather the result whole to check it.
 * :func:`compare_states` - largest difference between two state dicts.
 """
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .launch import launch
 from .fsdp import build_model, shard_model, token_batch
 from .quiet import known_warnings_silenced
 
-__all__ = ["save_sharded", "load_unsharded", "compare_states", "checkpoint_files", "ShardFile", "shard_file_contents"]
+__all__ = ["save_sharded", "load_unsharded", "load_sharded", "compare_states", "checkpoint_files", "ShardFile", "shard_file_contents"]
 
 
 #: Rounds of (``dcp.async_save``, ``dcp.save``) that :func:`save_sharded` times when given ``async_path``.
@@ -234,6 +236,50 @@ def load_unsharded(path, lr: float = 1e-3):
         dcp.load(state, checkpoint_id=str(path))
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return model, opt
+
+
+def _load_worker(rank, world_size, device, progress, path, lr):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with known_warnings_silenced():
+        model = shard_model(build_model().to(device), init_device_mesh(device.type, (world_size,)), reshard=True)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        model_sd, optim_sd = get_state_dict(model, opt)  # this process's shards, in the new layout
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=path)  # each process reads the saved chunks that overlap its rows
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        rows = {k: tuple(v.to_local().shape) for k, v in model.state_dict().items() if hasattr(v, "to_local")}
+        full_model, full_optim = get_state_dict(
+            model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        progress.put(1)
+    out = {"rank": rank, "local_shapes": rows}
+    if rank == 0:
+        out["full_model"] = {k: v.clone() for k, v in full_model.items()}
+        out["full_optim"] = copy.deepcopy(full_optim)
+    return out
+
+
+def load_sharded(path, world_size: int = 3, lr: float = 1e-3, timeout: float = 120.0) -> dict:
+    """Load the DCP checkpoint in ``path`` into ``fully_shard`` on ``world_size`` processes (any number:
+    each reads the saved chunks that overlap its own rows), then gather it whole on rank 0 to check it.
+
+    Returns ``{"local_shapes" (per rank: each model tensor's local shape), "full_model", "full_optim"}``.
+    """
+    from .launch import MAX_WORLD_SIZE
+
+    world_size = check_count("world_size", world_size, minimum=2, maximum=MAX_WORLD_SIZE)
+    path = check_path("path", path)
+    lr = check_positive("lr", lr)
+    if not path.is_dir() or not (path / ".metadata").exists():
+        raise ValueError(f"path {str(path)!r} holds no torch.distributed.checkpoint checkpoint (.metadata missing)")
+    require_all('fully_shard')
+    per_rank = launch(_load_worker, world_size, args=(str(path), lr), timeout=timeout,
+                      progress_total=world_size, desc=f"sharded load on {world_size} processes")
+    return {"local_shapes": [r["local_shapes"] for r in per_rank],
+            "full_model": per_rank[0]["full_model"], "full_optim": per_rank[0]["full_optim"]}
 
 
 def _flatten(prefix, obj, out):
