@@ -19,7 +19,8 @@ def test_simulated_step_is_never_shorter_than_the_formula(c, m):
 
 @pytest.mark.parametrize("kwargs, word", [
     (dict(compute_s=-1, comm_s=0.001, buckets=2), "compute_s"), (dict(compute_s=0.001, comm_s=float("nan"), buckets=2), "comm_s"),
-    (dict(compute_s=0.001, comm_s=0.001, buckets=0), "buckets"), (dict(compute_s=1.0, comm_s=1.0, buckets=10), "s a simulated"),
+    (dict(compute_s=0.001, comm_s=0.001, buckets=0), "buckets"), (dict(compute_s=1.0, comm_s=1.0, buckets=10), "a simulation may take"),
+    (dict(compute_s=0.001, comm_s=0.001, buckets=2, repeats=0), "repeats"),
 ])
 def test_simulate_overlap_refuses_bad_arguments(kwargs, word):
     with pytest.raises((ValueError, TypeError), match=word):
