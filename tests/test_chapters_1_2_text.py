@@ -259,7 +259,12 @@ def test_1_4_fp8_bytes_agree_between_table_and_text():
     assert (r.bytes_per_param(), r.step_bytes_per_param(), r.step_bytes_per_param(transposed=True)) == (16, 17, 18)
     assert recipe("bf16_master").step_bytes_per_param(transposed=True) == 16  # no copy: the state alone
     page = text(CH1 / "04-precision-by-role.md")
-    assert "{r.step_bytes_per_param()} at most\"\n             if r.weights_in_flight" in page  # the table's fp8 cell
+    # the table's fp8 cell gives both counts, as the text and the takeaway do
+    assert "{r.step_bytes_per_param()} at most, \"\n             f\"{r.step_bytes_per_param(transposed=True)} with a " \
+           "transposed copy\" if r.weights_in_flight" in page
+    takeaways = page.split("# @title Text with this run's numbers")[-1]
+    assert "({fp8_run[0]} in all), or {fp8_run[1] - fp8_r.bytes_per_param()} where" in takeaways
+    assert "as the H100 does ({fp8_run[1]})" in takeaways
     assert "fp8_run = (fp8_r.step_bytes_per_param(), fp8_r.step_bytes_per_param(transposed=True))" in page
     # the Hopper figure, in the section for practitioners, is the recipe's own transposed count
     practice = page.split("## For practitioners")[1].split("## Common mistakes")[0]
