@@ -1178,5 +1178,33 @@ def test_3f_q2_grades_the_decision_about_the_layout_that_moved_up():
     points = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"] for c in nb.cells
               if c.metadata.get("nbgrader", {}).get("grade", False)}
     assert points["3f-q2"] == 1 and points["3f-q2c"] == 1 and sum(points.values()) == 11
-    assert "of which the model prices only the send" in (EXERCISES / "3f-choose-a-layout.md").read_text()
+    text = (EXERCISES / "3f-choose-a-layout.md").read_text()
+    assert "of which the model prices only the send" in text
     assert "| 3 | 7 | 11 (11) | 45 min |" in (EXERCISES / "index.md").read_text()
+    # review r20: page 3.11 once called the sends "a fixed cost the model does not price" while its table priced
+    # them, so "sends" was a careful answer; the question now says the model prices them (alpha and bytes, as
+    # layout_cost's pipeline_comm_s does), leaving the per-call kernel costs as the one cost left out
+    q2 = " ".join(text[text.index("## Question 2"):text.index("# Check 3f-q2 ")].split())
+    assert "The model's step time prices its sends in full" in q2 and "`pipeline_comm_s`" in q2
+    from lessonlib.calc.layout import Layout, layout_cost
+    from lessonlib.calc.layout_search import search_layouts  # noqa: F401  (the question's search)
+    src = text[text.index("from lessonlib.calc.planner import PRESETS"):]
+    ns = {}
+    exec(src[:src.index("```")], ns)
+    piped = layout_cost(ns["model"], ns["cluster"], Layout(tensor=8, pipeline=4, data=16, zero=1, virtual=4))
+    assert piped.pipeline_comm_s > 0  # the sends are in the step time
+
+
+def test_3c_names_no_chunk_count_for_3f_s_search():
+    """Review r20: 3c's summary said 3f's search picks "v 2" where it picks v 4; it now names no count."""
+    text = (EXERCISES / "3c-bubbles-and-paid-capacity.md").read_text()
+    assert '"v 2"' not in text and "exercise 3f's layout search picks" in text
+
+
+def test_3b_q3_states_its_baseline_and_a_split_above_one():
+    """Review r20: compute_split came out 1.07, outside the 0.5-1.0 scale the question gave, and the run's
+    `single` (56.5 ms) differed from question 5's `alone` (27.6 ms) with no word on which one Q3 uses."""
+    text = " ".join((EXERCISES / "3b-predict-the-two-process-step.md").read_text().split())
+    q3 = text[text.index("## Question 3"):text.index("# Check 3b-q3 ")]
+    assert "The baseline is this run's `single`" in q3 and "not question 5's `alone`" in q3 and "above 1.0" in q3
+    assert 'if ex3b_split > 1 else' in text
