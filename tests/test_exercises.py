@@ -819,13 +819,25 @@ def test_3e_prices_the_collectives_over_all_of_a_nodes_ports_and_asks_for_work_n
     fwd = 2 * n * tokens / (devices * hardware.sustained_flops_per_s(utilisation=hardware.KERNEL_EFFICIENCY))
     exposed = max(0.0, ag - fwd) + max(0.0, ag + rs - 2 * fwd)
     assert exposed > 0, "the given step is short enough that some traffic shows"
-    check(decode_answers({"zero3_seconds": 2 * ag + rs, "exposed_seconds": exposed}))
+    check(decode_answers({"gather_seconds": ag, "zero3_seconds": 2 * ag + rs, "exposed_seconds": exposed}))
     one_port = sum(collective_seconds(k, 2 * n, devices, ib.alpha_s, ib.beta_bytes_per_s)
                    for k in ("all_gather", "all_gather", "reduce_scatter"))
     with pytest.raises(AssertionError, match="zero3_seconds"):
-        check(decode_answers({"zero3_seconds": one_port, "exposed_seconds": exposed}))
+        check(decode_answers({"gather_seconds": ag, "zero3_seconds": one_port, "exposed_seconds": exposed}))
     with pytest.raises(AssertionError, match="exposed_seconds"):  # nothing hidden: the whole traffic exposed
-        check(decode_answers({"zero3_seconds": 2 * ag + rs, "exposed_seconds": 2 * ag + rs}))
+        check(decode_answers({"gather_seconds": ag, "zero3_seconds": 2 * ag + rs, "exposed_seconds": 2 * ag + rs}))
+    # review r20: the step across nodes is the student's, by hand (the library call only checks it): the all-gather
+    # priced from the ring's steps passes within 1 %, one port's pace (8x slower) fails
+    k_nodes = devices // 8
+    by_hand = ((devices - k_nodes) * nv.alpha_s + (k_nodes - 1) * ib.alpha_s
+               + (devices - 1) * 2 * n / (devices * min(nv.beta_bytes_per_s, 8 * ib.beta_bytes_per_s)))
+    assert abs(by_hand / ag - 1) < 1e-9
+    check(decode_answers({"gather_seconds": by_hand * 1.005, "zero3_seconds": 2 * ag + rs, "exposed_seconds": exposed}))
+    with pytest.raises(AssertionError, match="gather_seconds"):
+        slow = collective_seconds("all_gather", 2 * n, devices, ib.alpha_s, ib.beta_bytes_per_s)
+        check(decode_answers({"gather_seconds": slow, "zero3_seconds": 2 * ag + rs, "exposed_seconds": exposed}))
+    q3 = " ".join(text[text.index("## Question 3"):text.index("# Check 3e-q3 ")].split())
+    assert "by hand, in `gather_seconds`" in q3 and "use it to check yours" in q3
 
 
 def _words(text: str) -> str:
@@ -1206,5 +1218,33 @@ def test_3b_q3_states_its_baseline_and_a_split_above_one():
     `single` (56.5 ms) differed from question 5's `alone` (27.6 ms) with no word on which one Q3 uses."""
     text = " ".join((EXERCISES / "3b-predict-the-two-process-step.md").read_text().split())
     q3 = text[text.index("## Question 3"):text.index("# Check 3b-q3 ")]
-    assert "The baseline is this run's `single`" in q3 and "not question 5's `alone`" in q3 and "above 1.0" in q3
+    assert "The baseline is this run's `single`" in q3 and "It is not question 5's `alone`" in q3 and "above 1.0" in q3
     assert 'if ex3b_split > 1 else' in text
+    # review r20 (again): the page says how each is timed, and the summary prints both, each named with its questions
+    assert "timed inside the two-process run" in q3 and "the same step timed in this notebook" in q3
+    q5 = text[text.index("## Question 5"):text.index("# Check 3b-q5 ")]
+    assert "(`alone`, not the run's `single`: see question 3)" in q5
+    assert "inside the two-process run (`single`, questions 2 to 4)" in text and "(`alone`, question 5)" in text
+
+
+def test_r20_instructor_findings_on_1b_2b_3a_and_the_overview():
+    """Review r20 (instructor): 1b Q3's hint gave the last-bit rule away; 2b Q5 priced time in FLOPs while the
+    summary's own timing can put early stop past the deadline; 3a Q5's wording hid its definition; the overview's
+    list ran to a paragraph per exercise and did not mark 3b as the long one."""
+    b1 = " ".join((EXERCISES / "1b-count-the-training-state.md").read_text().split())
+    q3 = b1[b1.index("## Question 3"):b1.index("# Check 1b-q3 ")]
+    assert "Mind the ties" in q3 and "half to even" in q3
+    assert "last bit" not in q3 and "needs the whole gap" not in q3
+    b2 = " ".join((EXERCISES / "2b-should-they-checkpoint.md").read_text().split())
+    q5 = b2[b2.index("## Question 5"):b2.index("# Check 2b-q5")]
+    assert "FLOPs are not seconds (page 2.2)" in q5 and "whether that leaves room before the deadline" in q5
+    assert "priced by a measured slowdown" in " ".join((EXERCISES / "grading.md").read_text().split())
+    assert "A reply that also prices by a measured slowdown" in b2  # the rubric beside the check
+    assert "_days_timed = days_at_todays_speed * (1 + _share5 * (_t - 1))" in b2  # the summary prices both ways
+    a3 = " ".join((EXERCISES / "3a-amdahl-for-the-retailer.md").read_text().split())
+    q5a = a3[a3.index("## Question 5"):a3.index("# Check 3a-q5")]
+    assert "*scaled speedup*" in q5a and "serial share that matters" not in q5a
+    index = (EXERCISES / "index.md").read_text()
+    lines = [l for l in index.splitlines() if re.match(r"- \*\*\d[a-f]", l)]
+    assert len(lines) == len(EXERCISE_PATHS) and all(len(l) < 300 for l in lines), [len(l) for l in lines]
+    assert any(l.startswith("- **3b** (the long one") for l in lines)
