@@ -32,12 +32,15 @@ def activation_sweep_figure(results: dict, sweeps: dict):
                 raise ValueError(f"results has no entry for {knob}={v!r}: pass sweep()'s results and the same sweeps")
     fig = plot_activation_sweep(results, sweeps, _SWEEP_NAMES)
     worst = max(abs(m / f - 1) for m, f in results.values())
-    return show(fig, alt="Four panels with logarithmic axes, saved activation bytes against batch, sequence length, "
-                "layers and width, each with a dotted guide of slope 1 (bytes proportional to the size). Measured "
-                f"points sit on the formula's line (within {100 * worst:.1f} percent). In batch and layers the line "
-                "lies on the slope-1 guide: exactly proportional. In sequence length it climbs more steeply than the "
-                "guide (the s-squared attention term); in width less steeply (the s-squared term does not grow "
-                "with width).")
+
+    def slope(knob, values):  # the measured growth against the size's, first to last value
+        r = (results[(knob, values[-1])][0] / results[(knob, values[0])][0]) / (values[-1] / values[0])
+        return "on the guide" if abs(r - 1) < 0.01 else ("steeper than the guide" if r > 1 else "flatter than the guide")
+    return show(fig, alt="Panels with logarithmic axes, saved activation bytes against "
+                + ", ".join(_SWEEP_NAMES.get(k, k) for k in sweeps) + ", each with a dotted guide of slope 1 (bytes "
+                f"proportional to the size). Measured points sit on the formula's line (within {100 * worst:.1f} "
+                "percent). Measured growth from the first to the last value: "
+                + "; ".join(f"{_SWEEP_NAMES.get(k, k)} {slope(k, v)}" for k, v in sweeps.items()) + ".")
 
 
 @_reads("c")

@@ -69,8 +69,8 @@ def sweep(base: dict, sweeps: dict, device=None, progress=None, attention: str =
     ``base`` holds batch, seq_len, layers, hidden, heads; ``sweeps`` maps one of
     those names to the values to try. Returns ``{(name, value): (measured, formula)}``
     in bytes; the formula is :func:`lessonlib.calc.memory.activation_bytes` with the
-    same ``attention`` ("fused": SDPA without dropout, so the measurement lacks the
-    formula's two 1-byte dropout masks, 2*s*b*h bytes a layer; "stored": the paper's case).
+    same ``attention`` and the same dropout ("fused": SDPA without dropout, 32*s*b*h a layer;
+    "stored": the paper's case, with its two 1-byte dropout masks).
     ``progress`` optionally wraps the loop (``lessonlib.progress.progress``).
     """
     choice("attention", attention, ATTENTION_GPT)
@@ -97,7 +97,7 @@ def sweep(base: dict, sweeps: dict, device=None, progress=None, attention: str =
             cfg = {**base, knob: v}
             measured = layers_activations(**cfg, device=device, **ATTENTION_GPT[attention]).bytes
             formula = activation_bytes(cfg["seq_len"], cfg["batch"], cfg["hidden"], cfg["heads"], cfg["layers"],
-                                       attention=attention)
+                                       attention=attention, dropout=(attention == "stored"))
             results[(knob, v)] = (measured, formula)
     return results
 
