@@ -207,6 +207,9 @@ DEEPSEEK_V3_FP8_ACCUMULATION = {
 
 #: Llama 3 405B's key/value heads (grouped-query attention), for the layout page.
 LLAMA3_405B_KV_HEADS = Figure(8, "key/value heads", LLAMA3_PAPER, "Table 3", _RELEASED)
+#: Llama 3's vocabulary (the output layer's rows, the logits a token): pages 1.3 and 3.11.
+LLAMA3_VOCAB = Figure(128_256, "vocabulary entries", LLAMA3_PAPER, "Section 3.2 and Table 3 (128K)",
+                      "vocab_size in Meta's released model configuration; the report rounds it to 128K")
 DEEPSEEK_V3_DEVICE = "H800 SXM 80GB"
 
 #: PaLM 540B, the published run that reports both utilisations (MFU without, HFU with recomputation).
