@@ -26,7 +26,15 @@ WORKERS=${WORKERS:-2}
 XDIST=(-n "$WORKERS" --dist loadgroup)
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
+# The Colab-like runtime every notebook runs in (tests/colab_env.py: a venv built on first use,
+# about 40 s, then kept) is built in the background while pytest starts its workers and collects:
+# otherwise the first notebook waits for it, on the run's longest chain. pytest takes the same
+# file lock, so it waits for this build, or builds the runtime itself (and reports the error) if
+# this one failed. The inner loop (-m "not slow") runs no notebook and does not build it.
+builder=
+if [[ " $* " != *"not slow"* ]]; then python tests/colab_env.py & builder=$!; fi
 rc=0
 python -m pytest "${XDIST[@]}" "$@" || rc=$?
+[ -z "$builder" ] || wait "$builder" || true
 echo "set-up ${setup} s, pytest $((SECONDS - start - setup)) s, total $((SECONDS - start)) s (exit ${rc}; load: $(load))"
 exit $rc

@@ -243,3 +243,7 @@ def output_numbers(nb, kinds=("text/markdown",)) -> list[str]:
             for t in texts:
                 nums += re.findall(r"\d+(?:[.,]\d+)?", t if isinstance(t, str) else "".join(t))
     return nums
+
+
+if __name__ == "__main__":  # scripts/test.sh builds the runtime here while pytest starts (see runtime())
+    runtime()
