@@ -52,7 +52,8 @@ def setup(app):
     # each process take the next page as soon as it is free (a chunk costs a fork and one pickled
     # environment, well under a second). The long pages should start first, so that the last to
     # start are short: the chapters before the exercises (the shortest notebooks), the last chapter
-    # first (its pages start processes), the Markdown pages last. Sphinx starts the first $JOBS
+    # first (its pages start processes), the Markdown pages last. (The public book does not run the
+    # exercises: they are student copies, rendered as written.) Sphinx starts the first $JOBS
     # chunks at once and then, as a process frees, the chunk added last (ParallelTasks takes the
     # waiting ones with dict.popitem()), so the rest are handed over in reverse.
     import sphinx.builders
