@@ -13,11 +13,13 @@ the table adds up to more than the run's wall time).
 
 Two workers share the run with pytest-xdist's own scheduler for groups
 (``pytest -n 2 --dist loadgroup``, as ``scripts/test.sh`` runs it): a group
-goes whole, in order, to one worker. The notebooks, the book build and
+goes whole, in order, to one worker. The chapter notebooks, the book build and
 the browser tests are one group (the lane, ``LANE``): the book renders the
-outputs nbval kept in that process. Every other test module is a group of its
-own (its fixtures are built once), unless its tests name their own
-``xdist_group``. The lane goes out first, then
+outputs nbval kept in that process. The exercise notebooks and the checks of
+their outputs are a group of their own (``EXERCISE_RUNS``, on the other worker):
+the public book shows each exercise as its student copy, not run. Every other
+test module is a group of its own (its fixtures are built once), unless its
+tests name their own ``xdist_group``. The lane goes out first, then
 the groups likely to be long, so that no long one is left to run alone at the end.
 (With ``-n 2`` alone, xdist shares single tests: the lane is split and the book
 build executes the notebooks nbval ran on the other worker: slower, still right.)
@@ -27,7 +29,7 @@ with only torch, ipykernel, matplotlib and Colab's ipywidgets, built on first us
 inside ``.venv`` and kept). nbval is the notebook test, run in that venv's
 kernel; this file keeps the outputs of every notebook whose cells all passed
 under nbval in this run, and the book build (``built_book`` in
-tests/conftest.py) renders those instead of executing the notebook again, as
+tests/conftest.py) renders the chapters' instead of executing them again, as
 the checks of how plain Jupyter shows a page read them (tests/test_colab_like.py;
 they and the book are the lane's ``book`` phase). A notebook that failed, was
 skipped or did not run under nbval is executed by the book build as before, so
@@ -79,15 +81,32 @@ def phase_of(item) -> str:
     return "unit"
 
 
-#: The xdist_group of the tests that must run in order in one process: the notebooks under nbval,
+#: The xdist_group of the tests that must run in order in one process: the chapters under nbval,
 #: then the book build (which renders nbval's outputs, kept in that process), then the browser tests.
 LANE = "notebooks-book-browser"
 LANE_PHASES = ("notebooks", "book", "browser")
+#: The exercise notebooks under nbval, then the checks of their outputs (tests/test_colab_like.py): the
+#: public book shows their student copies, not run, so they need not be in the lane.
+EXERCISE_RUNS = "exercise-notebooks"
+
+
+def runs_an_exercise_notebook(item) -> bool:
+    """An exercise notebook's cell under nbval, or a test of one exercise's executed outputs."""
+    if _is_nbval(item):
+        path = Path(str(item.parent.fspath))
+    elif "executed_notebooks" in getattr(item, "fixturenames", ()) and "built_book" not in item.fixturenames:
+        path = Path(str(getattr(getattr(item, "callspec", None), "params", {}).get("path", "")))
+    else:
+        return False
+    return path.is_absolute() and path.parent == ROOT / "exercises"
 
 
 def xdist_group_of(item, phase: str) -> str:
-    """The unit ``pytest -n 2 --dist loadgroup`` keeps on one worker: the lane, or else the group a
-    test names itself (``pytest.mark.xdist_group``), or else its module (its fixtures are built once)."""
+    """The unit ``pytest -n 2 --dist loadgroup`` keeps on one worker: the exercise notebooks and their
+    checks, the lane, or else the group a test names itself (``pytest.mark.xdist_group``), or else its
+    module (its fixtures are built once)."""
+    if runs_an_exercise_notebook(item):
+        return EXERCISE_RUNS
     if phase in LANE_PHASES:
         return LANE
     own = item.get_closest_marker("xdist_group")

@@ -47,12 +47,13 @@ def course_notebooks() -> list[Path]:
 
 @pytest.fixture(scope="session")
 def built_book(tmp_path_factory, executed_notebooks) -> Path:
-    """Build the whole book once, warnings as errors, and return its html folder.
+    """Build the whole public book once, warnings as errors, and return its html folder.
 
-    Notebooks that nbval already ran and passed in this run (see the
-    repository's conftest.py) are rendered from those outputs; the others are
-    executed by the build, as ``scripts/book.sh`` does. The build works on a
-    copy of the sources, so the committed notebooks stay without outputs.
+    The public book, as ``scripts/book.sh`` builds it: each exercise is its student copy, rendered
+    without running (scripts/student_pages.py). Chapter notebooks that nbval already ran and passed
+    in this run (see the repository's conftest.py) are rendered from those outputs; the others are
+    executed by the build. The build works on a copy of the sources, so the committed notebooks stay
+    the instructor copies, without outputs.
 
     Set BOOK_HTML=path/to/_build/html to reuse a build (local loops only).
     """
@@ -62,17 +63,17 @@ def built_book(tmp_path_factory, executed_notebooks) -> Path:
     import shutil
 
     import yaml
+    from student_pages import copy_sources, make_student_pages
 
     out = tmp_path_factory.mktemp("book")
-    src = out / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "_build", "__pycache__", ".pytest_cache", ".ipynb_checkpoints"))
-    reused = sorted(executed_notebooks)
+    src = copy_sources(out / "src")
+    reused = sorted(rel for rel in executed_notebooks if not rel.startswith("exercises/"))
     for rel in reused:
         shutil.copyfile(executed_notebooks[rel], src / rel)
     config = yaml.safe_load((src / "_config.yml").read_text())
     config["execute"]["exclude_patterns"] = reused  # rendered from nbval's outputs
     (src / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    make_student_pages(src)  # the exercises: their student copies, not run
     cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(src), "--all", "-W", "-n",
            "--keep-going", "--path-output", str(out)]
     env = dict(os.environ, LESSONLIB_STATIC_BUILD="1")  # as scripts/book.sh does

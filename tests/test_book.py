@@ -56,27 +56,53 @@ def test_no_page_shows_a_control_character(built_book):
     assert not faults, faults
 
 
-def folded_faults(html: str) -> list[str]:
-    """Where a solution or a hidden check shows outside a closed ``<details>`` toggle (an empty list: none)."""
-    faults = []
-    for m in re.finditer(r"BEGIN SOLUTION|BEGIN HIDDEN TESTS", html):
-        stack = []
-        for tag in re.finditer(r"<details\b[^>]*>|</details>", html[:m.start()]):
-            if tag.group(0).startswith("</"):
-                stack and stack.pop()
-            else:
-                stack.append(tag.group(0))
-        if not stack or re.search(r"\sopen(\s|=|>)", stack[-1]):
-            faults.append(f"{m.group(0)} at character {m.start()} is not folded")
-    return faults
+#: What only the instructor copy of an exercise holds: solution and hidden-test markers, the grader's
+#: registrations, and the closing summary of results (the cells tagged ``instructor-only``).
+INSTRUCTOR_MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "@grader(",
+                      "What this exercise showed", "instructor-only")
 
 
-def test_exercise_solutions_are_folded_in_the_built_book(built_book):
-    """Review I1: the instructor pages are public in the book; each solution and hidden check stays folded
-    behind its toggle ("Show code cell content"), never shown open on the page."""
-    pages = sorted((built_book / "exercises").glob("[0-9]*.html"))
-    assert pages, f"no exercise pages in {built_book}"
-    for page in pages:
+def answer_lines(nb, student) -> list[str]:
+    """Lines of the instructor notebook ``nb`` that its student copy ``student`` leaves out (solutions, hidden
+    tests, the summary), long enough to be the exercise's own (at least 30 characters)."""
+    from lessonlib.grading.handout import cell_source
+
+    kept = "\n".join(cell_source(c) for c in student.cells)
+    lines = {line.strip() for c in nb.cells for line in cell_source(c).splitlines()}
+    return sorted(line for line in lines if len(line) >= 30 and line not in kept)
+
+
+def test_the_public_book_shows_each_exercise_as_its_student_copy(built_book):
+    """Review (every round): the public book showed each exercise's solutions, hidden tests and summary, folded.
+    Each exercise page is now the student copy (lessonlib.grading.handout.student_notebook): its page, the
+    notebook its download button gives (_sources) and no executed copy holds an answer; it has no launch button."""
+    import html as html_lib
+
+    import nbformat
+
+    from lessonlib.grading.handout import answer_leaks, exercise_notebooks, student_notebook
+
+    exercises = exercise_notebooks(ROOT / "exercises")
+    assert len(exercises) >= 12, exercises
+    for stem, path in exercises.items():
+        page = built_book / "exercises" / f"{stem}.html"
         html = page.read_text(errors="replace")
-        assert "BEGIN SOLUTION" in html, f"{page.name}: the solutions are missing (the instructor pages hold them)"
-        assert not folded_faults(html), (page.name, folded_faults(html)[:3])
+        text = html_lib.unescape(re.sub(r"<[^>]+>", "", html))
+        assert "NotImplementedError" in text, f"{page.name}: not the student copy (no stub)"
+        shown = [m for m in INSTRUCTOR_MARKERS if m in html or m in text]
+        assert not shown, f"{page.name} shows {shown}"
+        nb = nbformat.read(path, as_version=4)
+        leaked = [line for line in answer_lines(nb, student_notebook(nb)) if line in text]
+        assert not leaked, f"{page.name} shows {len(leaked)} lines of the answers, e.g. {leaked[:3]}"
+        assert "colab.research.google.com" not in html, f"{page.name} has a launch button"
+        download = built_book / "_sources" / "exercises" / f"{stem}.ipynb"
+        assert download.exists(), download
+        # the download, and the copy myst-nb keeps of the page's notebook (not run: no outputs)
+        for copy in (download, built_book.parent / "jupyter_execute" / "exercises" / f"{stem}.ipynb"):
+            assert not copy.exists() or answer_leaks(nbformat.read(copy, as_version=4)) == [], copy
+    # nothing the html folder serves for an exercise (page, source, download) holds a solution (the grading
+    # page, which names the markers, is no exercise)
+    served = [p for p in built_book.rglob("*") if p.is_file() and p.name.split(".")[0] in exercises]
+    assert len(served) >= 2 * len(exercises), served
+    leaking = [p.name for p in served if "BEGIN SOLUTION" in p.read_text(errors="replace")]
+    assert not leaking, leaking

@@ -36,3 +36,30 @@ def test_two_workers_keep_the_lane_and_each_module_on_one_worker(tmp_path):
     # in the order of the file, as the lane runs the notebooks, then the book, then the browser
     ran_book = list(dict.fromkeys(re.split(r"[:\[]+", n)[1] for _, n, g in ran if g == "notebooks-book-browser"))
     assert ran_book == re.findall(r"^def (test_\w+)", (ROOT / MODULES[0]).read_text(), re.M)
+
+
+def test_the_exercise_notebooks_and_their_checks_leave_the_lane():
+    """The public book shows each exercise as its student copy, not run (scripts/student_pages.py), so the
+    exercises' nbval cells and the checks of their executed outputs (test_colab_like.py) are a group of their
+    own, off the lane (the run's longest unit); the chapters, the book and the browser tests stay in it."""
+    import importlib.util
+    from types import SimpleNamespace as NS
+
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    root = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root)
+    IPyNbCell = type("IPyNbCell", (), {"get_closest_marker": lambda self, name: None, "nodeid": "x.ipynb::Cell 0"})
+
+    def cell(path):
+        item = IPyNbCell()
+        item.parent = NS(fspath=ROOT / path)
+        return item
+
+    def check(path, fixtures=("executed_notebooks",)):
+        return NS(fixturenames=list(fixtures), callspec=NS(params={"path": ROOT / path}), nodeid="tests/t.py::t",
+                  get_closest_marker=lambda name: None)
+
+    ex, ch = "exercises/3c-bubbles-and-paid-capacity.ipynb", "chapters/01-forward-vs-training/02-memory-inventory.ipynb"
+    assert root.xdist_group_of(cell(ex), "notebooks") == root.xdist_group_of(check(ex), "book") == root.EXERCISE_RUNS
+    assert root.xdist_group_of(cell(ch), "notebooks") == root.xdist_group_of(check(ch), "book") == root.LANE
+    assert root.xdist_group_of(check(ex, ("executed_notebooks", "built_book")), "book") == root.LANE

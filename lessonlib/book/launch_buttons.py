@@ -1,9 +1,11 @@
 """A Sphinx extension for the book: no launch button on the exercise pages.
 
 sphinx-book-theme adds a "launch" group (Colab) to every notebook page and has
-no per-page switch (``header_buttons/launch.py``). The exercise pages are the
-instructor versions, solutions included, so a Colab button there would open
-the solutions. This extension runs after the theme's ``html-page-context``
+no per-page switch (``header_buttons/launch.py``). Its Colab button opens the
+page's notebook from the repository, and the repository's exercise notebooks
+are the instructor copies, solutions included (the public book's pages and
+download buttons carry the student copies: scripts/student_pages.py), so a
+Colab button there would open the solutions. This extension runs after the theme's ``html-page-context``
 handler and removes the launch group from pages whose name starts with one of
 ``lessonlib_no_launch`` (default: ``exercises/``); the exercises' index page
 says where student copies come from.
