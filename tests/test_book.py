@@ -3,7 +3,7 @@ import json
 import re
 
 from conftest import ROOT
-from built_pages import control_character_faults, figure_faults
+from built_pages import control_character_faults, figure_faults, math_faults
 
 
 def test_book_builds_with_zero_warnings(built_book):
@@ -54,6 +54,17 @@ def test_no_page_shows_a_control_character(built_book):
                     if f := control_character_faults("".join(text) if isinstance(text, list) else text):
                         faults[f"{nb.name} cell {i}"] = f
     assert not faults, faults
+
+
+def test_no_page_shows_maths_the_build_did_not_pair_up(built_book):
+    """Rendering: a ``$$`` equation written inside a paragraph of 3.7's ring fold was read as ``$`` and inline maths,
+    and the rest of the fold swapped its text and its maths. No page shows a ``$`` beside rendered maths, or a
+    ``\\(``, ``\\)`` or ``$$`` in its prose outside maths and code."""
+    pages = sorted(built_book.rglob("*.html"))
+    assert len(pages) > 20, f"too few pages in {built_book}"
+    faults = {p.relative_to(built_book).as_posix(): f for p in pages if (f := math_faults(p.read_text(errors="replace")))}
+    assert not faults, faults
+    assert math_faults('solves\n$<span class="math notranslate nohighlight">\\(x\\)</span>')  # the check can fail
 
 
 #: What only the instructor copy of an exercise holds: solution and hidden-test markers, the grader's
