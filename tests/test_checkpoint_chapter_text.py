@@ -64,6 +64,9 @@ def test_which_kind_section_is_the_comparison_table_without_repeating_page_2_2()
     assert "a recovery file written in the middle of a step would leave the kept activations as they are" in \
         " ".join(section.split()).lower()
     assert "{flops_ratio:.3f}×" in section and "(02-memory-against-compute.ipynb)" in section
+    # the Llama 3 save time is labelled for what it is: the whole storage rate for one job, nothing else in the way
+    flat = " ".join(page.split())
+    assert "$C$ = {C_llama:.0f} s, so $\\tau^\\star$ = {tau_llama / 60:.0f} minutes. That $C$ is an idealised lower bound" in flat
 
 
 def test_rooflines_cross_reference_names_what_chapter_2_times():
@@ -115,3 +118,12 @@ def test_selective_time_says_what_it_saves_against_full_and_what_it_pays():
     assert 'published.KORTHIKANTI_530B' in page
     assert "the FLOP accounting is what holds" not in page
     assert "saved-tensor hooks of chapter 1 see nothing" not in page
+    # round 21: a time is stated as a result only where its middle half of the rounds lies on one side of zero
+    # (page 1.1's rule); the takeaway words save_matmuls' rebuilt work by the same computed branch
+    assert "if lo <= 0 <= hi:" in page and 'f"could not be told from zero (middle half of the rounds' in page
+    takeaways_cell = takeaways[:takeaways.index('say(rf"""')]
+    assert "{added(reb_q)}" in takeaways_cell and "added {round(reb_q[1])} % to a step" not in page
+    # the practitioner fact is in the main line, not a fold: on fused attention Korthikanti's policy saves nothing
+    fused = page.index("Korthikanti's `\"attention\"` saves nothing")
+    assert page.rfind("<details>", 0, fused) <= page.rfind("</details>", 0, fused)
+    assert "today's baseline is fused attention</strong>" not in page and "`\"attention\"`\n  saves nothing" in takeaways
