@@ -362,3 +362,24 @@ def test_gpu_reference_is_the_published_figure_and_the_first_screen_says_what_a_
         assert not re.search(r"\b256\s*GPUs", text)  # typed, not rendered
         first_screen = text.split("## What you will be able to do")[0]
         assert "What this machine can and cannot show" in first_screen
+
+
+def test_first_pages_state_what_their_runs_resolve_and_what_their_models_assume():
+    """Round 21's readers: 3.3 said its run "cannot tell" while its table resolved a slower bucketed step;
+    3.2 called a sum of serial pieces a ceiling on any device; 3.1 merged weak scaling with fewer steps."""
+    overlap = (CH3 / "03-overlap.md").read_text()
+    assert "the lesson rests on the stand-in device above" not in overlap  # the old unconditional verdict
+    # the verdict is a branch on the rounds: lost, won, or unresolved, each chosen from the skew and the halves
+    assert "resolved = abs(median_diff) > skew_ms and apart" in overlap
+    assert all(w in overlap for w in ("overlap lost.**", "overlap won.**", "cannot tell which is faster"))
+    assert "stretched = min(bwd[\"ddp\"]) > 1.5 * max(bwd[\"sync_after\"])" in overlap  # the figure's evidence
+    assert "What no CPU run can show is what overlap gains on a GPU" in overlap
+    # the exposed column is a median of per-round differences, said beside the table with the medians' difference
+    assert "not the difference of\nthe medians shown" in overlap
+    assert "may be several times too high for today's NCCL" in overlap
+    dp = (CH3 / "02-data-parallel.md").read_text()
+    assert "ceiling on any device" not in dp and "With overlap ([page 3.3](03-overlap.ipynb)) a GPU can beat it" in dp
+    assert "{wd['allreduce']:.2f} + {copy_w:.2f} =" in dp  # the row's 1.28 ms, not the rows' median
+    amdahl = (CH3 / "01-amdahl.md").read_text()
+    assert "**Weak scaling** keeps the work per device\nfixed" in amdahl and "**Fewer steps** is a separate" in amdahl
+    assert "This does not contradict Amdahl's law, which assumes a device per process" in amdahl
