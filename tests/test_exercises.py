@@ -1235,6 +1235,8 @@ def test_r20_instructor_findings_on_1b_2b_3a_and_the_overview():
     q3 = b1[b1.index("## Question 3"):b1.index("# Check 1b-q3 ")]
     assert "Mind the ties" in q3 and "half to even" in q3
     assert "last bit" not in q3 and "needs the whole gap" not in q3
+    # review r21 (instructor): the gap after w, and what the tie means for u, were worked for the student
+    assert "largest power of two" not in q3 and "Work out what that means" not in q3
     b2 = " ".join((EXERCISES / "2b-should-they-checkpoint.md").read_text().split())
     q5 = b2[b2.index("## Question 5"):b2.index("# Check 2b-q5")]
     assert "FLOPs are not seconds (page 2.2)" in q5 and "whether that leaves room before the deadline" in q5
@@ -1248,3 +1250,23 @@ def test_r20_instructor_findings_on_1b_2b_3a_and_the_overview():
     lines = [l for l in index.splitlines() if re.match(r"- \*\*\d[a-f]", l)]
     assert len(lines) == len(EXERCISE_PATHS) and all(len(l) < 300 for l in lines), [len(l) for l in lines]
     assert any(l.startswith("- **3b** (the long one") for l in lines)
+
+
+def test_r21_hidden_hints_nudge_without_the_formula():
+    """Review r21 (instructor): a failed check's hint printed the formula itself ("(p - 1) / (m + p - 1)",
+    "FLOPs / (GPU-hours x 3600 x peak)", "count_flops(frozen, x, y, loss_fn).backward"), so a wrong answer
+    got the key back. A hint in a hidden check names a page, a quantity to reconsider or a unit: no
+    arithmetic, no call."""
+    arithmetic = re.compile(r"[×=]|\bx\b|\s[/*+]\s|\s-\s\d|\w\(|\)\s*/|\bsqrt\b|\d\s*/\s*\w")
+    bad = []
+    for path in EXERCISE_PATHS:
+        text = path.with_suffix(".md").read_text()
+        for hidden in re.findall(r"### BEGIN HIDDEN TESTS(.*?)### END HIDDEN TESTS", text, re.S):
+            for hint in re.findall(r'hint=f?"((?:[^"\\]|"\s*\n\s*f?")*)"', hidden):
+                if arithmetic.search(hint):
+                    bad.append(f"{path.stem}: {hint}")
+    assert not bad, "\n".join(bad)
+    # the grader's own messages after a check fails say no formula either
+    assert "summed over every Linear layer" not in (EXERCISES / "1a-price-the-training-step.md").read_text()
+    assert "(p - 1) / (m + p - 1)" not in (EXERCISES / "3c-bubbles-and-paid-capacity.md").read_text().split(
+        "### BEGIN HIDDEN TESTS", 1)[1]

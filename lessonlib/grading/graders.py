@@ -9,7 +9,7 @@ and registers one function per question::
     @grader("1a-q1")
     def _(got):
         check_close("forward_flops", got["forward_flops"], _expected, rel=1e-9,
-                    hint="2 × batch × inputs × outputs, summed over the layers.")
+                    hint="Recount layer by layer: is every layer in it?")
 
 ``got`` holds the answers that the check cell handed in (see
 :func:`lessonlib.grading.answers.hand_in`), decoded to plain Python values.
@@ -26,8 +26,8 @@ Where :func:`grader` runs decides what it does:
   nbgrader) it checks the answers just handed in by the same cell and prints
   ``1a-q1 ✓``, so the instructor's solutions are tested where they run.
 
-Feedback says what is wrong (direction, a unit mix-up, a hint), never the
-expected value. Pure Python; nothing imported from the rest of lessonlib.
+Feedback says what is wrong (direction, a unit mix-up, a nudge), never the
+expected value or the formula. Pure Python; nothing imported from the rest of lessonlib.
 """
 from __future__ import annotations
 
