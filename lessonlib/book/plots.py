@@ -325,7 +325,7 @@ def plot_magnitudes(values, formats: dict, zeros: dict,
     hi = max([mags.max() * 1.5, *(f.normal_min * 3 for f in shown.values())])
     fig, ax = plt.subplots(figsize=(8, 4.6))
     ax.hist(mags, bins=np.geomspace(lo, hi, 90), color="#999999", label="gradient values")
-    colors = dict(zip(formats, ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3"] * 5))
+    colors = dict(zip(formats, ["#4C72B0", "#DD8452", "#55A868", "#8172B3", "#C44E52"] * 5))  # 4th: purple, far from orange
     for i, (name, f) in enumerate(formats.items()):
         label = f"{name}: {100 * zeros[name]:.2f} % become 0"
         if name in shown:
