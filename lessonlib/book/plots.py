@@ -98,7 +98,8 @@ def plot_ledger(ledgers: dict, title: str = "Memory held in one training step", 
 @_reads("timings")
 def plot_timing(timings: dict, title: str = "Time of a training step by phase", unit: str = "ms"):
     """Stacked bars of :attr:`StepTiming.account` (ratio x median prediction), ``{case: StepTiming}``,
-    with prediction alongside: a bar's height is the step's ratio the table and text give.
+    with prediction alongside: a bar's height is the step's ratio the table and text give; a black
+    whisker on each step bar spans the middle half of the rounds' step / prediction ratios.
 
     ``unit``: "s", "ms" or "us" for times, or "x prediction" for the ratios themselves (each case's
     prediction is 1), which puts models of very different speeds on one scale."""
@@ -117,7 +118,13 @@ def plot_timing(timings: dict, title: str = "Time of a training step by phase", 
     label = ("time (× prediction): median over rounds of phase / prediction" if unit == "x prediction"
              else f"time ({unit}): median ratio × median prediction")
     fig = stacked_bars(data, title, label, scale=scale)
-    fig.axes[0].set_xlabel("what is timed")
+    ax = fig.axes[0]
+    for i, t in enumerate(timings.values()):  # each step bar's spread: the middle half of its per-round ratios
+        lo, hi = (q * (1.0 if unit == "x prediction" else t.account["prediction"] / scale) for q in t.quartiles("step"))
+        ax.plot([2 * i + 1] * 2, [lo, hi], color="black", marker="_", markersize=14,
+                label="step: middle half of the rounds" if i == 0 else None)
+    ax.legend(fontsize=8, markerscale=0.4)
+    ax.set_xlabel("what is timed")
     return fig
 
 
@@ -318,7 +325,7 @@ def plot_magnitudes(values, formats: dict, zeros: dict,
     hi = max([mags.max() * 1.5, *(f.normal_min * 3 for f in shown.values())])
     fig, ax = plt.subplots(figsize=(8, 4.6))
     ax.hist(mags, bins=np.geomspace(lo, hi, 90), color="#999999", label="gradient values")
-    colors = dict(zip(formats, ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3"] * 5))
+    colors = dict(zip(formats, ["#4C72B0", "#DD8452", "#55A868", "#8172B3", "#C44E52"] * 5))  # 4th: purple, far from orange
     for i, (name, f) in enumerate(formats.items()):
         label = f"{name}: {100 * zeros[name]:.2f} % become 0"
         if name in shown:

@@ -357,10 +357,8 @@ def timing_table(t: StepTiming):
              f"{spread[k][0]:.2f} to {spread[k][1]:.2f}" if k in spread else "",
              f"{100 * t.shares[k]:.1f} %" if k in t.shares else ("100 %" if k == "step" else ""))
             for k in ("prediction",) + PHASES + ("step",)]
-    note = ("x prediction: median over the rounds of (phase time / prediction time in the same round); middle half: "
-            "the quartiles of those per-round ratios (the step's: of each round's step / prediction); ms: the median "
-            "ratio x the median prediction time; the step is the sum of its phases. Not timed, outside the step: "
-            "optimizer.zero_grad(set_to_none=True) before the forward, and a shape check of the output.")
+    note = ("ms: the x prediction ratio × the median prediction time. Not timed: zero_grad before the forward "
+            "and a shape check of the output.")
     return table(["phase", "ms", "x prediction", "middle half of rounds", "share of step"], rows, caption=note)
 
 
