@@ -104,19 +104,20 @@ def test_interleaved_order_matches_torchs():
 
 
 @pytest.mark.parametrize("p,v,m", [(4, 2, 2), (4, 3, 4), (8, 4, 8), (4, 2, 6), (4, 3, 12), (8, 2, 24)])
-def test_first_stage_in_flight_is_the_simulated_peak(p, v, m):
-    """The calculator's first-device count against the simulator, on settings no page uses: m below p, m = p
-    (the warm-up capped at the m v forwards of the step: a factor 1 over 1F1B's p), m neither, and m several p
-    (the factor 1 + (p - 1) / (p v))."""
-    from lessonlib.calc.stage_memory import first_stage_in_flight
+def test_stage_in_flight_is_the_simulated_peak(p, v, m):
+    """The calculator's count on every device against the simulator, on settings no page uses: m below p, m = p
+    (the first device's warm-up capped at the m v forwards of its step: a factor 1 over 1F1B's p), m neither, and
+    m several p (the factor 1 + (p - 1) / (p v))."""
+    from lessonlib.calc.stage_memory import stage_in_flight
     acts = interleaved_actions(p, v, m)
     simulate_actions(acts, EQUAL_STAGE_TIMES)  # a valid order: every action runs
-    peak = peak_in_flight(acts)[0]
-    assert first_stage_in_flight(p, m, v) * v == peak
+    peaks = peak_in_flight(acts)
+    assert {r: stage_in_flight(p, m, v, rank=r) * v for r in range(p)} == peaks
     if m == p:
-        assert peak == m * v < p * v + p - 1
+        assert peaks[0] == m * v < p * v + p - 1
     if m % p == 0 and m > p:
-        assert peak / v == pytest.approx(p * (1 + (p - 1) / (p * v)))
+        assert peaks[0] / v == pytest.approx(p * (1 + (p - 1) / (p * v)))
+    assert stage_in_flight(p, m, rank=p - 1) == peak_in_flight(one_f_one_b_actions(p, m))[p - 1] == 1  # 1F1B
 
 
 def test_zero_bubble_leaves_one_slot_per_process():

@@ -120,34 +120,36 @@ def interleaved_bubble_work_fraction(pipeline, virtual, micro_batches) -> float:
     return ((p - 1) + (v - 1) * max(0, p - m)) / (v * m)
 
 
-def first_stage_in_flight(pipeline, micro_batches, virtual=1, *, dualpipe=False) -> float:
-    """Micro-batches the first device holds at its peak, each counted as its whole stage's layers (a number of
-    micro-batches; a fraction when the interleaved chunks held do not make whole stages).
+def stage_in_flight(pipeline, micro_batches, virtual=1, *, rank=0, dualpipe=False) -> float:
+    """Micro-batches device ``rank`` of the pipeline (0 the first) holds at its peak, each counted as a whole
+    stage's layers (a number of micro-batches; a fraction when the interleaved chunks held do not make whole stages).
 
-    1F1B: ``min(p, m)``. DualPipe (``virtual`` 1): ``min(p + 1, m)`` (the DeepSeek-V3 report, Table 2: ``PP + 1``).
-    Interleaved 1F1B, ``v`` chunks of ``L / (p v)`` layers a device: the first device runs its warm-up of
-    ``2(p - 1) + (v - 1) r`` chunk-forwards and one more before its first backward, but never more than the
-    ``m v`` chunk-forwards of its whole step, so it holds ``min(m v, (v - 1) r + 2p - 1)`` chunks, ``/ v``
-    stages. ``r``, the micro-batches in a round, is ``p`` when ``p`` divides ``m`` (Megatron-LM's rounds) and
-    ``m`` below ``p``; PyTorch's ``ScheduleInterleaved1F1B`` runs ``m // (m // p)``, which this follows. With
-    ``p`` dividing ``m`` the cap is ``min(m v, p v + p - 1)``: at ``m > p`` the factor over 1F1B's ``p`` is
-    ``1 + (p - 1) / (p v)`` (Korthikanti et al. 2022), at ``m = p`` every chunk-forward of the step is in
-    flight and it is 1. ``tests/test_pipeline_schedules.py`` checks it against :func:`lessonlib.calc.pipeline.peak_in_flight`.
+    1F1B: ``min(p - rank, m)``. DualPipe (``virtual`` 1, ``rank`` 0 only): ``min(p + 1, m)`` (the DeepSeek-V3
+    report, Table 2: ``PP + 1``). Interleaved 1F1B, ``v`` chunks of ``L / (p v)`` layers a device: a device runs
+    its warm-up of ``2(p - 1 - rank) + (v - 1) r`` chunk-forwards and one more before its first backward, but
+    never more than the ``m v`` chunk-forwards of its whole step, so it holds
+    ``min(m v, (v - 1) r + 2(p - 1 - rank) + 1)`` chunks, ``/ v`` stages. ``r``, the micro-batches in a round,
+    is ``p`` when ``p`` divides ``m`` (Megatron-LM's rounds); PyTorch's ``ScheduleInterleaved1F1B`` runs
+    ``m // (m // p)`` (``m`` below ``p``), which this follows. With ``p`` dividing ``m`` the first device holds
+    ``min(m v, p v + p - 1)`` chunks: at ``m > p`` the factor over 1F1B's ``p`` is ``1 + (p - 1) / (p v)``
+    (Korthikanti et al. 2022); at ``m = p`` the whole step's chunk-forwards are in flight and it is 1.
+    ``tests/test_pipeline_schedules.py`` checks every device against :func:`lessonlib.calc.pipeline.peak_in_flight`.
 
-    >>> first_stage_in_flight(16, 16, 8), first_stage_in_flight(16, 32, 8) == 16 * (1 + 15 / 128)
+    >>> stage_in_flight(16, 16, 8), stage_in_flight(16, 32, 8) == 16 * (1 + 15 / 128)
     (16.0, True)
     """
     p, m, v = count("pipeline", pipeline), count("micro_batches", micro_batches), count("virtual", virtual)
+    r = count("rank", rank, minimum=0, maximum=p - 1)
     flag("dualpipe", dualpipe)
     if dualpipe:
-        if v > 1:
-            raise ValueError(f"dualpipe runs one chunk a direction: virtual must be 1 (got {v})")
+        if v > 1 or r:
+            raise ValueError(f"dualpipe is priced on its first device, one chunk a direction: rank must be 0 and "
+                             f"virtual 1 (got rank {r}, virtual {v})")
         return float(min(p + 1, m))
     if v == 1:
-        return float(min(p, m))
-    rounds = max(1, m // p)
-    per_round = m // rounds
-    return min(m * v, (v - 1) * per_round + 2 * p - 1) / v
+        return float(min(p - r, m))
+    per_round = m // max(1, m // p)
+    return min(m * v, (v - 1) * per_round + 2 * (p - 1 - r) + 1) / v
 
 
 def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, context=1, pipeline=1, virtual=1,
@@ -165,7 +167,7 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     products' outputs (:func:`lessonlib.calc.recompute.matmul_outputs_bytes_per_layer`), ``"full"`` only
     the layer's input.
 
-    The stage holds ``ceil(layers / pipeline)`` layers for :func:`first_stage_in_flight` micro-batches: 1F1B's
+    The stage holds ``ceil(layers / pipeline)`` layers for :func:`stage_in_flight` micro-batches: 1F1B's
     ``min(pipeline, micro_batches)``, the interleaved schedule's deeper warm-up (``virtual`` > 1, which
     :func:`interleaving_problem` must allow), DualPipe's one more.
 
@@ -198,7 +200,7 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     else:
         per_layer = activation_bytes_per_layer(local, 1, h, a, recompute, tensor_parallel=t, attention=attention,
                                                sequence_parallel=True, dropout=dropout)
-    return float(per_layer * math.ceil(layers / p) * first_stage_in_flight(p, m, v, dualpipe=dualpipe))
+    return float(per_layer * math.ceil(layers / p) * stage_in_flight(p, m, v, dualpipe=dualpipe))
 
 
 @dataclass(frozen=True)
