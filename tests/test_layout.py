@@ -237,6 +237,9 @@ def test_interleaved_memory_counts_the_deeper_warm_up_capped_at_the_step():
         plain = layout_cost(shape, cluster, Layout(**lay)).activation_bytes
         inter = layout_cost(shape, cluster, Layout(**lay, virtual=4)).activation_bytes
         assert inter == pytest.approx(plain * factor), batch
+    page = open("chapters/03-distributed-speedup/11-choose-a-layout.md").read()  # states the cap, rebuilds it
+    assert "$\\min(m\\,v,\\ p\\,v + p - 1)$ chunks on the first device" in page
+    assert "_chunks / _v == stage_in_flight(_p, m_meta, _v)" in page
 
 
 def test_one_activation_figure_for_a_published_layout():
