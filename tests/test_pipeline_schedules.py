@@ -75,6 +75,51 @@ def test_torchs_interleaved_order_gives_the_interleaved_formula():
     assert peak_in_flight(INTERLEAVED_2x2x4) == {0: 5, 1: 3}
 
 
+def interleaved_actions(p, v, m):
+    """Interleaved 1F1B's compute order, written out as torch's ``ScheduleInterleaved1F1B`` builds it: rounds of
+    ``r = m // (m // p)`` micro-batches, chunk after chunk; a warm-up of ``(v - 1) r + 2(p - 1 - rank)``
+    forwards (at most the ``m v`` a process runs), then one forward and one backward in turn, then the rest."""
+    r = m // max(1, m // p)
+    out = {}
+    for rank in range(p):
+        warm = min(m * v, (v - 1) * r + 2 * (p - 1 - rank))
+        done = {"F": {}, "B": {}}
+
+        def act(kind, stage):
+            mb = done[kind].get(stage, 0)
+            done[kind][stage] = mb + 1
+            return f"{stage}{kind}{mb}"
+
+        fwd = [act("F", (k // r) % v * p + rank) for k in range(m * v)]
+        bwd = [act("B", (v - 1 - (k // r) % v) * p + rank) for k in range(m * v)]
+        acts = fwd[:warm]
+        for k in range(m * v - warm):
+            acts += [fwd[warm + k], bwd[k]]
+        out[rank] = acts + bwd[m * v - warm:]
+    return out
+
+
+def test_interleaved_order_matches_torchs():
+    assert interleaved_actions(2, 2, 4) == {r: [a for a in acts if a] for r, acts in INTERLEAVED_2x2x4.items()}
+
+
+@pytest.mark.parametrize("p,v,m", [(4, 2, 2), (4, 3, 4), (8, 4, 8), (4, 2, 6), (4, 3, 12), (8, 2, 24)])
+def test_stage_in_flight_is_the_simulated_peak(p, v, m):
+    """The calculator's count on every device against the simulator, on settings no page uses: m below p, m = p
+    (the first device's warm-up capped at the m v forwards of its step: a factor 1 over 1F1B's p), m neither, and
+    m several p (the factor 1 + (p - 1) / (p v))."""
+    from lessonlib.calc.stage_memory import stage_in_flight
+    acts = interleaved_actions(p, v, m)
+    simulate_actions(acts, EQUAL_STAGE_TIMES)  # a valid order: every action runs
+    peaks = peak_in_flight(acts)
+    assert {r: stage_in_flight(p, m, v, rank=r) * v for r in range(p)} == peaks
+    if m == p:
+        assert peaks[0] == m * v < p * v + p - 1
+    if m % p == 0 and m > p:
+        assert peaks[0] / v == pytest.approx(p * (1 + (p - 1) / (p * v)))
+    assert stage_in_flight(p, m, rank=p - 1) == peak_in_flight(one_f_one_b_actions(p, m))[p - 1] == 1  # 1F1B
+
+
 def test_zero_bubble_leaves_one_slot_per_process():
     tasks = simulate_actions(ZBV_2x4, EQUAL_STAGE_TIMES)
     assert {t["kind"] for t in tasks} == {"F", "I", "W"}

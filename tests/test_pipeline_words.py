@@ -115,6 +115,8 @@ def test_schedules_page_states_its_ranking_and_both_memory_ratios():
     assert "Ranked by measured idle share" in text and "steps ran as designed" in text
     assert "sorted(names, key=lambda n: reads[(n, m)][i].measured_idle)" in text  # each step ranked, not a median
     assert 'il["measured"] / f1["measured"]' in text and "Counted\nin whole stages" in text
+    # the interleaved factor is stated with its cap, the one count page 3.11 prices (calc.stage_memory)
+    assert "$\\min(m\\,v,\\ p\\,v+p-1)$" in text and "stage_in_flight(p, il[\"m\"], v" in text
     # every step in the table, the compute calls' own time beside the step time; the chart draws step 1
     assert "compute calls, both processes (ms per micro-batch)" in text and '"step (ms), each step"' in text
     assert "The table gives every measured\nstep" in text and "The chart draws step 1" in text

@@ -191,7 +191,7 @@ def published_layout_cost(name: str = "Llama 3 405B, 8K context", **settings) ->
 
     >>> cost = published_layout_cost()
     >>> round(cost.state_bytes / 1e9, 1), round(cost.activation_bytes / 1e9, 1)
-    (13.0, 48.0)
+    (13.0, 42.9)
     """
     runs = published_models()
     model, cluster, layout = runs[choice("name", name, tuple(runs))]
@@ -239,7 +239,7 @@ def llama3_reported_step(kernel_efficiency: float = KERNEL_EFFICIENCY) -> Report
     >>> step.step_s > step.once.step_s and step.mfu < step.once.mfu
     True
     >>> round(step.state.gradients / 1e9, 1), round(step.memory_bytes / 1e9, 1)   # FP32 gradients; all of it
-    (12.7, 67.3)
+    (12.7, 62.2)
     """
     name = "Llama 3 405B, 8K context"
     model, cluster, _ = published_models()[name]

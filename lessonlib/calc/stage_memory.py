@@ -120,6 +120,38 @@ def interleaved_bubble_work_fraction(pipeline, virtual, micro_batches) -> float:
     return ((p - 1) + (v - 1) * max(0, p - m)) / (v * m)
 
 
+def stage_in_flight(pipeline, micro_batches, virtual=1, *, rank=0, dualpipe=False) -> float:
+    """Micro-batches device ``rank`` of the pipeline (0 the first) holds at its peak, each counted as a whole
+    stage's layers (a number of micro-batches; a fraction when the interleaved chunks held do not make whole stages).
+
+    1F1B: ``min(p - rank, m)``. DualPipe (``virtual`` 1, ``rank`` 0 only): ``min(p + 1, m)`` (the DeepSeek-V3
+    report, Table 2: ``PP + 1``). Interleaved 1F1B, ``v`` chunks of ``L / (p v)`` layers a device: a device runs
+    its warm-up of ``2(p - 1 - rank) + (v - 1) r`` chunk-forwards and one more before its first backward, but
+    never more than the ``m v`` chunk-forwards of its whole step, so it holds
+    ``min(m v, (v - 1) r + 2(p - 1 - rank) + 1)`` chunks, ``/ v`` stages. ``r``, the micro-batches in a round,
+    is ``p`` when ``p`` divides ``m`` (Megatron-LM's rounds); PyTorch's ``ScheduleInterleaved1F1B`` runs
+    ``m // (m // p)`` (``m`` below ``p``), which this follows. With ``p`` dividing ``m`` the first device holds
+    ``min(m v, p v + p - 1)`` chunks: at ``m > p`` the factor over 1F1B's ``p`` is ``1 + (p - 1) / (p v)``
+    (Korthikanti et al. 2022); at ``m = p`` the whole step's chunk-forwards are in flight and it is 1.
+    ``tests/test_pipeline_schedules.py`` checks every device against :func:`lessonlib.calc.pipeline.peak_in_flight`.
+
+    >>> stage_in_flight(16, 16, 8), stage_in_flight(16, 32, 8) == 16 * (1 + 15 / 128)
+    (16.0, True)
+    """
+    p, m, v = count("pipeline", pipeline), count("micro_batches", micro_batches), count("virtual", virtual)
+    r = count("rank", rank, minimum=0, maximum=p - 1)
+    flag("dualpipe", dualpipe)
+    if dualpipe:
+        if v > 1 or r:
+            raise ValueError(f"dualpipe is priced on its first device, one chunk a direction: rank must be 0 and "
+                             f"virtual 1 (got rank {r}, virtual {v})")
+        return float(min(p + 1, m))
+    if v == 1:
+        return float(min(p - r, m))
+    per_round = m // max(1, m // p)
+    return min(m * v, (v - 1) * per_round + 2 * (p - 1 - r) + 1) / v
+
+
 def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, context=1, pipeline=1, virtual=1,
                                  micro_batches=1, recompute="none", attention="fused", dropout=True,
                                  dualpipe=False) -> float:
@@ -135,13 +167,9 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     products' outputs (:func:`lessonlib.calc.recompute.matmul_outputs_bytes_per_layer`), ``"full"`` only
     the layer's input.
 
-    The stage holds ``ceil(layers / pipeline)`` layers for ``min(pipeline, micro_batches)`` micro-batches
-    (1F1B's warm-up), and the interleaved schedule (``virtual`` > 1, which
-    :func:`interleaving_problem` must allow) ``1 + (pipeline - 1) / (pipeline x virtual)`` times that
-    (Korthikanti et al. 2022, on pipeline parallelism; Megatron-LM's warm-up of ``2(p - 1) + (v - 1) p`` chunks) when it has at least
-    ``pipeline`` micro-batches; with fewer it keeps them all, ``micro_batches`` x the stage's layers.
-    ``dualpipe=True`` (DeepSeek-V3's schedule, ``virtual`` 1) holds one micro-batch more at its peak,
-    ``min(pipeline + 1, micro_batches)`` (the DeepSeek-V3 report, Table 2: ``PP + 1`` against 1F1B's ``PP``).
+    The stage holds ``ceil(layers / pipeline)`` layers for :func:`stage_in_flight` micro-batches: 1F1B's
+    ``min(pipeline, micro_batches)``, the interleaved schedule's deeper warm-up (``virtual`` > 1, which
+    :func:`interleaving_problem` must allow), DualPipe's one more.
 
     >>> first_stage_activation_bytes(8192, 16384, 128, 126, tensor=8, pipeline=16, micro_batches=16,
     ...                              dropout=False) == 32 * 8192 * 16384 / 8 * 8 * 16
@@ -172,11 +200,7 @@ def first_stage_activation_bytes(seq_len, hidden, heads, layers, *, tensor=1, co
     else:
         per_layer = activation_bytes_per_layer(local, 1, h, a, recompute, tensor_parallel=t, attention=attention,
                                                sequence_parallel=True, dropout=dropout)
-    # interleaving with fewer micro-batches than stages runs every micro-batch through all the chunks before
-    # the first backward: all ``m`` micro-batches of the stage's layers, no deeper warm-up than that
-    interleave = 1 + (p - 1) / (p * v) if v > 1 and m >= p else 1.0
-    in_flight = min(p + 1, m) if dualpipe else min(p, m)  # DualPipe: one micro-batch more than 1F1B
-    return float(per_layer * math.ceil(layers / p) * in_flight * interleave)
+    return float(per_layer * math.ceil(layers / p) * stage_in_flight(p, m, v, dualpipe=dualpipe))
 
 
 @dataclass(frozen=True)
