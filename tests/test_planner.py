@@ -201,7 +201,7 @@ def test_activations_that_do_not_fit_get_a_smaller_micro_batch_first():
     assert fix.days == plan_.days  # the same FLOPs
     # the largest micro-batch that divides the batch and fits: 7 of 14 (8 would fit, but does not divide 14)
     pr = _shape("124M (GPT-2 small)")
-    big = dict(batch_per_device=14, seq_len=4096, device_bytes=24e9, precision="fp32", reserve=0)  # the whole device
+    big = dict(batch_per_device=14, seq_len=4096, device_bytes=24e9, precision="fp32", reserve=0, dropout=True)  # whole device
     assert planner.plan(**pr, **big).max_batch_that_fits == 8
     assert propose(**pr, **big)[1].accumulation == 2
 
