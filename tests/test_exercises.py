@@ -1037,7 +1037,7 @@ def test_1c_counts_against_page_1_7s_reserve():
     # the planner of page 1.7 gives the same largest micro-batch as the exercise's count
     p = planner.plan(given["n_params"], batch_per_device=1, seq_len=given["seq_len"], layers=given["layers"],
                      hidden=given["hidden"], heads=given["heads"], device_bytes=int(given["device_bytes"]),
-                     attention="stored")
+                     attention="stored", dropout=True)  # 1c counts dropout's masks, as the paper does
     assert p.max_batch_that_fits == (usable - state) // per_seq
 
 

@@ -16,13 +16,13 @@ def test_state_failure():
 
 def test_activation_failure_and_batch():
     r = planner.plan(**P7, batch_per_device=8, seq_len=2048, device_bytes=141e9)
-    assert r.activation_bytes == activation_bytes(2048, 8, 4096, 32, 32)
+    assert r.activation_bytes == activation_bytes(2048, 8, 4096, 32, 32, dropout=False)
     assert r.failure == "activations" and "smaller batch" in r.answer
     # the default reserve keeps 10 % of the device back: the batch must fit in the rest
     assert r.usable_bytes == 141_000_000_000 - 14_100_000_000
-    assert r.max_batch_that_fits == (r.usable_bytes - r.state_bytes) // activation_bytes(2048, 1, 4096, 32, 32)
+    assert r.max_batch_that_fits == (r.usable_bytes - r.state_bytes) // activation_bytes(2048, 1, 4096, 32, 32, dropout=False)
     ideal = planner.plan(**P7, batch_per_device=8, seq_len=2048, device_bytes=141e9, reserve=0)
-    assert ideal.max_batch_that_fits == (141_000_000_000 - r.state_bytes) // activation_bytes(2048, 1, 4096, 32, 32)
+    assert ideal.max_batch_that_fits == (141_000_000_000 - r.state_bytes) // activation_bytes(2048, 1, 4096, 32, 32, dropout=False)
 
 
 def test_the_reserve_can_turn_a_fit_into_a_failure():
@@ -90,7 +90,7 @@ def test_plan_html_every_preset():
 # --- precision, recomputation's time, presets' shapes ---
 
 def test_precision_changes_the_activations_and_the_state_breakdown():
-    kw = dict(batch_per_device=2, seq_len=2048, device_bytes=400e9, attention="stored")
+    kw = dict(batch_per_device=2, seq_len=2048, device_bytes=400e9, attention="stored", dropout=True)
     mixed = planner.plan(**P7, precision="bf16_master", **kw)
     fp32 = planner.plan(**P7, precision="fp32", **kw)
     # Adam: 2+2+4+8 = 4+4+0+8 = 16 bytes/param either way, so the state total is the same...
@@ -104,6 +104,9 @@ def test_precision_changes_the_activations_and_the_state_breakdown():
     kw["attention"] = "fused"
     assert planner.plan(**P7, precision="bf16_master", **kw).activation_bytes == L * 34 * s * b * h
     assert planner.plan(**P7, precision="fp32", **kw).activation_bytes == L * 66 * s * b * h
+    # without dropout (the default, today's pretraining, page 1.3's count): the two 1-byte masks go, 32 sbh
+    kw.pop("dropout")
+    assert planner.plan(**P7, precision="bf16_master", **kw).activation_bytes == L * 32 * s * b * h
     # SGD: mixed keeps 2 + 2 + 4 master = 8, fp32 4 + 4 = 8: the same total; the breakdown differs
     html_m = plan_html("1.3B", "adam", "bf16_master", 8, 1024, "none", 80)
     html_f = plan_html("1.3B", "adam", "fp32", 8, 1024, "none", 80)
@@ -189,7 +192,7 @@ def test_a_plan_that_fits_needs_no_change():
 
 def test_activations_that_do_not_fit_get_a_smaller_micro_batch_first():
     shape = _shape("1.3B")
-    kw = dict(batch_per_device=8, seq_len=4096, device_bytes=80e9, attention="stored")
+    kw = dict(batch_per_device=8, seq_len=4096, device_bytes=80e9, attention="stored", dropout=True)  # 2022's case
     plan_, fix = propose(**shape, **kw)
     assert not plan_.fits_memory and fix.fits_memory and fix.world_size == 1 and fix.recompute == "none"
     assert (fix.accumulation, fix.change) == (8, "micro-batch 1, gradient accumulation × 8")
@@ -198,7 +201,7 @@ def test_activations_that_do_not_fit_get_a_smaller_micro_batch_first():
     assert fix.days == plan_.days  # the same FLOPs
     # the largest micro-batch that divides the batch and fits: 7 of 14 (8 would fit, but does not divide 14)
     pr = _shape("124M (GPT-2 small)")
-    big = dict(batch_per_device=14, seq_len=4096, device_bytes=24e9, precision="fp32", reserve=0)  # the whole device
+    big = dict(batch_per_device=14, seq_len=4096, device_bytes=24e9, precision="fp32", reserve=0, dropout=True)  # whole device
     assert planner.plan(**pr, **big).max_batch_that_fits == 8
     assert propose(**pr, **big)[1].accumulation == 2
 
@@ -210,7 +213,7 @@ def test_activations_that_do_not_fit_at_any_micro_batch_get_recomputation():
     assert not plan_.fits_memory and fix.fits_memory
     assert (fix.world_size, fix.recompute, fix.change) == (1, "attention", "attention-core recomputation (Korthikanti's selective)")
     assert fix.activation_bytes == activation_bytes(8192, 2, shape["hidden"], shape["heads"], shape["layers"],
-                                                    "attention")  # the attention core rebuilt: no score term either way
+                                                    "attention", dropout=False)  # the attention core rebuilt: no score term either way
     assert fix.state_bytes == plan_.state_bytes  # recomputation leaves the state alone
 
 
@@ -238,7 +241,8 @@ def test_the_proposal_uses_the_fewest_devices_that_can_fit(name, batch, seq, gb)
     assert fix.state_bytes == zero_state_bytes(-(-shape["n_params"] // fix.tensor_parallel),
                                                fix.world_size // fix.tensor_parallel, fix.zero_stage).total
     assert fix.activation_bytes == activation_bytes(seq, batch, shape["hidden"], shape["heads"], shape["layers"],
-                                                    fix.recompute, tensor_parallel=fix.tensor_parallel)
+                                                    fix.recompute, tensor_parallel=fix.tensor_parallel,
+                                                    dropout=False)
 
 
 def test_nothing_tried_fits_is_said():
@@ -287,8 +291,13 @@ def test_the_planner_takes_the_conventions_explicitly():
     kw = dict(batch_per_device=2, seq_len=2048, device_bytes=400e9)
     fused = planner.plan(**shape, **kw)
     stored = planner.plan(**shape, **kw, attention="stored")
-    assert fused.activation_bytes == activation_bytes(2048, 2, shape["hidden"], shape["heads"], shape["layers"])
-    assert stored.activation_bytes - fused.activation_bytes == shape["layers"] * 5 * shape["heads"] * 2048 ** 2 * 2
+    assert fused.activation_bytes == activation_bytes(2048, 2, shape["hidden"], shape["heads"], shape["layers"],
+                                                      dropout=False)  # no dropout by default
+    # stored scores without dropout keep the softmax output: 2 bytes a score
+    assert stored.activation_bytes - fused.activation_bytes == shape["layers"] * 2 * shape["heads"] * 2048 ** 2 * 2
+    masked = planner.plan(**shape, **kw, attention="stored", dropout=True)  # dropout: its masks and copy too
+    assert masked.activation_bytes == activation_bytes(2048, 2, shape["hidden"], shape["heads"], shape["layers"],
+                                                       attention="stored")
     with_logits = planner.plan(**shape, **kw, vocab=planner.GPT2_VOCAB)
     assert with_logits.activation_bytes - fused.activation_bytes == 2 * 2048 * 2 * planner.GPT2_VOCAB
     # sequence parallelism: the same layout gives every activation byte / t
@@ -308,9 +317,9 @@ def test_pricing_and_the_planner_agree_once_the_convention_is_the_same():
     shape = _shape("7.5B")
     kw = dict(batch_per_device=1, seq_len=2048, device_bytes=80e9, world_size=8, tensor_parallel=8)
     per_device = pricing.activation_bytes_per_device(2048, 1, shape["hidden"], shape["heads"], shape["layers"], 8)
-    lay = layout(**shape, **kw, attention="stored", sequence_parallel=True)
+    lay = layout(**shape, **kw, attention="stored", sequence_parallel=True, dropout=True)
     assert lay.activation_bytes == per_device
-    assert layout(**shape, **kw, attention="stored").activation_bytes > per_device  # the default: no SP
+    assert layout(**shape, **kw, attention="stored", dropout=True).activation_bytes > per_device  # the default: no SP  # the default: no SP
 
 
 @pytest.mark.parametrize("t", [3, 5, 64])

@@ -253,7 +253,8 @@ def plan_html(model: str, optimizer: str, precision: str, batch_per_device: int,
                           "so nothing changes"}[recompute]
     rows = [
         (f"state: {' + '.join(parts)} = {per.total} bytes/parameter", gb(r.state_bytes)),
-        (f"activations at batch {batch_per_device} x {seq_len} tokens (fused attention), {e} bytes per value, "
+        (f"activations at batch {batch_per_device} x {seq_len} tokens (fused attention, no dropout), "
+         f"{e} bytes per value, "
          f"with the loss's logits", gb(r.activation_bytes)),
         (f"of which the logits ({GPT2_VOCAB:,} per token; chunked cross-entropy avoids them)",
          gb(logits_bytes(seq_len, batch_per_device, GPT2_VOCAB, e))),

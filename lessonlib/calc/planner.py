@@ -121,7 +121,7 @@ ANSWERS = {
 def plan(n_params, optimizer: str = "adam", precision: str = "bf16_master", batch_per_device=1, seq_len=2048,
          layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9,
          train_tokens=None, device_flops_per_s=None, max_days: float = 30.0, *, attention: str = "fused",
-         sequence_parallel: bool = False, vocab=None, reserve: float = RESERVE) -> Plan:
+         sequence_parallel: bool = False, vocab=None, reserve: float = RESERVE, dropout: bool = False) -> Plan:
     """Compare the two numbers with ``device_bytes`` and name the failure that applies.
 
     Sizes are counts; ``device_bytes`` is bytes; ``device_flops_per_s`` is the
@@ -134,7 +134,8 @@ def plan(n_params, optimizer: str = "adam", precision: str = "bf16_master", batc
     activations and adds its forward work to the time (:func:`training_flops`).
     ``attention`` ("fused", the default, or "stored": the paper's stored scores),
     ``sequence_parallel`` and ``vocab`` (adds the loss's logits; None: the layers
-    only) go to :func:`lessonlib.calc.memory.activation_bytes`. With fused attention,
+    only) and ``dropout`` (its masks; False, the default: today's pretraining uses none, as page 1.3 counts)
+    go to :func:`lessonlib.calc.memory.activation_bytes`. With fused attention,
     ``recompute="attention"`` changes nothing: the kernel already recomputes the
     scores in backward, so it keeps no score term and adds no FLOPs.
 
@@ -145,12 +146,12 @@ def plan(n_params, optimizer: str = "adam", precision: str = "bf16_master", batc
     """
     return _plan(*_checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads,
                            recompute, device_bytes, train_tokens, device_flops_per_s, max_days, attention,
-                           sequence_parallel, vocab, reserve))
+                           sequence_parallel, vocab, reserve, dropout))
 
 
 def _checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
              device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab,
-             reserve=RESERVE) -> tuple:
+             reserve=RESERVE, dropout=False) -> tuple:
     """:func:`plan`'s arguments, each checked once under the name the caller used: what :func:`_plan` takes."""
     n_params = check_count("n_params", n_params)
     check_choice("optimizer", optimizer, OPTIMIZER_BYTES_PER_PARAM)
@@ -172,7 +173,8 @@ def _checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, 
     max_days = check_positive("max_days", max_days)
     reserve = check_fraction_below_one("reserve", reserve)
     reserve_bytes = min(dev, math.ceil(dev * reserve))  # rounded up: the plan never counts a reserved byte as free
-    conv = dict(attention=attention, sequence_parallel=sequence_parallel, vocab=vocab)
+    conv = dict(attention=attention, sequence_parallel=sequence_parallel, vocab=vocab,
+                dropout=check_flag("dropout", dropout))
     return (n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute, dev,
             train_tokens, device_flops_per_s, max_days, reserve_bytes, conv)
 
@@ -257,7 +259,7 @@ def layout(n_params, optimizer: str = "adam", precision: str = "bf16_master", ba
            layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
            device_flops_per_s=None, max_days: float = 30.0, *, world_size=1, zero_stage=0, tensor_parallel=1,
            change: str = "", attention: str = "fused", sequence_parallel: bool = False, vocab=None,
-           reserve: float = RESERVE) -> Layout:
+           reserve: float = RESERVE, dropout: bool = False) -> Layout:
     """The two numbers per device for a run split over ``world_size`` devices (arguments as :func:`plan`).
 
     Tensor parallelism of degree t splits every weight matrix, and so
@@ -272,7 +274,7 @@ def layout(n_params, optimizer: str = "adam", precision: str = "bf16_master", ba
 
     checked = _checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
                        device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab,
-                       reserve)
+                       reserve, dropout)
     world_size, tensor_parallel = check_count("world_size", world_size), check_count("tensor_parallel", tensor_parallel)
     if world_size % tensor_parallel:
         raise ValueError(f"tensor_parallel ({tensor_parallel}) must divide world_size ({world_size})")
@@ -303,7 +305,7 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
             layers=1, hidden=1, heads=1, recompute: str = "none", device_bytes=80e9, train_tokens=None,
             device_flops_per_s=None, max_days: float = 30.0, *, world_size=1, zero_stage=0,
             tensor_parallel=1, attention: str = "fused", sequence_parallel: bool = False, vocab=None,
-            reserve: float = RESERVE) -> list:
+            reserve: float = RESERVE, dropout: bool = False) -> list:
     """The smallest change that makes a run fit, with its numbers: a list of :class:`Layout`.
 
     The first entry is the plan as given. If it does not fit in memory, the
@@ -329,7 +331,7 @@ def propose(n_params, optimizer: str = "adam", precision: str = "bf16_master", b
 
     checked = _checked(n_params, optimizer, precision, batch_per_device, seq_len, layers, hidden, heads, recompute,
                        device_bytes, train_tokens, device_flops_per_s, max_days, attention, sequence_parallel, vocab,
-                       reserve)
+                       reserve, dropout)
     world_size = check_count("world_size", world_size)
     zero_stage = check_stage("zero_stage", zero_stage)
     tensor_parallel = check_count("tensor_parallel", tensor_parallel)
