@@ -2,7 +2,8 @@
 
     python scripts/student_pages.py DEST     copy the sources to DEST and make its exercises student copies
 
-The committed exercise notebooks are the instructor copies. The public book is built from a copy of
+The committed exercise notebooks are the instructor copies, and ``exercises/grading.md`` the instructors' manual
+(the public book shows a pointer to the instructors' book in its place). The public book is built from a copy of
 the sources (``scripts/book.sh`` without ``--instructor``; ``built_book`` in tests/conftest.py) in which
 every exercise notebook is replaced by ``lessonlib.grading.handout.student_notebook`` of it, the
 generator that ``exercises/instructor.py student`` uses, and listed in ``execute.exclude_patterns``:
@@ -18,6 +19,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: What a copy of the sources leaves out (the build's own output, environments, caches).
 IGNORE = (".git", ".venv", "_build", "__pycache__", ".pytest_cache", ".ipynb_checkpoints")
+
+
+#: The public book's grading page: where the instructors' manual is.
+GRADING_STUB = """# Running the grader
+
+How to hand out the exercises, run the grader on what students hand in, and read what it flags for an
+instructor is in the instructors' book, with the exercises' solutions. Build it from a checkout of the course
+with `bash scripts/book.sh --instructor`, and keep it off the public site. The exercises themselves, their
+objectives and their points are on the [exercises' overview](index.md).
+"""
 
 
 def copy_sources(dest: Path | str, root: Path | str = ROOT) -> Path:
@@ -56,6 +67,9 @@ def make_student_pages(src: Path | str) -> list[str]:
         rels.append(path.relative_to(src).as_posix())
     if not rels:
         raise ValueError(f"no exercise notebooks in {src / 'exercises'}")
+    # The grader's manual tells which questions one library call answers and how the free-text screen decides:
+    # instructors' reading, not students'. The public book keeps the page (the overview links it) as a pointer.
+    (src / "exercises" / "grading.md").write_text(GRADING_STUB)
     config_path = src / "_config.yml"
     config = yaml.safe_load(config_path.read_text())
     execute = config.setdefault("execute", {})

@@ -27,6 +27,11 @@ def test_the_build_copy_gets_the_student_copies_and_does_not_run_them(tmp_path):
     config = yaml.safe_load((tmp_path / "_config.yml").read_text())
     assert set(rels) <= set(config["execute"]["exclude_patterns"])  # rendered as written: the stubs would raise
     assert config["execute"]["execute_notebooks"] == "force"  # the chapters still run
+    # the grader's manual (which questions one call answers, how the free-text screen decides) is the instructors'
+    grading = (tmp_path / "exercises" / "grading.md").read_text()
+    assert "--instructor" in grading and "index.md" in grading, grading
+    manual = (ROOT / "exercises" / "grading.md").read_text()
+    assert len(grading) < len(manual) / 5 and "How the screen decides" not in grading
 
 
 def test_the_checkout_itself_is_never_rewritten():
