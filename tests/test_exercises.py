@@ -1194,10 +1194,13 @@ def test_3f_q2_grades_the_decision_about_the_layout_that_moved_up():
     assert "of which the model prices only the send" in text
     assert "| 3 | 7 | 11 (11) | 45 min |" in (EXERCISES / "index.md").read_text()
     # review r20: page 3.11 once called the sends "a fixed cost the model does not price" while its table priced
-    # them, so "sends" was a careful answer; the question now says the model prices them (alpha and bytes, as
-    # layout_cost's pipeline_comm_s does), leaving the per-call kernel costs as the one cost left out
+    # them, so "sends" was a careful answer. Review r22: saying in the question that the model prices them let
+    # `left_out` be found by elimination; the question now sends the student to the layout's step time by part,
+    # where the sends are priced (alpha and bytes, layout_cost's pipeline_comm_s), the per-call kernel costs not
     q2 = " ".join(text[text.index("## Question 2"):text.index("# Check 3f-q2 ")].split())
-    assert "The model's step time prices its sends in full" in q2 and "`pipeline_comm_s`" in q2
+    assert "prices its sends" not in q2 and "`pipeline_comm_s`" not in q2
+    assert "grows with the number of chunks in a real run but has no part in the model's step time" in q2
+    assert "Read that layout's step time by part" in q2
     from lessonlib.calc.layout import Layout, layout_cost
     from lessonlib.calc.layout_search import search_layouts  # noqa: F401  (the question's search)
     src = text[text.index("from lessonlib.calc.planner import PRESETS"):]
@@ -1270,3 +1273,33 @@ def test_r21_hidden_hints_nudge_without_the_formula():
     assert "summed over every Linear layer" not in (EXERCISES / "1a-price-the-training-step.md").read_text()
     assert "(p - 1) / (m + p - 1)" not in (EXERCISES / "3c-bubbles-and-paid-capacity.md").read_text().split(
         "### BEGIN HIDDEN TESTS", 1)[1]
+
+
+def test_r22_hidden_feedback_nudges_without_the_decision_the_call_or_the_value():
+    """Review r22 (instructor): 1c's hint sent students to page 1.7's count (no dropout) for a count with dropout;
+    3e's Graded line named the link that paces a step, and its exact `formula` check needed an even parameter
+    count; 2b Q1's hint decided the two-way choice; 2c's message named the call to add; 2a's printed the peak."""
+    def hidden(stem, grade_id):
+        text = (EXERCISES / f"{stem}.md").read_text()
+        cell = text[text.index(f"# Check {grade_id} "):]
+        return cell[cell.index("### BEGIN HIDDEN TESTS"):cell.index("### END HIDDEN TESTS")]
+
+    c1 = hidden("1c-will-it-fit", "1c-q1b")
+    assert "Page 1.7" not in c1 and "Page 1.3's section 'The formula'" in c1
+    assert "## The formula" in (ROOT / "chapters/01-forward-vs-training/03-activations.md").read_text()
+    e3 = " ".join((EXERCISES / "3e-shard-the-state.md").read_text().split())
+    assert "one port's pace does not" not in e3[e3.index("## Question 3"):e3.index("# Check 3e-q3 ")]
+    assert "abs_tol=0.5" in hidden("3e-shard-the-state", "3e-q2b")  # floor or ceiling of 12 n / 8 passes
+    from lessonlib.measure.distributed.fsdp import MODEL
+    from lessonlib.measure.models import TinyGPT
+    n = sum(p.numel() for p in TinyGPT(**MODEL).parameters())
+    check = reference.load(EXERCISES / "3e-shard-the-state.ipynb", questions=["3e-q2b"], given=False)["3e-q2b"]
+    check({"formula": 12 * n // 8})
+    with pytest.raises(AssertionError, match="formula"):
+        check({"formula": 16 * n // 8})
+    b1 = hidden("2b-should-they-checkpoint", "2b-q1")
+    assert "does not change what the step keeps in memory" not in b1 and "Pages 2.1 and 2.4" in b1
+    c2 = hidden("2c-how-often-to-save", "2c-q1")
+    assert "O_DIRECTORY" not in c2 and "os.open" not in c2 and "what makes the rename itself durable?" in c2
+    a2 = hidden("2a-place-the-checkpoints", "2a-q2")
+    assert "MiB" not in a2 and "the peak is over the budget" in a2
