@@ -109,6 +109,14 @@ def test_the_planner_widget_counts_the_logits():
     assert with_logits.activation_bytes - without.activation_bytes == logits_bytes(1024, 8, GPT2_VOCAB)
     assert f"{with_logits.activation_bytes / 1e9:,.1f} GB" in html
     assert "run_plan" in text(CH1 / "07-planning.md") and "vocab=planner.GPT2_VOCAB" in text(CH1 / "07-planning.md")
+    # round 23: the planner's one bf16 copy is stated, and 1.3's plain fp32 loss (three fp32 copies) computed against
+    # it, with the batch limit it gives; every day count is shown at HFU 10 points either side; the presets are
+    # illustrative shapes; 1.3 ties its stored-scores size to the no-dropout one pages 1.7 and 2.3 use
+    plan_page, act_page = text(CH1 / "07-planning.md"), text(CH1 / "03-activations.md")
+    assert "3 * memory.logits_bytes(seq, batch, planner.GPT2_VOCAB, bytes_per_value=4)" in plan_page
+    assert "assert ex3_max_fp32 < ex3_max" in plan_page and "{hfu_days[hfu_lo]:.1f}" in plan_page
+    assert "illustrative GPT-style shapes" in plan_page and "well-known GPT sizes" not in plan_page
+    assert "stored_no_dropout / 1e9" in act_page and "figure pages 1.7 and 2.3 use for stored scores" in act_page
 
 
 def test_a_long_table_cell_keeps_a_readable_width_and_the_table_scrolls():
@@ -244,7 +252,7 @@ def test_small_claims_of_chapters_1_and_2_say_what_was_measured():
     mac = text(CH2 / "02-memory-against-compute.md")
     assert "this one has it off" in mac
     sel = text(CH2 / "03-selective-recomputation.md")
-    assert "time_ratio_rounds(" in sel and "return None if lo <= 0 <= hi else lo > 0" in sel
+    assert "time_ratio_rounds(" in sel and "return None if round(lo) <= 0 <= round(hi) else lo > 0" in sel
     # the rounds decide; when they do not show the rerun beating full recomputation, the page says so
     assert "core_won = against_full(CORE)" in sel and "does not show selective recomputation saving time" in sel
     assert "multiplies the loss" not in text(CH2 / "05-how-often-and-which-kind.md")
