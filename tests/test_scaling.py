@@ -127,7 +127,7 @@ def test_scaling_table_shows_numbers_that_divide():
     for r in shown:
         assert r["speedup"] == round(ref / r["seconds"], 2)
     html = scaling_table(run)
-    assert "strong scaling" in html and "fixed per-process batch" in html and "<td>16</td>" in html
+    assert "strong scaling" in html and "fixed budget, larger global batch: fewer steps" in html and "<td>16</td>" in html
     with pytest.raises(TypeError, match="run"):
         scaling_display_rows({"rows": []})
 

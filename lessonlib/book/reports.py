@@ -122,7 +122,8 @@ def data_parallel_table(result) -> str:
                  f"Sum of measured pieces = compute on {share} + optimizer step + all-reduce, the sum of the three "
                  f"medians; speedup = one-process step / {world}-process step (that sum, or the measured step), the "
                  f"ratio of the medians shown; ideal compute: the sum with compute on {share} taken as {share} of one "
-                 "process's forward and backward (its step less the optimizer step).")
+                 "process's forward and backward (its step less the optimizer step, which is timed in the "
+                 f"{world}-process run).")
 
 
 TORCHRUN_SNIPPET = """\

@@ -13,7 +13,7 @@ from .plots import show
 from .tables import table
 
 _QUESTION = {"one": "the reference", "strong": "strong scaling: the same job (same global batch), sooner?",
-             "weak": "a fixed per-process batch: the same examples in fewer steps"}
+             "weak": "fixed budget, larger global batch: fewer steps"}
 
 
 @_reads("run")
