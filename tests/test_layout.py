@@ -238,7 +238,7 @@ def test_interleaved_memory_counts_the_deeper_warm_up_capped_at_the_step():
         inter = layout_cost(shape, cluster, Layout(**lay, virtual=4)).activation_bytes
         assert inter == pytest.approx(plain * factor), batch
     page = open("chapters/03-distributed-speedup/11-choose-a-layout.md").read()  # states the cap, rebuilds it
-    assert "$\\min(m\\,v,\\ p\\,v + p - 1)$ chunks on the first device" in page
+    assert "$\\min(m\\,v,\\ p\\,v + p - 1)$ chunk activations (one chunk's activations for one micro-batch) on the first device" in page
     assert "_chunks / _v == stage_in_flight(_p, m_meta, _v)" in page
 
 

@@ -288,10 +288,10 @@ def layout_cost(model, cluster, layout, kernel_efficiency: float = KERNEL_EFFICI
     * pipeline: one send of a micro-batch's activations per stage boundary, each way;
     * data: the gradients reduce-scattered and the weights all-gathered once a step (ZeRO-2 and -3
       reduce-scatter every micro-batch's gradients, and ZeRO-3 with a pipeline gathers the weights
-      for every micro-batch's forward and backward). What runs once a step can start only when a
-      stage's gradients are final, during the backward of its last micro-batch: of the ``m``
-      micro-batches a copy runs, only that one's backward (2/3 of the step's compute over ``m``) hides
-      it. What runs for every micro-batch hides behind every micro-batch's backward, and all of it
+      for every micro-batch's forward and backward). What runs once a step starts when a stage's gradients
+      are final: only the last micro-batch's backward (2/3 of the compute over ``m``) hides it, all of it,
+      optimistic for ZeRO-1, whose all-gather waits for the optimizer step (page 3.11 prices that exposed).
+      What runs for every micro-batch hides behind every micro-batch's backward, and all of it
       together behind no more than the whole backward (2/3 of the compute);
     * expert: 4 all-to-alls per layer of each token's activations, once for each node its experts
       sit on (at most ``top_k``, or ``nodes_per_token``); none hidden under 1F1B, hidden behind
