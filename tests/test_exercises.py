@@ -1157,8 +1157,7 @@ def test_3b_grades_a_reasoning_choice_not_only_sums():
         with pytest.raises(AssertionError):
             check({"unpriced_4": wrong})
     nb = nbformat.read(EXERCISES / "3b-predict-the-two-process-step.ipynb", as_version=4)
-    points = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"] for c in nb.cells
-              if c.metadata.get("nbgrader", {}).get("grade", False)}
+    points = {grade_id: pts for grade_id, pts, _ in handout.check_cells(nb)}
     assert points["3b-q2"] == 1 and points["3b-q4d"] == 1 and sum(points.values()) == 13
     assert "| 3 | 7 | 13 (13) | 75 min |" in (EXERCISES / "index.md").read_text()
 
@@ -1187,8 +1186,7 @@ def test_3f_q2_grades_the_decision_about_the_layout_that_moved_up():
         with pytest.raises(AssertionError):
             check({"left_out": wrong})
     nb = nbformat.read(EXERCISES / "3f-choose-a-layout.ipynb", as_version=4)
-    points = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"] for c in nb.cells
-              if c.metadata.get("nbgrader", {}).get("grade", False)}
+    points = {grade_id: pts for grade_id, pts, _ in handout.check_cells(nb)}
     assert points["3f-q2"] == 1 and points["3f-q2c"] == 1 and sum(points.values()) == 11
     text = (EXERCISES / "3f-choose-a-layout.md").read_text()
     assert "of which the model prices only the send" in text
